@@ -1,0 +1,282 @@
+//! The leases page: every lease with its holder, fencing token and expiry
+//! countdown, a state filter, and lookup by id with ownership history.
+//!
+//! Filter and lookup live in the URL (`?state=active&id=7`), so the page
+//! works before hydration (plain links and a GET form) and a view can be
+//! shared. Once hydrated it refreshes itself every second.
+
+use crate::error::AppError;
+use crate::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
+use leptos::either::Either;
+use leptos::prelude::*;
+use leptos_router::components::Form;
+use leptos_router::hooks::use_query_map;
+use std::time::Duration;
+
+#[cfg(feature = "ssr")]
+fn pool() -> Result<sqlx::PgPool, AppError> {
+    use_context::<crate::server::AppState>()
+        .map(|state| state.pool)
+        .ok_or_else(|| AppError::internal("AppState missing from server function context"))
+}
+
+/// Leases matching `filter` (first page), for the dashboard.
+#[server(prefix = "/sfn")]
+pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
+    use crate::lease::store;
+    Ok(store::list(&mut *pool()?.acquire().await?, filter, store::Page::default()).await?)
+}
+
+/// Lease `id` with its recent history; `None` when there is no such lease.
+#[server(prefix = "/sfn")]
+pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> {
+    use crate::lease::store;
+    if id <= 0 {
+        return Err(AppError::BadRequest(format!("id must be a positive integer, got {id}")));
+    }
+    Ok(store::detail(&mut *pool()?.acquire().await?, id).await?)
+}
+
+/// Human text for how long a lease has left (or how long ago it ended).
+pub fn expiry_text(lease: &Lease) -> String {
+    let secs = lease.expires_in_ms as f64 / 1000.0;
+    match lease.state {
+        LeaseState::Released => "released".to_string(),
+        LeaseState::Active => format!("expires in {secs:.1} s"),
+        LeaseState::Expired => format!("expired {:.0} s ago", -secs),
+    }
+}
+
+fn state_badge(state: LeaseState) -> &'static str {
+    match state {
+        LeaseState::Active => "bg-emerald-100 text-emerald-800",
+        LeaseState::Expired => "bg-amber-100 text-amber-800",
+        LeaseState::Released => "bg-slate-200 text-slate-700",
+    }
+}
+
+/// Calls `f` every `period` while the component is mounted (browser only).
+fn every(period: Duration, f: impl Fn() + Clone + 'static) {
+    Effect::new(move |_| {
+        if let Ok(handle) = set_interval_with_handle(f.clone(), period) {
+            on_cleanup(move || handle.clear());
+        }
+    });
+}
+
+/// The leases page.
+#[component]
+pub fn LeasesPage() -> impl IntoView {
+    let query = use_query_map();
+    let filter = Memo::new(move |_| {
+        query
+            .read()
+            .get("state")
+            .and_then(|s| LeaseFilter::parse(&s))
+            .unwrap_or_default()
+    });
+    let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
+    let tick = RwSignal::new(0_u64);
+    every(Duration::from_secs(1), move || tick.update(|t| *t += 1));
+
+    let leases = Resource::new(move || (filter.get(), tick.get()), |(f, _)| get_leases(f));
+    let detail = Resource::new(
+        move || (lookup.get(), tick.get()),
+        |(raw, _)| async move {
+            let Some(raw) = raw else { return Ok(None) };
+            match raw.trim().parse::<i32>() {
+                Ok(id) if id > 0 => get_lease_detail(id).await.map(|d| d.ok_or(id)).map(Some),
+                _ => Err(AppError::BadRequest(format!(
+                    "id must be a positive integer, got {raw:?}"
+                ))),
+            }
+        },
+    );
+
+    view! {
+        <div class="flex flex-wrap items-end justify-between gap-4">
+            <div>
+                <h1 class="text-2xl font-semibold">"Leases"</h1>
+                <p class="text-sm text-slate-600">
+                    "Who owns what, until when, with which fencing token. Judged by the database clock; refreshed every second."
+                </p>
+            </div>
+            <Form method="GET" action="/leases">
+                <input type="hidden" name="state" prop:value=move || filter.get().as_str()/>
+                <div class="flex gap-2">
+                    <label class="sr-only" for="lease-lookup">"Lease id"</label>
+                    <input
+                        id="lease-lookup"
+                        name="id"
+                        inputmode="numeric"
+                        placeholder="Lease id"
+                        class="w-32 rounded border border-slate-300 px-2 py-1 text-sm"
+                        data-testid="lease-lookup-input"
+                    />
+                    <button
+                        type="submit"
+                        class="rounded bg-indigo-600 px-3 py-1 text-sm font-medium text-white hover:bg-indigo-700"
+                        data-testid="lease-lookup-submit"
+                    >
+                        "Look up"
+                    </button>
+                </div>
+            </Form>
+        </div>
+
+        <nav class="mt-4 flex flex-wrap gap-2" data-testid="lease-filters" aria-label="Filter leases by state">
+            {LeaseFilter::ALL
+                .into_iter()
+                .map(|f| {
+                    let selected = move || filter.get() == f;
+                    view! {
+                        <a
+                            href=format!("/leases?state={}", f.as_str())
+                            data-testid=format!("filter-{}", f.as_str())
+                            aria-current=move || selected().then_some("page")
+                            class=move || {
+                                if selected() {
+                                    "rounded-full bg-slate-900 px-3 py-1 text-sm text-white"
+                                } else {
+                                    "rounded-full bg-white px-3 py-1 text-sm text-slate-700 ring-1 ring-slate-300 hover:bg-slate-100"
+                                }
+                            }
+                        >
+                            {f.as_str()}
+                        </a>
+                    }
+                })
+                .collect_view()}
+        </nav>
+
+        <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading lease…"</p> }>
+            {move || Suspend::new(async move {
+                match detail.await {
+                    Ok(None) => Either::Left(()),
+                    Ok(Some(found)) => Either::Right(Either::Left(match found {
+                        Ok(d) => Either::Left(view! { <LeaseDetailView detail=d/> }),
+                        Err(id) => Either::Right(view! {
+                            <p class="mt-4 rounded border border-amber-300 bg-amber-50 p-3 text-sm" data-testid="lease-detail-missing">
+                                {format!("No lease with id {id}. It may have been deleted; clear the lookup to see all leases.")}
+                            </p>
+                        }),
+                    })),
+                    Err(e) => Either::Right(Either::Right(view! {
+                        <p class="mt-4 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="lease-detail-error">
+                            {e.to_string()}
+                        </p>
+                    })),
+                }
+            })}
+        </Transition>
+
+        <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading leases…"</p> }>
+            {move || Suspend::new(async move {
+                match leases.await {
+                    Ok(list) if list.is_empty() => Either::Left(view! {
+                        <p class="mt-6 rounded border border-dashed border-slate-300 p-6 text-center text-slate-600" data-testid="leases-empty">
+                            {format!("No {} leases. Acquire one with POST /api/leases {{\"resource\": \"r1\", \"holder\": \"me\"}}.",
+                                if filter.get_untracked() == LeaseFilter::All { String::new() } else { filter.get_untracked().as_str().to_string() })}
+                        </p>
+                    }),
+                    Ok(list) => Either::Right(Either::Left(view! { <LeaseTable leases=list/> })),
+                    Err(e) => Either::Right(Either::Right(view! {
+                        <p class="mt-6 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="leases-error">
+                            {format!("Cannot load leases: {e}. The page retries every second.")}
+                        </p>
+                    })),
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn LeaseTable(leases: Vec<Lease>) -> impl IntoView {
+    view! {
+        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
+            <table class="min-w-full text-left text-sm" data-testid="leases-table">
+                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
+                    <tr>
+                        <th class="px-3 py-2">"id"</th>
+                        <th class="px-3 py-2">"resource"</th>
+                        <th class="px-3 py-2">"holder"</th>
+                        <th class="px-3 py-2">"token"</th>
+                        <th class="px-3 py-2">"state"</th>
+                        <th class="px-3 py-2">"expiry"</th>
+                        <th class="px-3 py-2">"renewals"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {leases
+                        .into_iter()
+                        .map(|lease| {
+                            let expiry = expiry_text(&lease);
+                            view! {
+                                <tr
+                                    class="border-t border-slate-100"
+                                    data-testid="lease-row"
+                                    data-resource=lease.resource.clone()
+                                    data-state=lease.state.as_str()
+                                >
+                                    <td class="px-3 py-2">
+                                        <a class="text-indigo-700 underline" href=format!("/leases?id={}", lease.id) data-testid="lease-link">
+                                            {lease.id}
+                                        </a>
+                                    </td>
+                                    <td class="px-3 py-2 font-mono" data-testid="lease-resource">{lease.resource.clone()}</td>
+                                    <td class="px-3 py-2 font-mono" data-testid="lease-holder">{lease.holder.clone().unwrap_or_default()}</td>
+                                    <td class="px-3 py-2 font-mono" data-testid="lease-token">{lease.fencing_token}</td>
+                                    <td class="px-3 py-2">
+                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state)) data-testid="lease-state">
+                                            {lease.state.as_str()}
+                                        </span>
+                                    </td>
+                                    <td class="px-3 py-2 tabular-nums" data-testid="lease-expiry">{expiry}</td>
+                                    <td class="px-3 py-2 tabular-nums">{lease.renew_count}</td>
+                                </tr>
+                            }
+                        })
+                        .collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+}
+
+#[component]
+fn LeaseDetailView(detail: LeaseDetail) -> impl IntoView {
+    let lease = detail.lease;
+    view! {
+        <section class="mt-4 rounded border border-indigo-200 bg-white p-4" data-testid="lease-detail">
+            <div class="flex flex-wrap items-baseline gap-x-6 gap-y-1">
+                <h2 class="text-lg font-semibold">{format!("Lease {} — ", lease.id)}<span class="font-mono">{lease.resource.clone()}</span></h2>
+                <span>"holder " <b class="font-mono" data-testid="detail-holder">{lease.holder.clone().unwrap_or_default()}</b></span>
+                <span>"token " <b class="font-mono" data-testid="detail-token">{lease.fencing_token}</b></span>
+                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state))>{lease.state.as_str()}</span>
+                <span class="tabular-nums">{expiry_text(&lease)}</span>
+            </div>
+            <h3 class="mt-3 text-sm font-semibold text-slate-700">"Ownership history (newest first)"</h3>
+            <ol class="mt-1 divide-y divide-slate-100 text-sm" data-testid="lease-history">
+                {detail
+                    .history
+                    .into_iter()
+                    .map(|event| {
+                        let who = match (&event.previous_holder, event.kind.as_str()) {
+                            (Some(prev), "taken_over") => format!("{} took over from {prev}", event.holder.clone().unwrap_or_default()),
+                            _ => event.holder.clone().unwrap_or_default(),
+                        };
+                        view! {
+                            <li class="flex gap-4 py-1" data-testid="history-event" data-kind=event.kind.clone()>
+                                <span class="w-44 tabular-nums text-slate-500">{event.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()}</span>
+                                <span class="w-28 font-medium">{event.kind.clone()}</span>
+                                <span class="w-20 font-mono">{event.fencing_token.map(|t| format!("#{t}")).unwrap_or_default()}</span>
+                                <span class="font-mono">{who}</span>
+                            </li>
+                        }
+                    })
+                    .collect_view()}
+            </ol>
+        </section>
+    }
+}

@@ -1,0 +1,77 @@
+//! The dashboard: HTML shell, router and pages, shared by the server (which
+//! renders them) and the browser (which hydrates them).
+
+mod leases;
+
+pub use leases::{LeasesPage, get_lease_detail, get_leases};
+
+use leptos::prelude::*;
+use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+use leptos_router::StaticSegment;
+use leptos_router::components::{Route, Router, Routes};
+
+/// The HTML document around the app, rendered on the server only.
+pub fn shell(options: LeptosOptions) -> impl IntoView {
+    view! {
+        <!DOCTYPE html>
+        <html lang="en">
+            <head>
+                <meta charset="utf-8"/>
+                <meta name="viewport" content="width=device-width, initial-scale=1"/>
+                <AutoReload options=options.clone()/>
+                <HydrationScripts options/>
+                <link rel="icon" type="image/svg+xml" href="/favicon.svg"/>
+                <MetaTags/>
+            </head>
+            <body class="bg-slate-50 text-slate-900 antialiased">
+                <App/>
+            </body>
+        </html>
+    }
+}
+
+/// The dashboard application: navigation and routes.
+#[component]
+pub fn App() -> impl IntoView {
+    provide_meta_context();
+    view! {
+        <Stylesheet id="leptos" href="/pkg/leasekeeper.css"/>
+        <Title text="leasekeeper"/>
+        <Router>
+            <header class="border-b border-slate-200 bg-white">
+                <div class="mx-auto flex max-w-6xl items-center gap-6 px-4 py-3">
+                    <a href="/" class="text-lg font-semibold tracking-tight" data-testid="brand">
+                        "leasekeeper"
+                    </a>
+                    <nav class="flex gap-4 text-sm text-slate-600">
+                        <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
+                    </nav>
+                </div>
+            </header>
+            <main class="mx-auto max-w-6xl px-4 py-6">
+                <Routes fallback=|| view! { <NotFound/> }>
+                    <Route path=StaticSegment("") view=LeasesPage/>
+                    <Route path=StaticSegment("leases") view=LeasesPage/>
+                </Routes>
+            </main>
+        </Router>
+    }
+}
+
+#[component]
+fn NotFound() -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    {
+        if let Some(resp) = use_context::<leptos_axum::ResponseOptions>() {
+            resp.set_status(axum::http::StatusCode::NOT_FOUND);
+        }
+    }
+    view! {
+        <div class="rounded border border-slate-200 bg-white p-6" data-testid="not-found">
+            <h1 class="text-xl font-semibold">"Page not found"</h1>
+            <p class="mt-2 text-slate-600">
+                "There is nothing here. " <a class="text-indigo-700 underline" href="/leases">"See the leases"</a> "."
+            </p>
+        </div>
+    }
+}

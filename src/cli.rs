@@ -1,0 +1,38 @@
+//! Command-line interface: subcommands and the settings flags they share.
+
+use crate::settings::SettingArgs;
+use clap::{Parser, Subcommand};
+
+/// leasekeeper: time-bound leases in PostgreSQL, made visible.
+#[derive(Parser, Debug)]
+#[command(name = "leasekeeper", version, about)]
+pub struct Cli {
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings that override Leptos.toml.
+    #[command(flatten)]
+    pub settings: SettingArgs,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Serve the dashboard and the REST API (the default).
+    Serve,
+    /// Manage the embedded PostgreSQL cluster.
+    Db {
+        /// What to do with it.
+        #[command(subcommand)]
+        action: DbAction,
+    },
+}
+
+/// Actions on the embedded cluster.
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbAction {
+    /// Start it (if not running), run migrations, print its URL, and leave it running.
+    Start,
+    /// Stop it.
+    Stop,
+}

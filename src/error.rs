@@ -1,0 +1,91 @@
+//! The one error type every REST route and server function returns.
+//!
+//! It is shared with the browser so a server function's error arrives as the
+//! same value. On the server it maps to an HTTP status and a JSON body
+//! `{"error": "..."}`; internal errors are logged once, where they are turned
+//! into [`AppError::Internal`], and the client sees only a generic message.
+
+use serde::{Deserialize, Serialize};
+
+/// What went wrong, in terms a client can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum AppError {
+    /// The request is malformed: bad JSON, a missing or over-long field, a bad id.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The thing asked for does not exist (or is not held by the caller).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request conflicts with the current state, e.g. another holder owns the lease.
+    #[error("{0}")]
+    Conflict(String),
+    /// The body is larger than the server accepts.
+    #[error("request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The request is not allowed (wrong origin or missing admin token).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Something failed on the server; the details are in its log only.
+    #[error("internal server error")]
+    Internal,
+    /// A server function could not be called or its answer not read (browser side).
+    #[error("server function failed: {0}")]
+    ServerFn(String),
+}
+
+impl leptos::server_fn::error::FromServerFnError for AppError {
+    type Encoder = leptos::server_fn::codec::JsonEncoding;
+
+    fn from_server_fn_error(value: leptos::server_fn::error::ServerFnErrorErr) -> Self {
+        AppError::ServerFn(value.to_string())
+    }
+}
+
+#[cfg(feature = "ssr")]
+mod server {
+    use super::AppError;
+    use axum::Json;
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+
+    impl AppError {
+        /// The HTTP status this error answers with.
+        pub fn status(&self) -> StatusCode {
+            match self {
+                AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+                AppError::NotFound(_) => StatusCode::NOT_FOUND,
+                AppError::Conflict(_) => StatusCode::CONFLICT,
+                AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+                AppError::Internal | AppError::ServerFn(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            }
+        }
+
+        /// Logs an internal failure with its full context and returns the
+        /// generic error the client sees. This is the one place internals are
+        /// logged, so callers must not log them again.
+        pub fn internal(err: impl std::fmt::Display) -> Self {
+            tracing::error!(error = %err, "request failed");
+            AppError::Internal
+        }
+    }
+
+    impl IntoResponse for AppError {
+        fn into_response(self) -> Response {
+            let body = serde_json::json!({ "error": self.to_string() });
+            (self.status(), Json(body)).into_response()
+        }
+    }
+
+    impl From<sqlx::Error> for AppError {
+        fn from(err: sqlx::Error) -> Self {
+            AppError::internal(format!("database: {err}"))
+        }
+    }
+
+    impl From<anyhow::Error> for AppError {
+        fn from(err: anyhow::Error) -> Self {
+            AppError::internal(format!("{err:#}"))
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Request extractors whose every failure is an [`AppError`]: bad JSON, a
+//! bad query string or a bad id answer 400 with `{error}`, an oversized body
+//! 413, never axum's plain-text rejections.
+
+use crate::error::AppError;
+use crate::http::MAX_BODY_BYTES;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+/// A JSON body, parsed whatever its content type says (clients of the
+/// original design often omit it).
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = AppError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                AppError::PayloadTooLarge(MAX_BODY_BYTES)
+            } else {
+                AppError::BadRequest(format!("cannot read the request body: {rejection}"))
+            }
+        })?;
+        if bytes.is_empty() {
+            return Err(AppError::BadRequest("a JSON body is required".into()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| AppError::BadRequest(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// A query string, parsed into `T`.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|e| AppError::BadRequest(format!("invalid query string: {}", e.body_text())))
+    }
+}
+
+/// A positive 32-bit row id from the path.
+pub struct Id(pub i32);
+
+impl<S> FromRequestParts<S> for Id
+where
+    S: Send + Sync,
+{
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+        parse_id(&raw).map(Id)
+    }
+}
+
+/// Parses a row id: a positive integer that fits the `serial` column.
+pub fn parse_id(raw: &str) -> Result<i32, AppError> {
+    match raw.trim().parse::<i32>() {
+        Ok(id) if id > 0 => Ok(id),
+        _ => Err(AppError::BadRequest(format!(
+            "id must be a positive integer, got {raw:?}"
+        ))),
+    }
+}

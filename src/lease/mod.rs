@@ -1,0 +1,163 @@
+//! Leases: "holder owns resource until expires_at", judged by the database clock.
+//!
+//! This module holds the types the server and the browser share (a lease as
+//! it travels in JSON, its state, the list filters, the validated names).
+//! The server-only parts are the SQL store ([`store`]), the in-process lease
+//! client with automatic renewal ([`client`]) and the singleton state machine
+//! ([`singleton`]).
+
+pub mod names;
+
+#[cfg(feature = "ssr")]
+pub mod client;
+#[cfg(feature = "ssr")]
+pub mod singleton;
+#[cfg(feature = "ssr")]
+pub mod store;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub use names::{Holder, NameError, Resource};
+
+/// Where a lease stands right now, by the database clock.
+///
+/// - `active`: held; `released_at` is null and `expires_at` is in the future.
+/// - `expired`: the holder stopped renewing; anyone may take it over.
+/// - `released`: the holder gave it up; anyone may acquire it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "ssr", derive(sqlx::Type))]
+#[cfg_attr(feature = "ssr", sqlx(type_name = "text", rename_all = "lowercase"))]
+pub enum LeaseState {
+    /// Held and not yet expired.
+    Active,
+    /// Past `expires_at` without a release.
+    Expired,
+    /// Released by its holder (or an operator).
+    Released,
+}
+
+impl LeaseState {
+    /// The lowercase name used in JSON and in the dashboard.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Active => "active",
+            LeaseState::Expired => "expired",
+            LeaseState::Released => "released",
+        }
+    }
+}
+
+/// One lease row as the API and the dashboard show it.
+///
+/// `state` and `expires_in_ms` are computed by the database at read time, so
+/// they agree with the clock that decides ownership; a negative
+/// `expires_in_ms` says how long ago the lease ran out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+pub struct Lease {
+    /// Row id, stable for the life of the row.
+    pub id: i32,
+    /// The thing owned, e.g. `task:42` or `singleton:generator`.
+    pub resource: String,
+    /// Who holds (or last held) it.
+    pub holder: Option<String>,
+    /// When the row was first created.
+    pub created_at: DateTime<Utc>,
+    /// When the current term began (the last successful acquisition).
+    pub acquired_at: DateTime<Utc>,
+    /// When the current term was last renewed.
+    pub renewed_at: Option<DateTime<Utc>>,
+    /// When the holder released it, if it did.
+    pub released_at: Option<DateTime<Utc>>,
+    /// When the lease runs out unless renewed.
+    pub expires_at: DateTime<Utc>,
+    /// The TTL each acquisition or renewal grants, in milliseconds.
+    pub ttl_ms: i64,
+    /// Strictly increasing per resource with every successful acquisition.
+    pub fencing_token: i64,
+    /// Renewals in the current term.
+    pub renew_count: i32,
+    /// State by the database clock at read time.
+    pub state: LeaseState,
+    /// Milliseconds until expiry at read time (negative once expired).
+    pub expires_in_ms: i64,
+}
+
+/// Which leases a list shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseFilter {
+    /// Every lease.
+    #[default]
+    All,
+    /// Held and not expired.
+    Active,
+    /// Ran out without a release.
+    Expired,
+    /// Renewed at least once in the current term.
+    Renewed,
+    /// Released by the holder.
+    Released,
+}
+
+impl LeaseFilter {
+    /// Every filter, in the order the dashboard shows them.
+    pub const ALL: [LeaseFilter; 5] = [
+        LeaseFilter::All,
+        LeaseFilter::Active,
+        LeaseFilter::Expired,
+        LeaseFilter::Renewed,
+        LeaseFilter::Released,
+    ];
+
+    /// The name used in URLs (`/api/leases/active`, `?state=active`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseFilter::All => "all",
+            LeaseFilter::Active => "active",
+            LeaseFilter::Expired => "expired",
+            LeaseFilter::Renewed => "renewed",
+            LeaseFilter::Released => "released",
+        }
+    }
+
+    /// Parses a URL name; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.as_str() == name)
+    }
+}
+
+/// One entry of a resource's ownership history (`lease_events`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+pub struct LeaseEvent {
+    /// Position in the append-only history.
+    pub id: i64,
+    /// The resource the event concerns.
+    pub resource: String,
+    /// The holder the event concerns.
+    pub holder: Option<String>,
+    /// The fencing token of the term the event belongs to.
+    pub fencing_token: Option<i64>,
+    /// acquired, renewed, released, taken_over, deleted, stale_write_refused or operator.
+    pub kind: String,
+    /// For a takeover, who held it before.
+    pub previous_holder: Option<String>,
+    /// The lease's expiry after the event.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Extra facts (e.g. the refused token of a stale write).
+    pub detail: Option<serde_json::Value>,
+    /// Database time of the event.
+    pub at: DateTime<Utc>,
+}
+
+/// A lease with its recent history, for the detail view.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LeaseDetail {
+    /// The lease itself.
+    pub lease: Lease,
+    /// Its most recent events, newest first.
+    pub history: Vec<LeaseEvent>,
+}

@@ -1,0 +1,413 @@
+//! The singleton lock: run one piece of work on exactly one instance, guarded
+//! by a lease, and hand it over when that instance dies.
+//!
+//! The states (SPEC §4), and why each exists:
+//!
+//! - `Idle`: not wanted; holds nothing.
+//! - `Acquiring`: asking the database for the lease.
+//! - `Working`: holds the lease; the work runs with the term's fencing token.
+//! - `Renewing`: a renewal is in flight; the work keeps running on the
+//!   previous trust deadline.
+//! - `Pausing`: the lease is lost (renewal refused or the trust deadline
+//!   passed); the work is being stopped before anything else happens, so two
+//!   instances never work at once.
+//! - `Waiting`: someone else holds it; try again after a pause.
+//! - `Releasing`: asked to stop while holding; the work is stopped, then the
+//!   lease released so another instance need not wait for the expiry.
+//!
+//! [`transition`] is the whole table and is pure; [`Singleton`] drives it
+//! with the lease client.
+
+use super::client::{HeldLease, LeaseClient, LeaseStatus};
+use serde::Serialize;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Where a singleton lock stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Not wanted; holds nothing.
+    Idle,
+    /// Asking the database for the lease.
+    Acquiring,
+    /// Holding the lease; the work runs.
+    Working,
+    /// A renewal is in flight.
+    Renewing,
+    /// Lease lost; stopping the work.
+    Pausing,
+    /// Someone else holds it; waiting to retry.
+    Waiting,
+    /// Asked to stop; stopping the work and releasing.
+    Releasing,
+}
+
+/// What happens to a singleton lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The work is wanted.
+    Start,
+    /// The work is no longer wanted.
+    Stop,
+    /// The lease was acquired.
+    Acquired,
+    /// Another holder has it (or the database failed).
+    NotAcquired,
+    /// A renewal was sent.
+    RenewSent,
+    /// The renewal succeeded.
+    Renewed,
+    /// The lease was lost: renewal refused or the trust deadline passed.
+    Lost,
+    /// The work has stopped after a loss.
+    Paused,
+    /// The retry pause is over.
+    RetryDue,
+    /// The lease was released.
+    Released,
+}
+
+/// The state after `event` in `state`, or `None` when the event does not
+/// apply there (the driver then ignores it).
+pub fn transition(state: State, event: Event) -> Option<State> {
+    use Event as E;
+    use State as S;
+    Some(match (state, event) {
+        (S::Idle, E::Start) => S::Acquiring,
+        (S::Acquiring, E::Acquired) => S::Working,
+        (S::Acquiring, E::NotAcquired) => S::Waiting,
+        (S::Working, E::RenewSent) => S::Renewing,
+        (S::Renewing, E::Renewed) => S::Working,
+        (S::Working | S::Renewing, E::Lost) => S::Pausing,
+        (S::Pausing, E::Paused) => S::Waiting,
+        (S::Waiting, E::RetryDue) => S::Acquiring,
+        (S::Waiting, E::Stop) => S::Idle,
+        (S::Acquiring | S::Working | S::Renewing, E::Stop) => S::Releasing,
+        (S::Releasing, E::Released) => S::Idle,
+        _ => return None,
+    })
+}
+
+/// The work a singleton runs while it holds the lease. It gets the term's
+/// fencing token and must return promptly once `stop` is cancelled.
+pub type Work = Arc<
+    dyn Fn(i64, CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
+>;
+
+/// A running singleton lock: a task that drives [`transition`].
+pub struct Singleton {
+    wanted: watch::Sender<bool>,
+    state: watch::Receiver<State>,
+    token: watch::Receiver<Option<i64>>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Singleton {
+    /// Starts the driver in the `Idle` state. `retry` is how long `Waiting` lasts.
+    pub fn spawn(client: LeaseClient, retry: Duration, work: Work) -> Self {
+        let (wanted_tx, wanted_rx) = watch::channel(false);
+        let (state_tx, state_rx) = watch::channel(State::Idle);
+        let (token_tx, token_rx) = watch::channel(None);
+        let shutdown = CancellationToken::new();
+        let driver = Driver {
+            client,
+            retry,
+            work,
+            wanted: wanted_rx,
+            state: state_tx,
+            token: token_tx,
+            shutdown: shutdown.clone(),
+        };
+        let task = tokio::spawn(driver.run());
+        Singleton {
+            wanted: wanted_tx,
+            state: state_rx,
+            token: token_rx,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Asks for the work to run (acquire, then work while holding).
+    pub fn start(&self) {
+        self.wanted.send_replace(true);
+    }
+
+    /// Asks for the work to stop (stop the work, then release).
+    pub fn stop(&self) {
+        self.wanted.send_replace(false);
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
+    /// A watch on the state, for waiting on changes.
+    pub fn watch_state(&self) -> watch::Receiver<State> {
+        self.state.clone()
+    }
+
+    /// The fencing token of the current term while working.
+    pub fn token(&self) -> Option<i64> {
+        *self.token.borrow()
+    }
+
+    /// Stops the driver as a crash would: no release, the lease just expires.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+
+    /// Stops the work, releases the lease if held, and ends the driver.
+    pub async fn shutdown(self) {
+        self.wanted.send_replace(false);
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+struct Driver {
+    client: LeaseClient,
+    retry: Duration,
+    work: Work,
+    wanted: watch::Receiver<bool>,
+    state: watch::Sender<State>,
+    token: watch::Sender<Option<i64>>,
+    shutdown: CancellationToken,
+}
+
+/// The work running for one term, and the lease it runs under.
+struct Term {
+    held: HeldLease,
+    status: watch::Receiver<LeaseStatus>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Term {
+    async fn stop_work(self) -> HeldLease {
+        self.stop.cancel();
+        if let Err(e) = self.task.await {
+            if e.is_panic() {
+                tracing::error!(error = %e, "singleton work panicked");
+            }
+        }
+        self.held
+    }
+}
+
+impl Driver {
+    fn apply(&self, event: Event) -> State {
+        let current = *self.state.borrow();
+        match transition(current, event) {
+            Some(next) => {
+                if next != current {
+                    tracing::debug!(resource = %self.client.resource(), ?current, ?event, ?next, "singleton transition");
+                    self.state.send_replace(next);
+                }
+                next
+            }
+            None => current,
+        }
+    }
+
+    fn wanted(&self) -> bool {
+        *self.wanted.borrow()
+    }
+
+    async fn run(mut self) {
+        let mut term: Option<Term> = None;
+        loop {
+            let state = *self.state.borrow();
+            let shutting_down = self.shutdown.is_cancelled();
+            match state {
+                State::Idle => {
+                    if shutting_down {
+                        return;
+                    }
+                    if self.wanted() {
+                        self.apply(Event::Start);
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = self.wanted.changed() => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                }
+                State::Acquiring => {
+                    if !self.wanted() || shutting_down {
+                        self.apply(Event::Stop);
+                        continue;
+                    }
+                    match self.client.acquire().await {
+                        Ok(Some(held)) => {
+                            let stop = CancellationToken::new();
+                            let work = (self.work)(held.token(), stop.clone());
+                            self.token.send_replace(Some(held.token()));
+                            term = Some(Term {
+                                status: held.status(),
+                                held,
+                                stop,
+                                task: tokio::spawn(work),
+                            });
+                            self.apply(Event::Acquired);
+                        }
+                        Ok(None) => {
+                            self.apply(Event::NotAcquired);
+                        }
+                        Err(e) => {
+                            tracing::warn!(resource = %self.client.resource(), error = %e, "singleton acquire failed");
+                            self.apply(Event::NotAcquired);
+                        }
+                    }
+                }
+                State::Working | State::Renewing => {
+                    let Some(current) = term.as_mut() else {
+                        self.apply(Event::Lost);
+                        continue;
+                    };
+                    if !self.wanted() || shutting_down {
+                        self.apply(Event::Stop);
+                        continue;
+                    }
+                    let lost = current.held.lost_token();
+                    let event = tokio::select! {
+                        _ = lost.cancelled() => Some(Event::Lost),
+                        _ = self.wanted.changed() => None,
+                        _ = self.shutdown.cancelled() => None,
+                        changed = current.status.changed() => match changed {
+                            Err(_) => Some(Event::Lost),
+                            Ok(()) => Some(match *current.status.borrow_and_update() {
+                                LeaseStatus::Renewing { .. } => Event::RenewSent,
+                                LeaseStatus::Held { .. } => Event::Renewed,
+                                LeaseStatus::Lost => Event::Lost,
+                            }),
+                        },
+                    };
+                    if let Some(event) = event {
+                        self.apply(event);
+                    }
+                }
+                State::Pausing => {
+                    if let Some(t) = term.take() {
+                        drop(t.stop_work().await);
+                    }
+                    self.token.send_replace(None);
+                    self.apply(Event::Paused);
+                }
+                State::Waiting => {
+                    if !self.wanted() || shutting_down {
+                        self.apply(Event::Stop);
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.retry) => { self.apply(Event::RetryDue); }
+                        _ = self.wanted.changed() => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                }
+                State::Releasing => {
+                    if let Some(t) = term.take() {
+                        let held = t.stop_work().await;
+                        if let Err(e) = held.release().await {
+                            tracing::warn!(resource = %self.client.resource(), error = %e,
+                                "singleton release failed; the lease will expire instead");
+                        }
+                    }
+                    self.token.send_replace(None);
+                    self.apply(Event::Released);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Event as E;
+    use State as S;
+
+    const STATES: [State; 7] = [
+        S::Idle,
+        S::Acquiring,
+        S::Working,
+        S::Renewing,
+        S::Pausing,
+        S::Waiting,
+        S::Releasing,
+    ];
+    const EVENTS: [Event; 10] = [
+        E::Start,
+        E::Stop,
+        E::Acquired,
+        E::NotAcquired,
+        E::RenewSent,
+        E::Renewed,
+        E::Lost,
+        E::Paused,
+        E::RetryDue,
+        E::Released,
+    ];
+
+    /// Every allowed transition, and nothing else: the full table.
+    #[test]
+    fn the_transition_table_is_exactly_the_specified_one() {
+        let allowed = [
+            (S::Idle, E::Start, S::Acquiring),
+            (S::Acquiring, E::Acquired, S::Working),
+            (S::Acquiring, E::NotAcquired, S::Waiting),
+            (S::Acquiring, E::Stop, S::Releasing),
+            (S::Working, E::RenewSent, S::Renewing),
+            (S::Working, E::Lost, S::Pausing),
+            (S::Working, E::Stop, S::Releasing),
+            (S::Renewing, E::Renewed, S::Working),
+            (S::Renewing, E::Lost, S::Pausing),
+            (S::Renewing, E::Stop, S::Releasing),
+            (S::Pausing, E::Paused, S::Waiting),
+            (S::Waiting, E::RetryDue, S::Acquiring),
+            (S::Waiting, E::Stop, S::Idle),
+            (S::Releasing, E::Released, S::Idle),
+        ];
+        for state in STATES {
+            for event in EVENTS {
+                let expected = allowed
+                    .iter()
+                    .find(|(s, e, _)| *s == state && *e == event)
+                    .map(|(_, _, next)| *next);
+                assert_eq!(
+                    transition(state, event),
+                    expected,
+                    "{state:?} + {event:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_lease_always_pauses_the_work_before_retrying() {
+        // Working -> lost -> the only way back to Acquiring goes through
+        // Pausing (work stopped) and Waiting.
+        let mut state = S::Working;
+        for event in [E::Lost, E::Paused, E::RetryDue] {
+            state = transition(state, event).unwrap();
+        }
+        assert_eq!(state, S::Acquiring);
+        assert_eq!(transition(S::Pausing, E::RetryDue), None);
+        assert_eq!(transition(S::Pausing, E::Acquired), None);
+    }
+
+    #[test]
+    fn stop_releases_when_holding_and_goes_idle_when_not() {
+        assert_eq!(transition(S::Working, E::Stop), Some(S::Releasing));
+        assert_eq!(transition(S::Releasing, E::Released), Some(S::Idle));
+        assert_eq!(transition(S::Waiting, E::Stop), Some(S::Idle));
+        assert_eq!(transition(S::Idle, E::Stop), None);
+    }
+}

@@ -1,0 +1,391 @@
+//! The lease store: every SQL statement that reads or changes `leases`.
+//!
+//! Each statement that decides who owns what is a single statement whose
+//! WHERE clause is re-checked by PostgreSQL on the newest row version under
+//! the row lock (READ COMMITTED's re-evaluation for UPDATE and
+//! `ON CONFLICT DO UPDATE`). That, and only the database clock (`now()`),
+//! decides ownership; no process clock takes part. History rows in
+//! `lease_events` are written by a trigger inside the same statement.
+
+use super::{Holder, Lease, LeaseDetail, LeaseEvent, LeaseFilter, Resource};
+use sqlx::PgConnection;
+use std::time::Duration;
+
+/// Columns of a [`Lease`], with the state and time-to-expiry computed by the
+/// database clock. Usable after `SELECT` and after `RETURNING`.
+pub(crate) const LEASE_COLUMNS: &str = "id, resource, holder, created_at, acquired_at, \
+    renewed_at, released_at, expires_at, ttl_ms, fencing_token, renew_count, \
+    CASE WHEN released_at IS NOT NULL THEN 'released' \
+         WHEN expires_at > now() THEN 'active' ELSE 'expired' END AS state, \
+    (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_in_ms";
+
+/// The longest TTL a lease may be granted: one day.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How many times a statement is retried after a serialization failure
+/// raised by the fencing-token guard (see the leases migration).
+const SERIALIZATION_RETRIES: usize = 5;
+
+/// Why a lease operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Another holder has a live lease on the resource.
+    #[error("{resource} is held by {holder} for another {expires_in_ms} ms")]
+    Held {
+        /// The contested resource.
+        resource: String,
+        /// Its current holder.
+        holder: String,
+        /// How long the current term still runs.
+        expires_in_ms: i64,
+    },
+    /// No live lease of that holder on that resource (or no such lease at all).
+    #[error("{0}")]
+    NotFound(String),
+    /// A TTL of zero or over [`MAX_TTL`].
+    #[error("ttl must be more than 0 and at most {} seconds", MAX_TTL.as_secs())]
+    BadTtl,
+    /// The database failed.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+impl From<LeaseError> for crate::error::AppError {
+    fn from(err: LeaseError) -> Self {
+        use crate::error::AppError;
+        match err {
+            LeaseError::Held { .. } => AppError::Conflict(err.to_string()),
+            LeaseError::NotFound(msg) => AppError::NotFound(msg),
+            LeaseError::BadTtl => AppError::BadRequest(err.to_string()),
+            LeaseError::Db(e) => AppError::from(e),
+        }
+    }
+}
+
+/// The result of a successful acquire.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acquired {
+    /// A new term began: the lease was free, released or expired. Carries a new fencing token.
+    New(Lease),
+    /// The same holder already held it; nothing changed (acquire is idempotent).
+    AlreadyHeld(Lease),
+}
+
+impl Acquired {
+    /// The lease, whichever way it was obtained.
+    pub fn lease(&self) -> &Lease {
+        match self {
+            Acquired::New(l) | Acquired::AlreadyHeld(l) => l,
+        }
+    }
+
+    /// Consumes the outcome, returning the lease.
+    pub fn into_lease(self) -> Lease {
+        match self {
+            Acquired::New(l) | Acquired::AlreadyHeld(l) => l,
+        }
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> Result<i64, LeaseError> {
+    if ttl.is_zero() || ttl > MAX_TTL {
+        return Err(LeaseError::BadTtl);
+    }
+    // At least one millisecond: the column is in milliseconds.
+    Ok(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1))
+}
+
+fn is_serialization_failure(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("40001"))
+}
+
+/// Acquires `resource` for `holder` for `ttl`.
+///
+/// Succeeds when the lease is free, released or expired (a new term with the
+/// next fencing token), or when `holder` already holds it (returned as is).
+/// Fails with [`LeaseError::Held`] while another holder's lease is live.
+pub async fn acquire(
+    conn: &mut PgConnection,
+    resource: &Resource,
+    holder: &Holder,
+    ttl: Duration,
+) -> Result<Acquired, LeaseError> {
+    let ttl_ms = ttl_ms(ttl)?;
+    for attempt in 0.. {
+        match try_acquire(&mut *conn, resource, holder, ttl_ms).await {
+            Ok(Some(outcome)) => return Ok(outcome),
+            // The lease expired between our upsert and our read: try again.
+            Ok(None) => continue,
+            Err(LeaseError::Db(e))
+                if is_serialization_failure(&e) && attempt < SERIALIZATION_RETRIES =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the loop only ends by returning")
+}
+
+async fn try_acquire(
+    conn: &mut PgConnection,
+    resource: &Resource,
+    holder: &Holder,
+    ttl_ms: i64,
+) -> Result<Option<Acquired>, LeaseError> {
+    // Race prevented: many acquirers of one resource at once, and an acquirer
+    // racing the holder's renew. The unique index on `resource` makes
+    // concurrent INSERTs conflict; ON CONFLICT DO UPDATE takes the row lock
+    // and re-checks `expires_at <= now()` on the newest version, so exactly
+    // one contender starts a new term (the others see the winner's live row
+    // and update nothing), and a renew that committed first keeps the lease.
+    // The token is the last issued + 1: from the live row when there is one,
+    // else from lease_fencing (the row may have been deleted).
+    let sql = format!(
+        "INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
+         VALUES ($1, $2, now(), now() + make_interval(secs => $3::float8 / 1000), $3,
+                 COALESCE((SELECT f.last_token FROM lease_fencing f WHERE f.resource = $1), 0) + 1)
+         ON CONFLICT (resource) DO UPDATE
+            SET holder = EXCLUDED.holder,
+                acquired_at = now(),
+                renewed_at = NULL,
+                released_at = NULL,
+                expires_at = EXCLUDED.expires_at,
+                ttl_ms = EXCLUDED.ttl_ms,
+                renew_count = 0,
+                fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
+          WHERE l.expires_at <= now()
+         RETURNING {LEASE_COLUMNS}"
+    );
+    let won: Option<Lease> = sqlx::query_as(&sql)
+        .bind(resource.as_str())
+        .bind(holder.as_str())
+        .bind(ttl_ms)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if let Some(lease) = won {
+        return Ok(Some(Acquired::New(lease)));
+    }
+    // Someone holds a live lease. If it is us, acquire is idempotent.
+    let Some(current) = get_by_resource(&mut *conn, resource).await? else {
+        // Deleted in between: go round again.
+        return Ok(None);
+    };
+    if current.state != super::LeaseState::Active {
+        return Ok(None);
+    }
+    if current.holder.as_deref() == Some(holder.as_str()) {
+        return Ok(Some(Acquired::AlreadyHeld(current)));
+    }
+    Err(LeaseError::Held {
+        resource: current.resource,
+        holder: current.holder.unwrap_or_default(),
+        expires_in_ms: current.expires_in_ms,
+    })
+}
+
+/// Extends `holder`'s live lease on `resource` by its TTL (or `ttl` when
+/// given). When `token` is given, only the term with that fencing token is
+/// renewed. Fails with [`LeaseError::NotFound`] when there is no such live
+/// lease: an expired lease cannot be revived, it must be acquired again.
+pub async fn renew(
+    conn: &mut PgConnection,
+    resource: &Resource,
+    holder: &Holder,
+    token: Option<i64>,
+    ttl: Option<Duration>,
+) -> Result<Lease, LeaseError> {
+    let ttl_ms = ttl.map(ttl_ms).transpose()?;
+    // Race prevented: a renew racing a takeover of the same lease. UPDATE
+    // locks the row and re-checks holder, token, release and expiry on the
+    // newest version: if the takeover committed first the holder (and token)
+    // no longer match and nothing is renewed; if the renew committed first
+    // the lease is live again and the takeover's WHERE fails.
+    let sql = format!(
+        "UPDATE leases
+            SET renewed_at = now(),
+                ttl_ms = COALESCE($4, ttl_ms),
+                expires_at = now() + make_interval(secs => COALESCE($4, ttl_ms)::float8 / 1000),
+                renew_count = renew_count + 1
+          WHERE resource = $1 AND holder = $2
+            AND ($3::bigint IS NULL OR fencing_token = $3)
+            AND released_at IS NULL AND expires_at > now()
+         RETURNING {LEASE_COLUMNS}"
+    );
+    let renewed: Option<Lease> = sqlx::query_as(&sql)
+        .bind(resource.as_str())
+        .bind(holder.as_str())
+        .bind(token)
+        .bind(ttl_ms)
+        .fetch_optional(&mut *conn)
+        .await?;
+    renewed.ok_or_else(|| no_live_lease(resource, holder))
+}
+
+/// Releases `holder`'s live lease on `resource` now: `released_at` and
+/// `expires_at` become the database's `now()`, so anyone may acquire it at
+/// once. Fails with [`LeaseError::NotFound`] when there is no such live lease.
+pub async fn release(
+    conn: &mut PgConnection,
+    resource: &Resource,
+    holder: &Holder,
+    token: Option<i64>,
+) -> Result<Lease, LeaseError> {
+    // Race prevented: a late release by a holder whose lease already expired
+    // and was taken over. The row lock and the re-checked WHERE make sure a
+    // release only ends the caller's own live term, never the new holder's.
+    let sql = format!(
+        "UPDATE leases
+            SET released_at = now(), expires_at = now()
+          WHERE resource = $1 AND holder = $2
+            AND ($3::bigint IS NULL OR fencing_token = $3)
+            AND released_at IS NULL AND expires_at > now()
+         RETURNING {LEASE_COLUMNS}"
+    );
+    let released: Option<Lease> = sqlx::query_as(&sql)
+        .bind(resource.as_str())
+        .bind(holder.as_str())
+        .bind(token)
+        .fetch_optional(&mut *conn)
+        .await?;
+    released.ok_or_else(|| no_live_lease(resource, holder))
+}
+
+/// Deletes lease row `id` if it names `resource` and `holder`. The fencing
+/// counter survives in `lease_fencing`, so a later acquisition still gets a
+/// higher token. Fails with [`LeaseError::NotFound`] otherwise.
+pub async fn delete(
+    conn: &mut PgConnection,
+    id: i32,
+    resource: &Resource,
+    holder: &Holder,
+) -> Result<Lease, LeaseError> {
+    // Race prevented: deleting a lease that was just taken over by someone
+    // else. DELETE re-checks `holder` on the newest row version, so a row
+    // whose holder changed under us is left alone.
+    let sql = format!(
+        "DELETE FROM leases WHERE id = $1 AND resource = $2 AND holder = $3
+         RETURNING {LEASE_COLUMNS}"
+    );
+    let deleted: Option<Lease> = sqlx::query_as(&sql)
+        .bind(id)
+        .bind(resource.as_str())
+        .bind(holder.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    deleted.ok_or_else(|| {
+        LeaseError::NotFound(format!(
+            "no lease {id} on {resource} held by {holder}"
+        ))
+    })
+}
+
+fn no_live_lease(resource: &Resource, holder: &Holder) -> LeaseError {
+    LeaseError::NotFound(format!("{holder} holds no live lease on {resource}"))
+}
+
+/// The lease with row id `id`, if any.
+pub async fn get(
+    conn: &mut PgConnection,
+    id: i32,
+) -> Result<Option<Lease>, sqlx::Error> {
+    sqlx::query_as(&format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await
+}
+
+/// The lease on `resource`, if any.
+pub async fn get_by_resource(
+    conn: &mut PgConnection,
+    resource: &Resource,
+) -> Result<Option<Lease>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {LEASE_COLUMNS} FROM leases WHERE resource = $1"
+    ))
+    .bind(resource.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+}
+
+/// One page of a lease list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// Only rows with an id above this (keyset pagination; 0 for the first page).
+    pub after_id: i32,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+impl Page {
+    /// The largest page a caller may ask for.
+    pub const MAX_LIMIT: i64 = 1000;
+    /// The page size when none is asked for.
+    pub const DEFAULT_LIMIT: i64 = 100;
+
+    /// A page, with the limit clamped to 1..=[`Page::MAX_LIMIT`].
+    pub fn new(after_id: Option<i32>, limit: Option<i64>) -> Self {
+        Page {
+            after_id: after_id.unwrap_or(0).max(0),
+            limit: limit
+                .unwrap_or(Self::DEFAULT_LIMIT)
+                .clamp(1, Self::MAX_LIMIT),
+        }
+    }
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Page::new(None, None)
+    }
+}
+
+/// Leases matching `filter`, ordered by id, one page at a time.
+pub async fn list(
+    conn: &mut PgConnection,
+    filter: LeaseFilter,
+    page: Page,
+) -> Result<Vec<Lease>, sqlx::Error> {
+    let condition = match filter {
+        LeaseFilter::All => "TRUE",
+        LeaseFilter::Active => "released_at IS NULL AND expires_at > now()",
+        LeaseFilter::Expired => "released_at IS NULL AND expires_at <= now()",
+        LeaseFilter::Renewed => "renew_count > 0",
+        LeaseFilter::Released => "released_at IS NOT NULL",
+    };
+    sqlx::query_as(&format!(
+        "SELECT {LEASE_COLUMNS} FROM leases WHERE {condition} AND id > $1 ORDER BY id LIMIT $2"
+    ))
+    .bind(page.after_id)
+    .bind(page.limit)
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// The most recent `limit` events of `resource`, newest first.
+pub async fn history(
+    conn: &mut PgConnection,
+    resource: &str,
+    limit: i64,
+) -> Result<Vec<LeaseEvent>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, resource, holder, fencing_token, kind, previous_holder, expires_at, detail, at
+           FROM lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2",
+    )
+    .bind(resource)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// Lease `id` with its most recent history, if the lease exists.
+pub async fn detail(
+    conn: &mut PgConnection,
+    id: i32,
+) -> Result<Option<LeaseDetail>, sqlx::Error> {
+    let Some(lease) = get(&mut *conn, id).await? else {
+        return Ok(None);
+    };
+    let history = history(conn, &lease.resource, 50).await?;
+    Ok(Some(LeaseDetail { lease, history }))
+}

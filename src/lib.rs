@@ -1,0 +1,29 @@
+//! leasekeeper: time-bound leases in PostgreSQL, made visible.
+//!
+//! The crate builds twice: with feature `ssr` it is the server (lease store,
+//! REST API, dashboard rendering, embedded database); with feature `hydrate`
+//! it is the browser bundle that hydrates the dashboard. Modules that touch
+//! the database or the network exist only on the server.
+
+pub mod app;
+pub mod error;
+pub mod lease;
+
+#[cfg(feature = "ssr")]
+pub mod cli;
+#[cfg(feature = "ssr")]
+pub mod db;
+#[cfg(feature = "ssr")]
+pub mod http;
+#[cfg(feature = "ssr")]
+pub mod server;
+#[cfg(feature = "ssr")]
+pub mod settings;
+
+/// Browser entry point: hydrates the server-rendered dashboard.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(app::App);
+}

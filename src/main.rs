@@ -1,0 +1,35 @@
+//! The `leasekeeper` binary: parse flags, load settings, run a subcommand.
+
+#[cfg(feature = "ssr")]
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    use clap::Parser;
+    use leasekeeper::cli::{Cli, Command};
+    use leasekeeper::settings::Settings;
+
+    leasekeeper::server::init_tracing();
+    let cli = Cli::parse();
+    let settings = match Settings::load(&cli.settings) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("leasekeeper: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => leasekeeper::server::serve(settings).await,
+        Command::Db { action } => leasekeeper::server::db_command(settings, action).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasekeeper: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "ssr"))]
+fn main() {
+    // The browser bundle starts from `hydrate()` in lib.rs.
+}

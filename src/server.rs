@@ -1,0 +1,151 @@
+//! Start-up in one place: logging, the database, the router (REST API, server
+//! functions, dashboard pages, static files), and graceful shutdown.
+
+use crate::app::{App, shell};
+use crate::cli::DbAction;
+use crate::db::Database;
+use crate::db::embedded::EmbeddedPostgres;
+use crate::http;
+use crate::settings::Settings;
+use anyhow::Context;
+use axum::Router;
+use axum::extract::FromRef;
+use leptos::config::{Env, LeptosOptions};
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use sqlx::PgPool;
+use std::sync::Arc;
+
+/// What every request handler and server function can reach.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Leptos' rendering options (site root, output name, address).
+    pub leptos_options: LeptosOptions,
+    /// The database pool.
+    pub pool: PgPool,
+    /// The resolved settings.
+    pub settings: Arc<Settings>,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` picks the level (default: info, sqlx quiet).
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+/// Leptos options for serving the site built by `cargo leptos build`.
+///
+/// cargo-leptos passes its settings through `LEPTOS_*` variables; without
+/// them (the binary run directly from the repository root) the same defaults
+/// apply, so `target/debug/leasekeeper` serves the full site too.
+pub fn leptos_options(settings: &Settings) -> LeptosOptions {
+    let env = if std::env::var("LEPTOS_WATCH").is_ok() {
+        Env::DEV
+    } else {
+        Env::PROD
+    };
+    LeptosOptions::builder()
+        .output_name(env_or("LEPTOS_OUTPUT_NAME", "leasekeeper"))
+        .site_root(env_or("LEPTOS_SITE_ROOT", "target/site"))
+        .site_pkg_dir(env_or("LEPTOS_SITE_PKG_DIR", "pkg"))
+        .env(env)
+        .site_addr(settings.site_addr)
+        .reload_port(
+            env_or("LEPTOS_RELOAD_PORT", "3001")
+                .parse::<u32>()
+                .unwrap_or(3001),
+        )
+        .build()
+}
+
+/// The whole HTTP surface: REST API, server functions, pages, static files.
+pub fn router(state: AppState) -> Router {
+    let routes = generate_route_list(App);
+    let options = state.leptos_options.clone();
+    Router::new()
+        .merge(http::api_router())
+        .leptos_routes(&state, routes, move || shell(options.clone()))
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// `leasekeeper serve`: open the database, serve until Ctrl-C or SIGTERM,
+/// then stop the embedded cluster if this process started it.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let db = Database::open(settings.database_url.as_deref(), &settings.data_dir).await?;
+    let state = AppState {
+        leptos_options: leptos_options(&settings),
+        pool: db.pool.clone(),
+        settings: Arc::new(settings.clone()),
+    };
+    let listener = tokio::net::TcpListener::bind(settings.site_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.site_addr))?;
+    tracing::info!("leasekeeper listening on http://{}", settings.site_addr);
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving HTTP");
+    tracing::info!("shutting down");
+    db.close().await?;
+    served
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+/// `leasekeeper db start|stop`: manage the embedded cluster by hand, e.g. to
+/// share one cluster between several instances.
+pub async fn db_command(settings: Settings, action: DbAction) -> anyhow::Result<()> {
+    match action {
+        DbAction::Start => {
+            let db = Database::open(None, &settings.data_dir).await?;
+            let url = db
+                .embedded
+                .as_ref()
+                .map(|c| c.url(crate::db::EMBEDDED_DATABASE))
+                .unwrap_or_default();
+            db.pool.close().await;
+            // Leave the cluster running: that is the point of `db start`.
+            println!("{url}");
+            Ok(())
+        }
+        DbAction::Stop => EmbeddedPostgres::stop(&settings.data_dir).await,
+    }
+}

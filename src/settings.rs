@@ -1,0 +1,468 @@
+//! The program's settings: `Leptos.toml` at the repository root, overridden
+//! by environment variables, overridden by command-line flags.
+//!
+//! All three sources go through one parser, so a bad value gets the same
+//! one-line error, naming the setting, wherever it came from.
+
+use clap::Args;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Settings given on the command line or in the environment (flag wins).
+/// Every field is optional: what is missing comes from `Leptos.toml`, then
+/// from the built-in default.
+#[derive(Args, Clone, Debug, Default)]
+pub struct SettingArgs {
+    /// The settings file.
+    #[arg(long, global = true, env = "LEASEKEEPER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, host:port.
+    #[arg(long = "addr", global = true, env = "LEPTOS_SITE_ADDR")]
+    pub site_addr: Option<String>,
+    /// PostgreSQL URL; without it the embedded local cluster is used.
+    #[arg(long, global = true, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Folder of the embedded PostgreSQL cluster.
+    #[arg(long, global = true, env = "LEASEKEEPER_DATA_DIR")]
+    pub data_dir: Option<String>,
+    /// Lease TTL in seconds (fractions allowed).
+    #[arg(long, global = true, env = "LEASEKEEPER_LEASE_TTL_SECS")]
+    pub lease_ttl_secs: Option<String>,
+    /// How often held leases are renewed, in seconds (default: TTL / 3).
+    #[arg(long, global = true, env = "LEASEKEEPER_RENEW_INTERVAL_SECS")]
+    pub renew_interval_secs: Option<String>,
+    /// How often workers heartbeat their task, in seconds (default: TTL / 3).
+    #[arg(long, global = true, env = "LEASEKEEPER_HEARTBEAT_INTERVAL_SECS")]
+    pub heartbeat_interval_secs: Option<String>,
+    /// How often the generator inserts a task, in seconds.
+    #[arg(long, global = true, env = "LEASEKEEPER_GENERATOR_INTERVAL_SECS")]
+    pub generator_interval_secs: Option<String>,
+    /// Simulated workers per instance.
+    #[arg(long, global = true, env = "LEASEKEEPER_WORKERS")]
+    pub workers: Option<String>,
+    /// Chaos on (1/true) or off (0/false).
+    #[arg(long, global = true, env = "LEASEKEEPER_CHAOS")]
+    pub chaos: Option<String>,
+    /// Probability that a worker crashes at a chaos check (every 5 ticks).
+    #[arg(long, global = true, env = "LEASEKEEPER_CRASH_PROBABILITY")]
+    pub crash_probability: Option<String>,
+    /// Probability of a latency spike at a heartbeat.
+    #[arg(long, global = true, env = "LEASEKEEPER_STALL_PROBABILITY")]
+    pub stall_probability: Option<String>,
+    /// Attempts before a task is marked failed.
+    #[arg(long, global = true, env = "LEASEKEEPER_MAX_ATTEMPTS")]
+    pub max_attempts: Option<String>,
+}
+
+/// The resolved, validated settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Address to listen on.
+    pub site_addr: SocketAddr,
+    /// PostgreSQL URL, or `None` for the embedded cluster.
+    pub database_url: Option<String>,
+    /// Folder of the embedded cluster.
+    pub data_dir: PathBuf,
+    /// TTL of every acquisition and renewal.
+    pub lease_ttl: Duration,
+    /// Renewal period of held leases.
+    pub renew_interval: Duration,
+    /// Heartbeat period of task workers.
+    pub heartbeat_interval: Duration,
+    /// Generator period.
+    pub generator_interval: Duration,
+    /// Simulated workers per instance.
+    pub workers: u32,
+    /// Whether chaos (crashes, stalls) is on.
+    pub chaos: bool,
+    /// Crash probability per chaos check.
+    pub crash_probability: f64,
+    /// Stall probability per heartbeat.
+    pub stall_probability: f64,
+    /// Attempts before a task is marked failed.
+    pub max_attempts: u32,
+}
+
+/// A setting that could not be used. The message is one line and names the
+/// setting in all three spellings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(String);
+
+/// One setting: its key in `Leptos.toml`, its environment variable, its flag.
+struct Key {
+    file: &'static str,
+    env: &'static str,
+    flag: &'static str,
+}
+
+impl Key {
+    fn describe(&self) -> String {
+        format!("setting {} (--{} / {})", self.file, self.flag, self.env)
+    }
+}
+
+const SITE_ADDR: Key = Key { file: "site_addr", env: "LEPTOS_SITE_ADDR", flag: "addr" };
+const DATABASE_URL: Key = Key { file: "database_url", env: "DATABASE_URL", flag: "database-url" };
+const DATA_DIR: Key = Key { file: "data_dir", env: "LEASEKEEPER_DATA_DIR", flag: "data-dir" };
+const LEASE_TTL: Key = Key {
+    file: "lease_ttl_secs",
+    env: "LEASEKEEPER_LEASE_TTL_SECS",
+    flag: "lease-ttl-secs",
+};
+const RENEW_INTERVAL: Key = Key {
+    file: "renew_interval_secs",
+    env: "LEASEKEEPER_RENEW_INTERVAL_SECS",
+    flag: "renew-interval-secs",
+};
+const HEARTBEAT_INTERVAL: Key = Key {
+    file: "heartbeat_interval_secs",
+    env: "LEASEKEEPER_HEARTBEAT_INTERVAL_SECS",
+    flag: "heartbeat-interval-secs",
+};
+const GENERATOR_INTERVAL: Key = Key {
+    file: "generator_interval_secs",
+    env: "LEASEKEEPER_GENERATOR_INTERVAL_SECS",
+    flag: "generator-interval-secs",
+};
+const WORKERS: Key = Key { file: "workers", env: "LEASEKEEPER_WORKERS", flag: "workers" };
+const CHAOS: Key = Key { file: "chaos", env: "LEASEKEEPER_CHAOS", flag: "chaos" };
+const CRASH_PROBABILITY: Key = Key {
+    file: "crash_probability",
+    env: "LEASEKEEPER_CRASH_PROBABILITY",
+    flag: "crash-probability",
+};
+const STALL_PROBABILITY: Key = Key {
+    file: "stall_probability",
+    env: "LEASEKEEPER_STALL_PROBABILITY",
+    flag: "stall-probability",
+};
+const MAX_ATTEMPTS: Key = Key {
+    file: "max_attempts",
+    env: "LEASEKEEPER_MAX_ATTEMPTS",
+    flag: "max-attempts",
+};
+
+const ALL_KEYS: [&Key; 12] = [
+    &SITE_ADDR,
+    &DATABASE_URL,
+    &DATA_DIR,
+    &LEASE_TTL,
+    &RENEW_INTERVAL,
+    &HEARTBEAT_INTERVAL,
+    &GENERATOR_INTERVAL,
+    &WORKERS,
+    &CHAOS,
+    &CRASH_PROBABILITY,
+    &STALL_PROBABILITY,
+    &MAX_ATTEMPTS,
+];
+
+/// The section of `Leptos.toml` that holds the program's settings.
+pub const FILE_SECTION: &str = "leasekeeper";
+
+/// The settings file used when none is named.
+pub const DEFAULT_FILE: &str = "Leptos.toml";
+
+/// The values read from a settings file, as strings, by key.
+fn read_file_values(text: &str, origin: &Path) -> Result<BTreeMap<String, String>, SettingsError> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        SettingsError(format!(
+            "{}: not valid TOML: {}",
+            origin.display(),
+            e.message()
+        ))
+    })?;
+    let Some(section) = table.get(FILE_SECTION) else {
+        return Ok(BTreeMap::new());
+    };
+    let section = section.as_table().ok_or_else(|| {
+        SettingsError(format!("{}: [{FILE_SECTION}] must be a table", origin.display()))
+    })?;
+    let mut values = BTreeMap::new();
+    for (key, value) in section {
+        if !ALL_KEYS.iter().any(|k| k.file == key) {
+            let known: Vec<_> = ALL_KEYS.iter().map(|k| k.file).collect();
+            return Err(SettingsError(format!(
+                "{}: unknown setting [{FILE_SECTION}].{key}; known settings: {}",
+                origin.display(),
+                known.join(", ")
+            )));
+        }
+        let text = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                return Err(SettingsError(format!(
+                    "{}: [{FILE_SECTION}].{key} must be a string, number or boolean, got {}",
+                    origin.display(),
+                    other.type_str()
+                )));
+            }
+        };
+        values.insert(key.clone(), text);
+    }
+    Ok(values)
+}
+
+struct Sources {
+    file: BTreeMap<String, String>,
+}
+
+impl Sources {
+    fn raw(&self, key: &Key, arg: &Option<String>) -> Option<String> {
+        arg.clone().or_else(|| self.file.get(key.file).cloned())
+    }
+
+    fn parse<T>(
+        &self,
+        key: &Key,
+        arg: &Option<String>,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, SettingsError> {
+        match self.raw(key, arg) {
+            None => Ok(default),
+            Some(raw) => parse(raw.trim())
+                .map_err(|why| SettingsError(format!("{}: {raw:?} {why}", key.describe()))),
+        }
+    }
+}
+
+fn seconds(raw: &str) -> Result<Duration, String> {
+    let secs: f64 = raw
+        .parse()
+        .map_err(|_| "is not a number of seconds".to_string())?;
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err("must be more than 0 seconds".into());
+    }
+    if secs > 86_400.0 {
+        return Err("must be at most 86400 seconds (one day)".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn probability(raw: &str) -> Result<f64, String> {
+    let p: f64 = raw.parse().map_err(|_| "is not a number".to_string())?;
+    if !(0.0..=1.0).contains(&p) {
+        return Err("must be between 0 and 1".into());
+    }
+    Ok(p)
+}
+
+fn boolean(raw: &str) -> Result<bool, String> {
+    match raw.to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err("must be 0/1, true/false, on/off or yes/no".into()),
+    }
+}
+
+fn count(max: u32) -> impl Fn(&str) -> Result<u32, String> {
+    move |raw| {
+        let n: u32 = raw
+            .parse()
+            .map_err(|_| "is not a whole number".to_string())?;
+        if n > max {
+            return Err(format!("must be at most {max}"));
+        }
+        Ok(n)
+    }
+}
+
+impl Settings {
+    /// Reads the settings file (the named one, or `Leptos.toml` in the
+    /// current folder if it exists) and applies `args` over it.
+    pub fn load(args: &SettingArgs) -> Result<Self, SettingsError> {
+        let (path, required) = match &args.config {
+            Some(path) => (path.clone(), true),
+            None => (PathBuf::from(DEFAULT_FILE), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(SettingsError(format!(
+                    "settings file {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        Self::resolve(text.as_deref(), &path, args)
+    }
+
+    /// Resolves settings from the text of a settings file (if any) and the
+    /// flag/environment values in `args`, then validates them together.
+    pub fn resolve(
+        file_text: Option<&str>,
+        origin: &Path,
+        args: &SettingArgs,
+    ) -> Result<Self, SettingsError> {
+        let file = match file_text {
+            Some(text) => read_file_values(text, origin)?,
+            None => BTreeMap::new(),
+        };
+        let src = Sources { file };
+        let lease_ttl = src.parse(&LEASE_TTL, &args.lease_ttl_secs, Duration::from_secs(15), seconds)?;
+        let renew_interval = src.parse(&RENEW_INTERVAL, &args.renew_interval_secs, lease_ttl / 3, seconds)?;
+        let heartbeat_interval = src.parse(
+            &HEARTBEAT_INTERVAL,
+            &args.heartbeat_interval_secs,
+            lease_ttl / 3,
+            seconds,
+        )?;
+        if renew_interval >= lease_ttl {
+            return Err(SettingsError(format!(
+                "{}: {:?} must be shorter than the lease TTL ({:?}), or leases expire between renewals",
+                RENEW_INTERVAL.describe(),
+                renew_interval,
+                lease_ttl
+            )));
+        }
+        if heartbeat_interval >= lease_ttl {
+            return Err(SettingsError(format!(
+                "{}: {:?} must be shorter than the lease TTL ({:?}), or tasks expire between heartbeats",
+                HEARTBEAT_INTERVAL.describe(),
+                heartbeat_interval,
+                lease_ttl
+            )));
+        }
+        Ok(Settings {
+            site_addr: src.parse(
+                &SITE_ADDR,
+                &args.site_addr,
+                SocketAddr::from(([127, 0, 0, 1], 3000)),
+                |raw| {
+                    raw.parse()
+                        .map_err(|_| "is not a host:port address such as 127.0.0.1:3000".into())
+                },
+            )?,
+            database_url: src
+                .raw(&DATABASE_URL, &args.database_url)
+                .filter(|url| !url.trim().is_empty()),
+            data_dir: src.parse(
+                &DATA_DIR,
+                &args.data_dir,
+                PathBuf::from("target/leasekeeper-db"),
+                |raw| {
+                    if raw.is_empty() {
+                        Err("must not be empty".into())
+                    } else {
+                        Ok(PathBuf::from(raw))
+                    }
+                },
+            )?,
+            lease_ttl,
+            renew_interval,
+            heartbeat_interval,
+            generator_interval: src.parse(
+                &GENERATOR_INTERVAL,
+                &args.generator_interval_secs,
+                Duration::from_secs(2),
+                seconds,
+            )?,
+            workers: src.parse(&WORKERS, &args.workers, 4, count(1000))?,
+            chaos: src.parse(&CHAOS, &args.chaos, true, boolean)?,
+            crash_probability: src.parse(&CRASH_PROBABILITY, &args.crash_probability, 0.05, probability)?,
+            stall_probability: src.parse(&STALL_PROBABILITY, &args.stall_probability, 0.10, probability)?,
+            max_attempts: src.parse(&MAX_ATTEMPTS, &args.max_attempts, 5, |raw| {
+                let n = count(1000)(raw)?;
+                if n == 0 { Err("must be at least 1".into()) } else { Ok(n) }
+            })?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(file: Option<&str>, args: SettingArgs) -> Result<Settings, SettingsError> {
+        Settings::resolve(file, Path::new("Leptos.toml"), &args)
+    }
+
+    #[test]
+    fn defaults_without_file_or_overrides() {
+        let s = resolve(None, SettingArgs::default()).unwrap();
+        assert_eq!(s.lease_ttl, Duration::from_secs(15));
+        assert_eq!(s.renew_interval, Duration::from_secs(5));
+        assert_eq!(s.site_addr.to_string(), "127.0.0.1:3000");
+        assert_eq!(s.database_url, None);
+        assert_eq!(s.workers, 4);
+    }
+
+    #[test]
+    fn the_repository_settings_file_parses() {
+        let text = include_str!("../Leptos.toml");
+        let s = resolve(Some(text), SettingArgs::default()).unwrap();
+        assert_eq!(s.lease_ttl, Duration::from_secs(15));
+    }
+
+    #[test]
+    fn flags_and_env_override_the_file() {
+        let file = "[leasekeeper]\nlease_ttl_secs = 20\nsite_addr = \"127.0.0.1:4000\"\n";
+        let from_file = resolve(Some(file), SettingArgs::default()).unwrap();
+        assert_eq!(from_file.lease_ttl, Duration::from_secs(20));
+        assert_eq!(from_file.site_addr.port(), 4000);
+        let args = SettingArgs {
+            lease_ttl_secs: Some("2.5".into()),
+            site_addr: Some("127.0.0.1:5000".into()),
+            ..Default::default()
+        };
+        let s = resolve(Some(file), args).unwrap();
+        assert_eq!(s.lease_ttl, Duration::from_millis(2500));
+        assert_eq!(s.site_addr.port(), 5000);
+        // The renew default follows the effective TTL.
+        assert_eq!(s.renew_interval, Duration::from_millis(2500) / 3);
+    }
+
+    #[test]
+    fn bad_values_name_the_setting_in_one_line() {
+        let args = SettingArgs {
+            lease_ttl_secs: Some("abc".into()),
+            ..Default::default()
+        };
+        let err = resolve(None, args).unwrap_err().to_string();
+        assert!(err.contains("lease_ttl_secs"), "{err}");
+        assert!(err.contains("LEASEKEEPER_LEASE_TTL_SECS"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn ttl_must_exceed_the_renew_interval() {
+        let args = SettingArgs {
+            lease_ttl_secs: Some("3".into()),
+            renew_interval_secs: Some("3".into()),
+            ..Default::default()
+        };
+        let err = resolve(None, args).unwrap_err().to_string();
+        assert!(err.contains("renew_interval_secs"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_toml_are_refused() {
+        let err = resolve(Some("[leasekeeper]\nlease_tll_secs = 3\n"), SettingArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown setting [leasekeeper].lease_tll_secs"), "{err}");
+        let err = resolve(Some("[leasekeeper\n"), SettingArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not valid TOML"), "{err}");
+    }
+
+    #[test]
+    fn zero_negative_and_nan_durations_are_refused() {
+        for bad in ["0", "-1", "NaN", "inf"] {
+            let args = SettingArgs {
+                generator_interval_secs: Some(bad.into()),
+                ..Default::default()
+            };
+            assert!(resolve(None, args).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! The integration tests, in one binary (crates.io's habit: one link step).
+//! Each test gets a fresh database cloned from a migrated template; see
+//! `common` for where the PostgreSQL server comes from.
+
+mod common;
+mod lease_client;
+mod lease_race;
+mod lease_store;
+mod rest_leases;
+mod singleton;
