@@ -104,9 +104,21 @@ impl Key {
     }
 }
 
-const SITE_ADDR: Key = Key { file: "site_addr", env: "LEPTOS_SITE_ADDR", flag: "addr" };
-const DATABASE_URL: Key = Key { file: "database_url", env: "DATABASE_URL", flag: "database-url" };
-const DATA_DIR: Key = Key { file: "data_dir", env: "LEASEKEEPER_DATA_DIR", flag: "data-dir" };
+const SITE_ADDR: Key = Key {
+    file: "site_addr",
+    env: "LEPTOS_SITE_ADDR",
+    flag: "addr",
+};
+const DATABASE_URL: Key = Key {
+    file: "database_url",
+    env: "DATABASE_URL",
+    flag: "database-url",
+};
+const DATA_DIR: Key = Key {
+    file: "data_dir",
+    env: "LEASEKEEPER_DATA_DIR",
+    flag: "data-dir",
+};
 const LEASE_TTL: Key = Key {
     file: "lease_ttl_secs",
     env: "LEASEKEEPER_LEASE_TTL_SECS",
@@ -127,8 +139,16 @@ const GENERATOR_INTERVAL: Key = Key {
     env: "LEASEKEEPER_GENERATOR_INTERVAL_SECS",
     flag: "generator-interval-secs",
 };
-const WORKERS: Key = Key { file: "workers", env: "LEASEKEEPER_WORKERS", flag: "workers" };
-const CHAOS: Key = Key { file: "chaos", env: "LEASEKEEPER_CHAOS", flag: "chaos" };
+const WORKERS: Key = Key {
+    file: "workers",
+    env: "LEASEKEEPER_WORKERS",
+    flag: "workers",
+};
+const CHAOS: Key = Key {
+    file: "chaos",
+    env: "LEASEKEEPER_CHAOS",
+    flag: "chaos",
+};
 const CRASH_PROBABILITY: Key = Key {
     file: "crash_probability",
     env: "LEASEKEEPER_CRASH_PROBABILITY",
@@ -179,7 +199,10 @@ fn read_file_values(text: &str, origin: &Path) -> Result<BTreeMap<String, String
         return Ok(BTreeMap::new());
     };
     let section = section.as_table().ok_or_else(|| {
-        SettingsError(format!("{}: [{FILE_SECTION}] must be a table", origin.display()))
+        SettingsError(format!(
+            "{}: [{FILE_SECTION}] must be a table",
+            origin.display()
+        ))
     })?;
     let mut values = BTreeMap::new();
     for (key, value) in section {
@@ -307,8 +330,18 @@ impl Settings {
             None => BTreeMap::new(),
         };
         let src = Sources { file };
-        let lease_ttl = src.parse(&LEASE_TTL, &args.lease_ttl_secs, Duration::from_secs(15), seconds)?;
-        let renew_interval = src.parse(&RENEW_INTERVAL, &args.renew_interval_secs, lease_ttl / 3, seconds)?;
+        let lease_ttl = src.parse(
+            &LEASE_TTL,
+            &args.lease_ttl_secs,
+            Duration::from_secs(15),
+            seconds,
+        )?;
+        let renew_interval = src.parse(
+            &RENEW_INTERVAL,
+            &args.renew_interval_secs,
+            lease_ttl / 3,
+            seconds,
+        )?;
         let heartbeat_interval = src.parse(
             &HEARTBEAT_INTERVAL,
             &args.heartbeat_interval_secs,
@@ -367,11 +400,25 @@ impl Settings {
             )?,
             workers: src.parse(&WORKERS, &args.workers, 4, count(1000))?,
             chaos: src.parse(&CHAOS, &args.chaos, true, boolean)?,
-            crash_probability: src.parse(&CRASH_PROBABILITY, &args.crash_probability, 0.05, probability)?,
-            stall_probability: src.parse(&STALL_PROBABILITY, &args.stall_probability, 0.10, probability)?,
+            crash_probability: src.parse(
+                &CRASH_PROBABILITY,
+                &args.crash_probability,
+                0.05,
+                probability,
+            )?,
+            stall_probability: src.parse(
+                &STALL_PROBABILITY,
+                &args.stall_probability,
+                0.10,
+                probability,
+            )?,
             max_attempts: src.parse(&MAX_ATTEMPTS, &args.max_attempts, 5, |raw| {
                 let n = count(1000)(raw)?;
-                if n == 0 { Err("must be at least 1".into()) } else { Ok(n) }
+                if n == 0 {
+                    Err("must be at least 1".into())
+                } else {
+                    Ok(n)
+                }
             })?,
         })
     }
@@ -445,10 +492,16 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_toml_are_refused() {
-        let err = resolve(Some("[leasekeeper]\nlease_tll_secs = 3\n"), SettingArgs::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("unknown setting [leasekeeper].lease_tll_secs"), "{err}");
+        let err = resolve(
+            Some("[leasekeeper]\nlease_tll_secs = 3\n"),
+            SettingArgs::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("unknown setting [leasekeeper].lease_tll_secs"),
+            "{err}"
+        );
         let err = resolve(Some("[leasekeeper\n"), SettingArgs::default())
             .unwrap_err()
             .to_string();

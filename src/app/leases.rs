@@ -24,7 +24,12 @@ fn pool() -> Result<sqlx::PgPool, AppError> {
 #[server(prefix = "/sfn")]
 pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
     use crate::lease::store;
-    Ok(store::list(&mut *pool()?.acquire().await?, filter, store::Page::default()).await?)
+    Ok(store::list(
+        &mut *pool()?.acquire().await?,
+        filter,
+        store::Page::default(),
+    )
+    .await?)
 }
 
 /// Lease `id` with its recent history; `None` when there is no such lease.
@@ -32,7 +37,9 @@ pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
 pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> {
     use crate::lease::store;
     if id <= 0 {
-        return Err(AppError::BadRequest(format!("id must be a positive integer, got {id}")));
+        return Err(AppError::BadRequest(format!(
+            "id must be a positive integer, got {id}"
+        )));
     }
     Ok(store::detail(&mut *pool()?.acquire().await?, id).await?)
 }

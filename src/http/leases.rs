@@ -33,28 +33,49 @@ pub struct ListQuery {
     limit: Option<i64>,
 }
 
-async fn list(state: &AppState, filter: LeaseFilter, q: ListQuery) -> Result<Json<Vec<Lease>>, AppError> {
+async fn list(
+    state: &AppState,
+    filter: LeaseFilter,
+    q: ListQuery,
+) -> Result<Json<Vec<Lease>>, AppError> {
     let page = Page::new(q.after, q.limit);
-    Ok(Json(store::list(&mut *state.pool.acquire().await?, filter, page).await?))
+    Ok(Json(
+        store::list(&mut *state.pool.acquire().await?, filter, page).await?,
+    ))
 }
 
-async fn list_all(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Vec<Lease>>, AppError> {
+async fn list_all(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<Lease>>, AppError> {
     list(&s, LeaseFilter::All, q).await
 }
 
-async fn list_active(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Vec<Lease>>, AppError> {
+async fn list_active(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<Lease>>, AppError> {
     list(&s, LeaseFilter::Active, q).await
 }
 
-async fn list_expired(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Vec<Lease>>, AppError> {
+async fn list_expired(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<Lease>>, AppError> {
     list(&s, LeaseFilter::Expired, q).await
 }
 
-async fn list_renewed(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Vec<Lease>>, AppError> {
+async fn list_renewed(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<Lease>>, AppError> {
     list(&s, LeaseFilter::Renewed, q).await
 }
 
-async fn list_released(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Vec<Lease>>, AppError> {
+async fn list_released(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<Lease>>, AppError> {
     list(&s, LeaseFilter::Released, q).await
 }
 
@@ -94,7 +115,14 @@ async fn acquire(
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Lease>), AppError> {
     let ttl = ttl(body.ttl_seconds, s.settings.lease_ttl)?;
-    match store::acquire(&mut *s.pool.acquire().await?, &body.resource, &body.holder, ttl).await? {
+    match store::acquire(
+        &mut *s.pool.acquire().await?,
+        &body.resource,
+        &body.holder,
+        ttl,
+    )
+    .await?
+    {
         Acquired::New(lease) => Ok((StatusCode::CREATED, Json(lease))),
         Acquired::AlreadyHeld(lease) => Ok((StatusCode::OK, Json(lease))),
     }
@@ -108,7 +136,14 @@ async fn renew(
         .ttl_seconds
         .map(|secs| ttl(Some(secs), s.settings.lease_ttl))
         .transpose()?;
-    let lease = store::renew(&mut *s.pool.acquire().await?, &body.resource, &body.holder, body.fencing_token, ttl).await?;
+    let lease = store::renew(
+        &mut *s.pool.acquire().await?,
+        &body.resource,
+        &body.holder,
+        body.fencing_token,
+        ttl,
+    )
+    .await?;
     Ok(Json(lease))
 }
 
@@ -116,7 +151,13 @@ async fn release(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<HolderBody>,
 ) -> Result<Json<Lease>, AppError> {
-    let lease = store::release(&mut *s.pool.acquire().await?, &body.resource, &body.holder, body.fencing_token).await?;
+    let lease = store::release(
+        &mut *s.pool.acquire().await?,
+        &body.resource,
+        &body.holder,
+        body.fencing_token,
+    )
+    .await?;
     Ok(Json(lease))
 }
 
@@ -132,6 +173,12 @@ async fn delete_one(
     Id(id): Id,
     JsonBody(body): JsonBody<HolderBody>,
 ) -> Result<Json<Lease>, AppError> {
-    let lease = store::delete(&mut *s.pool.acquire().await?, id, &body.resource, &body.holder).await?;
+    let lease = store::delete(
+        &mut *s.pool.acquire().await?,
+        id,
+        &body.resource,
+        &body.holder,
+    )
+    .await?;
     Ok(Json(lease))
 }

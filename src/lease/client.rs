@@ -173,7 +173,14 @@ async fn renew_loop(
         let sent = Instant::now();
         let renewal = async {
             let mut conn = client.pool.acquire().await?;
-            store::renew(&mut conn, &client.resource, &client.holder, Some(token), Some(timing.ttl)).await
+            store::renew(
+                &mut conn,
+                &client.resource,
+                &client.holder,
+                Some(token),
+                Some(timing.ttl),
+            )
+            .await
         };
         let result = tokio::select! {
             _ = stop.cancelled() => return,
@@ -268,7 +275,13 @@ impl HeldLease {
         self.lost.cancel();
         let released = async {
             let mut conn = self.client.pool.acquire().await?;
-            store::release(&mut conn, &self.client.resource, &self.client.holder, Some(self.token())).await
+            store::release(
+                &mut conn,
+                &self.client.resource,
+                &self.client.holder,
+                Some(self.token()),
+            )
+            .await
         }
         .await;
         match released {

@@ -110,7 +110,10 @@ mod tests {
     #[test]
     fn deserializing_applies_the_same_rules() {
         let err = serde_json::from_str::<Holder>("\"\"").unwrap_err();
-        assert!(err.to_string().contains("holder must not be empty"), "{err}");
+        assert!(
+            err.to_string().contains("holder must not be empty"),
+            "{err}"
+        );
         let ok: Resource = serde_json::from_str("\"r1\"").unwrap();
         assert_eq!(ok.as_str(), "r1");
     }

@@ -95,9 +95,8 @@ pub fn transition(state: State, event: Event) -> Option<State> {
 
 /// The work a singleton runs while it holds the lease. It gets the term's
 /// fencing token and must return promptly once `stop` is cancelled.
-pub type Work = Arc<
-    dyn Fn(i64, CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
->;
+pub type Work =
+    Arc<dyn Fn(i64, CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// A running singleton lock: a task that drives [`transition`].
 pub struct Singleton {
@@ -193,10 +192,10 @@ struct Term {
 impl Term {
     async fn stop_work(self) -> HeldLease {
         self.stop.cancel();
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                tracing::error!(error = %e, "singleton work panicked");
-            }
+        if let Err(e) = self.task.await
+            && e.is_panic()
+        {
+            tracing::error!(error = %e, "singleton work panicked");
         }
         self.held
     }
@@ -381,11 +380,7 @@ mod tests {
                     .iter()
                     .find(|(s, e, _)| *s == state && *e == event)
                     .map(|(_, _, next)| *next);
-                assert_eq!(
-                    transition(state, event),
-                    expected,
-                    "{state:?} + {event:?}"
-                );
+                assert_eq!(transition(state, event), expected, "{state:?} + {event:?}");
             }
         }
     }

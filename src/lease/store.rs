@@ -274,9 +274,7 @@ pub async fn delete(
         .fetch_optional(&mut *conn)
         .await?;
     deleted.ok_or_else(|| {
-        LeaseError::NotFound(format!(
-            "no lease {id} on {resource} held by {holder}"
-        ))
+        LeaseError::NotFound(format!("no lease {id} on {resource} held by {holder}"))
     })
 }
 
@@ -285,10 +283,7 @@ fn no_live_lease(resource: &Resource, holder: &Holder) -> LeaseError {
 }
 
 /// The lease with row id `id`, if any.
-pub async fn get(
-    conn: &mut PgConnection,
-    id: i32,
-) -> Result<Option<Lease>, sqlx::Error> {
+pub async fn get(conn: &mut PgConnection, id: i32) -> Result<Option<Lease>, sqlx::Error> {
     sqlx::query_as(&format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1"))
         .bind(id)
         .fetch_optional(&mut *conn)
@@ -379,10 +374,7 @@ pub async fn history(
 }
 
 /// Lease `id` with its most recent history, if the lease exists.
-pub async fn detail(
-    conn: &mut PgConnection,
-    id: i32,
-) -> Result<Option<LeaseDetail>, sqlx::Error> {
+pub async fn detail(conn: &mut PgConnection, id: i32) -> Result<Option<LeaseDetail>, sqlx::Error> {
     let Some(lease) = get(&mut *conn, id).await? else {
         return Ok(None);
     };

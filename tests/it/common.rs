@@ -23,7 +23,9 @@ fn server() -> PgConnectOptions {
     SERVER
         .get_or_init(|| {
             if let Ok(url) = std::env::var("LEASEKEEPER_TEST_DATABASE_URL") {
-                return url.parse().expect("LEASEKEEPER_TEST_DATABASE_URL is not a valid URL");
+                return url
+                    .parse()
+                    .expect("LEASEKEEPER_TEST_DATABASE_URL is not a valid URL");
             }
             // Start the cluster on a runtime of its own: the caller may be
             // inside a test's runtime, which must not block.
@@ -63,18 +65,18 @@ async fn template() -> &'static str {
         .get_or_init(|| async {
             let mut conn = maintenance().await;
             // Drop what earlier, finished test processes left behind.
-            let stale: Vec<String> = sqlx::query_scalar(
-                "SELECT datname FROM pg_database WHERE datname LIKE 'lk\\_%'",
-            )
-            .fetch_all(&mut conn)
-            .await
-            .expect("listing test databases");
+            let stale: Vec<String> =
+                sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'lk\\_%'")
+                    .fetch_all(&mut conn)
+                    .await
+                    .expect("listing test databases");
             for name in stale {
                 let pid = name.split('_').nth(2).unwrap_or("");
                 if !pid_alive(pid) {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .execute(&mut conn)
-                        .await;
+                    let _ =
+                        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                            .execute(&mut conn)
+                            .await;
                 }
             }
             let name = format!("lk_tpl_{}", std::process::id());
@@ -89,7 +91,10 @@ async fn template() -> &'static str {
             let mut tpl = PgConnection::connect_with(&server().database(&name))
                 .await
                 .expect("connecting to the template");
-            MIGRATOR.run(&mut tpl).await.expect("migrating the template");
+            MIGRATOR
+                .run(&mut tpl)
+                .await
+                .expect("migrating the template");
             tpl.close().await.expect("closing the template");
             name
         })
@@ -114,10 +119,12 @@ impl TestDb {
             COUNTER.fetch_add(1, Ordering::SeqCst)
         );
         let mut conn = maintenance().await;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""))
-            .execute(&mut conn)
-            .await
-            .expect("creating a test database");
+        sqlx::query(&format!(
+            "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+        ))
+        .execute(&mut conn)
+        .await
+        .expect("creating a test database");
         let options = server().database(&name);
         let pool = pool_options()
             .max_connections(max_connections)

@@ -18,9 +18,16 @@ async fn renewal_keeps_the_lease_past_several_ttls() {
     let held = client.acquire().await.unwrap().expect("free lease");
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(held.is_held());
-    let lease = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &resource("r")).await.unwrap().unwrap();
+    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(lease.fencing_token, held.token());
-    assert!(lease.renew_count >= 4, "renewed only {} times", lease.renew_count);
+    assert!(
+        lease.renew_count >= 4,
+        "renewed only {} times",
+        lease.renew_count
+    );
     assert!(lease.expires_in_ms > 0);
 
     // A second client for another holder cannot get it meanwhile.
@@ -28,7 +35,10 @@ async fn renewal_keeps_the_lease_past_several_ttls() {
     assert!(rival.acquire().await.unwrap().is_none());
 
     assert!(held.release().await.unwrap());
-    let lease = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &resource("r")).await.unwrap().unwrap();
+    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(lease.released_at.is_some());
     assert!(rival.acquire().await.unwrap().is_some());
 }
@@ -38,24 +48,39 @@ async fn is_held_turns_false_before_the_database_expires_the_lease() {
     let db = TestDb::new().await;
     // The client's own pool, which we close to cut it off from the database.
     let client_pool = db.pool(2).await;
-    let client = LeaseClient::new(client_pool.clone(), resource("r"), holder("a"), timing(1000));
+    let client = LeaseClient::new(
+        client_pool.clone(),
+        resource("r"),
+        holder("a"),
+        timing(1000),
+    );
     let held = client.acquire().await.unwrap().expect("free lease");
     let acquired = Instant::now();
     client_pool.close().await;
 
     while held.is_held() {
-        assert!(acquired.elapsed() < Duration::from_secs(2), "never stepped down");
+        assert!(
+            acquired.elapsed() < Duration::from_secs(2),
+            "never stepped down"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // At the moment the client stops trusting the lease, the database must
     // still consider it live: nobody else can have it yet.
-    let live: bool = sqlx::query_scalar("SELECT expires_at > now() FROM leases WHERE resource = 'r'")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert!(live, "the client trusted the lease after the database expired it");
+    let live: bool =
+        sqlx::query_scalar("SELECT expires_at > now() FROM leases WHERE resource = 'r'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        live,
+        "the client trusted the lease after the database expired it"
+    );
     let stepped_down_after = acquired.elapsed();
-    assert!(stepped_down_after >= Duration::from_millis(850), "{stepped_down_after:?}");
+    assert!(
+        stepped_down_after >= Duration::from_millis(850),
+        "{stepped_down_after:?}"
+    );
     tokio::time::timeout(Duration::from_millis(200), held.lost())
         .await
         .expect("loss is notified once the trust deadline passes");
@@ -72,9 +97,14 @@ async fn losing_the_lease_to_a_takeover_is_notified() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let taken = store::acquire(&mut *db.pool.acquire().await.unwrap(), &resource("r"), &holder("b"), Duration::from_secs(30))
-        .await
-        .unwrap();
+    let taken = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &resource("r"),
+        &holder("b"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
     assert_eq!(taken.lease().fencing_token, held.token() + 1);
     // The next renewal (within renew_interval = 300 ms, plus jitter) is refused.
     tokio::time::timeout(Duration::from_millis(600), lost.cancelled())
@@ -83,7 +113,10 @@ async fn losing_the_lease_to_a_takeover_is_notified() {
     assert!(!held.is_held());
     // Releasing a lost lease is not an error, and does not touch b's lease.
     assert!(!held.release().await.unwrap());
-    let lease = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &resource("r")).await.unwrap().unwrap();
+    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(lease.holder.as_deref(), Some("b"));
     assert!(lease.released_at.is_none());
 }
@@ -95,7 +128,10 @@ async fn dropping_a_held_lease_stops_renewal_without_releasing() {
     let held = client.acquire().await.unwrap().expect("free lease");
     drop(held);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let lease = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &resource("r")).await.unwrap().unwrap();
+    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(lease.renew_count, 0);
     assert!(lease.released_at.is_none());
     assert_eq!(lease.state, leasekeeper::lease::LeaseState::Expired);

@@ -42,10 +42,13 @@ async fn race(db: &TestDb, round: usize) -> Round {
         tasks.push(tokio::spawn(async move {
             let mut conn = pool.acquire().await.expect("connection");
             // Warm the connection so the barrier, not the connect, sets the start.
-            sqlx::query("SELECT 1").execute(&mut *conn).await.expect("warm-up");
+            sqlx::query("SELECT 1")
+                .execute(&mut *conn)
+                .await
+                .expect("warm-up");
             let who = holder(&format!("h{round}-{i}"));
             barrier.wait().await;
-            let outcome = store::acquire(&mut *conn, &resource("contested"), &who, TTL).await;
+            let outcome = store::acquire(&mut conn, &resource("contested"), &who, TTL).await;
             (who.to_string(), outcome)
         }));
     }
@@ -67,15 +70,23 @@ async fn race(db: &TestDb, round: usize) -> Round {
 
 async fn prepare(db: &TestDb, start: Start) {
     let r = resource("contested");
-    let current = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &r).await.unwrap();
+    let current = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
+        .await
+        .unwrap();
     match (start, current) {
         (Start::Free, Some(lease)) => {
-            sqlx::query("DELETE FROM leases WHERE id = $1").bind(lease.id).execute(&db.pool).await.unwrap();
+            sqlx::query("DELETE FROM leases WHERE id = $1")
+                .bind(lease.id)
+                .execute(&db.pool)
+                .await
+                .unwrap();
         }
         (Start::Free, None) => {}
         (Start::Released, Some(lease)) => {
             let h = holder(lease.holder.as_deref().unwrap());
-            store::release(&mut *db.pool.acquire().await.unwrap(), &r, &h, None).await.unwrap();
+            store::release(&mut db.pool.acquire().await.unwrap(), &r, &h, None)
+                .await
+                .unwrap();
         }
         (Start::Expired, Some(_)) => {
             sqlx::query("UPDATE leases SET expires_at = now() - interval '1 ms' WHERE resource = 'contested'")
@@ -86,7 +97,14 @@ async fn prepare(db: &TestDb, start: Start) {
         (Start::Live, Some(_)) => {}
         (start, None) => {
             // Needs a prior holder: create one.
-            store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("setup"), TTL).await.unwrap();
+            store::acquire(
+                &mut db.pool.acquire().await.unwrap(),
+                &r,
+                &holder("setup"),
+                TTL,
+            )
+            .await
+            .unwrap();
             if !matches!(start, Start::Live) {
                 Box::pin(prepare(db, start)).await;
             }
@@ -95,10 +113,12 @@ async fn prepare(db: &TestDb, start: Start) {
 }
 
 async fn last_token(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT COALESCE(max(last_token), 0) FROM lease_fencing WHERE resource = 'contested'")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT COALESCE(max(last_token), 0) FROM lease_fencing WHERE resource = 'contested'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -109,20 +129,38 @@ async fn exactly_one_of_64_contenders_wins_each_round() {
         for _ in 0..ROUNDS_PER_STATE {
             round += 1;
             prepare(&db, start).await;
-            let before = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &resource("contested")).await.unwrap();
+            let before = store::get_by_resource(
+                &mut db.pool.acquire().await.unwrap(),
+                &resource("contested"),
+            )
+            .await
+            .unwrap();
             let previous = last_token(&db).await;
             let outcome = race(&db, round).await;
-            let after = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &resource("contested")).await.unwrap().unwrap();
+            let after = store::get_by_resource(
+                &mut db.pool.acquire().await.unwrap(),
+                &resource("contested"),
+            )
+            .await
+            .unwrap()
+            .unwrap();
             match start {
                 Start::Live => {
                     let before = before.unwrap();
-                    assert!(outcome.new.is_empty(), "round {round} ({start:?}): {outcome:?}");
+                    assert!(
+                        outcome.new.is_empty(),
+                        "round {round} ({start:?}): {outcome:?}"
+                    );
                     assert_eq!(outcome.held_by_other, CONTENDERS, "round {round}");
                     assert_eq!(after.holder, before.holder);
                     assert_eq!(after.fencing_token, before.fencing_token);
                 }
                 _ => {
-                    assert_eq!(outcome.new.len(), 1, "round {round} ({start:?}): {outcome:?}");
+                    assert_eq!(
+                        outcome.new.len(),
+                        1,
+                        "round {round} ({start:?}): {outcome:?}"
+                    );
                     assert_eq!(outcome.held_by_other, CONTENDERS - 1, "round {round}");
                     let (winner, token) = &outcome.new[0];
                     assert_eq!(*token, previous + 1, "round {round} ({start:?})");
@@ -150,13 +188,25 @@ async fn renew_racing_a_takeover_never_leaves_two_holders() {
     // does, never both succeed.
     let db = TestDb::with_connections(8).await;
     let r = resource("raced");
-    store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("old"), TTL).await.unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("old"),
+        TTL,
+    )
+    .await
+    .unwrap();
     for round in 0..100 {
-        sqlx::query("UPDATE leases SET expires_at = now() + interval '2 ms' WHERE resource = 'raced'")
-            .execute(&db.pool)
+        sqlx::query(
+            "UPDATE leases SET expires_at = now() + interval '2 ms' WHERE resource = 'raced'",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let current = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
             .await
+            .unwrap()
             .unwrap();
-        let current = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &r).await.unwrap().unwrap();
         let old = holder(current.holder.as_deref().unwrap());
         let new = holder(&format!("new{round}"));
         let barrier = Arc::new(Barrier::new(2));
@@ -167,17 +217,23 @@ async fn renew_racing_a_takeover_never_leaves_two_holders() {
         let renew = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(2)).await;
             b1.wait().await;
-            store::renew(&mut *p1.acquire().await.unwrap(), &r1, &old2, None, None).await
+            store::renew(&mut p1.acquire().await.unwrap(), &r1, &old2, None, None).await
         });
         let take = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(2)).await;
             b2.wait().await;
-            store::acquire(&mut *p2.acquire().await.unwrap(), &r2, &new, TTL).await
+            store::acquire(&mut p2.acquire().await.unwrap(), &r2, &new, TTL).await
         });
         let renewed = renew.await.unwrap().is_ok();
         let took = matches!(take.await.unwrap(), Ok(Acquired::New(_)));
-        assert!(!(renewed && took), "round {round}: both the renew and the takeover succeeded");
-        let after = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &r).await.unwrap().unwrap();
+        assert!(
+            !(renewed && took),
+            "round {round}: both the renew and the takeover succeeded"
+        );
+        let after = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
+            .await
+            .unwrap()
+            .unwrap();
         if took {
             assert_ne!(after.holder.as_deref(), Some(old.as_str()));
             assert_eq!(after.fencing_token, current.fencing_token + 1);

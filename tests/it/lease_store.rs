@@ -12,28 +12,62 @@ const TTL: Duration = Duration::from_secs(30);
 /// Makes the lease on `name` expire now, as if its holder stopped renewing
 /// long ago (only the database clock counts, so this is the honest way).
 async fn expire(db: &TestDb, name: &str) {
-    sqlx::query("UPDATE leases SET expires_at = now() - interval '1 millisecond' WHERE resource = $1")
-        .bind(name)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE leases SET expires_at = now() - interval '1 millisecond' WHERE resource = $1",
+    )
+    .bind(name)
+    .execute(&db.pool)
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
 async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    let first = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap();
-    let Acquired::New(lease) = first else { panic!("expected a new term, got {first:?}") };
+    let first = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let Acquired::New(lease) = first else {
+        panic!("expected a new term, got {first:?}")
+    };
     assert_eq!(lease.fencing_token, 1);
     assert_eq!(lease.state, LeaseState::Active);
-    assert!(lease.expires_in_ms > 29_000 && lease.expires_in_ms <= 30_000, "{}", lease.expires_in_ms);
+    assert!(
+        lease.expires_in_ms > 29_000 && lease.expires_in_ms <= 30_000,
+        "{}",
+        lease.expires_in_ms
+    );
 
-    let again = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap();
-    assert!(matches!(&again, Acquired::AlreadyHeld(l) if l.fencing_token == 1), "{again:?}");
+    let again = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(&again, Acquired::AlreadyHeld(l) if l.fencing_token == 1),
+        "{again:?}"
+    );
 
-    let other = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await;
-    assert!(matches!(&other, Err(LeaseError::Held { holder, .. }) if holder == "a"), "{other:?}");
+    let other = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await;
+    assert!(
+        matches!(&other, Err(LeaseError::Held { holder, .. }) if holder == "a"),
+        "{other:?}"
+    );
     assert_eq!(event_kinds(&db.pool, "r1").await, ["acquired"]);
 }
 
@@ -41,13 +75,31 @@ async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
 async fn an_expired_lease_is_taken_over_with_the_next_token() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     expire(&db, "r1").await;
-    let taken = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await.unwrap();
-    let Acquired::New(lease) = taken else { panic!("expected takeover, got {taken:?}") };
+    let taken = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let Acquired::New(lease) = taken else {
+        panic!("expected takeover, got {taken:?}")
+    };
     assert_eq!(lease.holder.as_deref(), Some("b"));
     assert_eq!(lease.fencing_token, 2);
-    let history = store::history(&mut *db.pool.acquire().await.unwrap(), "r1", 10).await.unwrap();
+    let history = store::history(&mut db.pool.acquire().await.unwrap(), "r1", 10)
+        .await
+        .unwrap();
     assert_eq!(history[0].kind, "taken_over");
     assert_eq!(history[0].previous_holder.as_deref(), Some("a"));
     assert_eq!(history[0].fencing_token, Some(2));
@@ -57,28 +109,81 @@ async fn an_expired_lease_is_taken_over_with_the_next_token() {
 async fn a_stale_holder_can_neither_renew_nor_release() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     expire(&db, "r1").await;
     // Expired but not yet taken over: still no renewal, it must re-acquire.
-    let renew = store::renew(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), None, None).await;
+    let renew = store::renew(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        None,
+        None,
+    )
+    .await;
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
-    store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await.unwrap();
-    let before = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &r).await.unwrap().unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let before = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
+        .await
+        .unwrap()
+        .unwrap();
 
-    let renew = store::renew(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), None, None).await;
+    let renew = store::renew(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        None,
+        None,
+    )
+    .await;
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
-    let release = store::release(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), None).await;
-    assert!(matches!(release, Err(LeaseError::NotFound(_))), "{release:?}");
+    let release = store::release(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        None,
+    )
+    .await;
+    assert!(
+        matches!(release, Err(LeaseError::NotFound(_))),
+        "{release:?}"
+    );
     // The new holder renewing with the old term's token is refused too.
-    let renew = store::renew(&mut *db.pool.acquire().await.unwrap(), &r, &holder("b"), Some(1), None).await;
+    let renew = store::renew(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("b"),
+        Some(1),
+        None,
+    )
+    .await;
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
 
-    let after = store::get_by_resource(&mut *db.pool.acquire().await.unwrap(), &r).await.unwrap().unwrap();
+    let after = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(before.holder, after.holder);
     assert_eq!(before.fencing_token, after.fencing_token);
     assert_eq!(before.expires_at, after.expires_at);
     assert_eq!(before.renew_count, after.renew_count);
-    assert_eq!(event_kinds(&db.pool, "r1").await, ["acquired", "taken_over"]);
+    assert_eq!(
+        event_kinds(&db.pool, "r1").await,
+        ["acquired", "taken_over"]
+    );
 }
 
 #[tokio::test]
@@ -86,19 +191,47 @@ async fn renew_extends_and_release_frees_at_once() {
     let db = TestDb::new().await;
     let r = resource("r1");
     let a = holder("a");
-    let lease = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &a, Duration::from_secs(2)).await.unwrap().into_lease();
-    let renewed = store::renew(&mut *db.pool.acquire().await.unwrap(), &r, &a, Some(lease.fencing_token), Some(TTL)).await.unwrap();
+    let lease = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &a,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    let renewed = store::renew(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &a,
+        Some(lease.fencing_token),
+        Some(TTL),
+    )
+    .await
+    .unwrap();
     assert_eq!(renewed.renew_count, 1);
     assert_eq!(renewed.fencing_token, lease.fencing_token);
     assert!(renewed.expires_at > lease.expires_at);
     assert!(renewed.renewed_at.is_some());
 
-    let released = store::release(&mut *db.pool.acquire().await.unwrap(), &r, &a, None).await.unwrap();
+    let released = store::release(&mut db.pool.acquire().await.unwrap(), &r, &a, None)
+        .await
+        .unwrap();
     assert_eq!(released.state, LeaseState::Released);
     assert!(released.released_at.is_some());
     // Released means free: another holder gets it immediately, next token.
-    let b = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await.unwrap();
-    assert!(matches!(&b, Acquired::New(l) if l.fencing_token == 2), "{b:?}");
+    let b = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(&b, Acquired::New(l) if l.fencing_token == 2),
+        "{b:?}"
+    );
     assert_eq!(
         event_kinds(&db.pool, "r1").await,
         ["acquired", "renewed", "released", "acquired"]
@@ -110,16 +243,55 @@ async fn fencing_tokens_survive_row_deletion() {
     let db = TestDb::new().await;
     let r = resource("r1");
     for expected in 1..=3 {
-        let lease = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap().into_lease();
+        let lease = store::acquire(
+            &mut db.pool.acquire().await.unwrap(),
+            &r,
+            &holder("a"),
+            TTL,
+        )
+        .await
+        .unwrap()
+        .into_lease();
         assert_eq!(lease.fencing_token, expected);
-        let deleted = store::delete(&mut *db.pool.acquire().await.unwrap(), lease.id, &r, &holder("a")).await.unwrap();
+        let deleted = store::delete(
+            &mut db.pool.acquire().await.unwrap(),
+            lease.id,
+            &r,
+            &holder("a"),
+        )
+        .await
+        .unwrap();
         assert_eq!(deleted.id, lease.id);
-        assert!(store::get(&mut *db.pool.acquire().await.unwrap(), lease.id).await.unwrap().is_none());
+        assert!(
+            store::get(&mut db.pool.acquire().await.unwrap(), lease.id)
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
     // Even a hand-written DELETE cannot reset the counter.
-    let lease = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap().into_lease();
-    sqlx::query("DELETE FROM leases").execute(&db.pool).await.unwrap();
-    let again = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await.unwrap().into_lease();
+    let lease = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    sqlx::query("DELETE FROM leases")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let again = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
     assert_eq!(again.fencing_token, lease.fencing_token + 1);
 }
 
@@ -127,13 +299,24 @@ async fn fencing_tokens_survive_row_deletion() {
 async fn a_token_that_does_not_advance_is_refused_by_the_database() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap();
-    let err = sqlx::query("UPDATE leases SET fencing_token = 1, holder = 'x' WHERE resource = 'r1'")
-        .execute(&db.pool)
-        .await;
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let err =
+        sqlx::query("UPDATE leases SET fencing_token = 1, holder = 'x' WHERE resource = 'r1'")
+            .execute(&db.pool)
+            .await;
     // Same token: not a new term, allowed. Going backwards after a delete is not:
     assert!(err.is_ok());
-    sqlx::query("DELETE FROM leases").execute(&db.pool).await.unwrap();
+    sqlx::query("DELETE FROM leases")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let err = sqlx::query(
         "INSERT INTO leases (resource, holder, expires_at, ttl_ms, fencing_token)
          VALUES ('r1', 'x', now() + interval '1 minute', 60000, 1)",
@@ -141,7 +324,10 @@ async fn a_token_that_does_not_advance_is_refused_by_the_database() {
     .execute(&db.pool)
     .await
     .unwrap_err();
-    let code = err.as_database_error().and_then(|e| e.code()).map(|c| c.to_string());
+    let code = err
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.to_string());
     assert_eq!(code.as_deref(), Some("40001"), "{err}");
 }
 
@@ -149,12 +335,31 @@ async fn a_token_that_does_not_advance_is_refused_by_the_database() {
 async fn delete_needs_the_right_resource_and_holder() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    let lease = store::acquire(&mut *db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL).await.unwrap().into_lease();
+    let lease = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
     for (res, hold) in [("r1", "b"), ("r2", "a")] {
-        let err = store::delete(&mut *db.pool.acquire().await.unwrap(), lease.id, &resource(res), &holder(hold)).await;
+        let err = store::delete(
+            &mut db.pool.acquire().await.unwrap(),
+            lease.id,
+            &resource(res),
+            &holder(hold),
+        )
+        .await;
         assert!(matches!(err, Err(LeaseError::NotFound(_))), "{err:?}");
     }
-    assert!(store::get(&mut *db.pool.acquire().await.unwrap(), lease.id).await.unwrap().is_some());
+    assert!(
+        store::get(&mut db.pool.acquire().await.unwrap(), lease.id)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test]
@@ -162,30 +367,69 @@ async fn lists_filter_by_state_and_paginate() {
     let db = TestDb::new().await;
     let a = holder("a");
     for name in ["active", "expired", "renewed", "released"] {
-        store::acquire(&mut *db.pool.acquire().await.unwrap(), &resource(name), &a, TTL).await.unwrap();
+        store::acquire(
+            &mut db.pool.acquire().await.unwrap(),
+            &resource(name),
+            &a,
+            TTL,
+        )
+        .await
+        .unwrap();
     }
     expire(&db, "expired").await;
-    store::renew(&mut *db.pool.acquire().await.unwrap(), &resource("renewed"), &a, None, None).await.unwrap();
-    store::release(&mut *db.pool.acquire().await.unwrap(), &resource("released"), &a, None).await.unwrap();
+    store::renew(
+        &mut db.pool.acquire().await.unwrap(),
+        &resource("renewed"),
+        &a,
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    store::release(
+        &mut db.pool.acquire().await.unwrap(),
+        &resource("released"),
+        &a,
+        None,
+    )
+    .await
+    .unwrap();
 
     let names = |leases: Vec<leasekeeper::lease::Lease>| -> Vec<String> {
         leases.into_iter().map(|l| l.resource).collect()
     };
     let mut conn = db.pool.acquire().await.unwrap();
     for (filter, expected) in [
-        (LeaseFilter::All, vec!["active", "expired", "renewed", "released"]),
+        (
+            LeaseFilter::All,
+            vec!["active", "expired", "renewed", "released"],
+        ),
         (LeaseFilter::Active, vec!["active", "renewed"]),
         (LeaseFilter::Expired, vec!["expired"]),
         (LeaseFilter::Renewed, vec!["renewed"]),
         (LeaseFilter::Released, vec!["released"]),
     ] {
-        let got = store::list(&mut conn, filter, Page::default()).await.unwrap();
+        let got = store::list(&mut conn, filter, Page::default())
+            .await
+            .unwrap();
         assert_eq!(names(got), expected, "{filter:?}");
     }
 
-    let first = store::list(&mut *db.pool.acquire().await.unwrap(), LeaseFilter::All, Page::new(None, Some(2))).await.unwrap();
+    let first = store::list(
+        &mut db.pool.acquire().await.unwrap(),
+        LeaseFilter::All,
+        Page::new(None, Some(2)),
+    )
+    .await
+    .unwrap();
     assert_eq!(names(first.clone()), ["active", "expired"]);
-    let next = store::list(&mut *db.pool.acquire().await.unwrap(), LeaseFilter::All, Page::new(Some(first[1].id), Some(2))).await.unwrap();
+    let next = store::list(
+        &mut db.pool.acquire().await.unwrap(),
+        LeaseFilter::All,
+        Page::new(Some(first[1].id), Some(2)),
+    )
+    .await
+    .unwrap();
     assert_eq!(names(next), ["renewed", "released"]);
 }
 
@@ -193,7 +437,13 @@ async fn lists_filter_by_state_and_paginate() {
 async fn bad_ttls_are_refused_before_the_database() {
     let db = TestDb::new().await;
     for ttl in [Duration::ZERO, store::MAX_TTL + Duration::from_secs(1)] {
-        let err = store::acquire(&mut *db.pool.acquire().await.unwrap(), &resource("r"), &holder("a"), ttl).await;
+        let err = store::acquire(
+            &mut db.pool.acquire().await.unwrap(),
+            &resource("r"),
+            &holder("a"),
+            ttl,
+        )
+        .await;
         assert!(matches!(err, Err(LeaseError::BadTtl)), "{err:?}");
     }
 }
@@ -209,6 +459,9 @@ async fn the_database_backs_the_name_length_limit() {
     .execute(&db.pool)
     .await
     .unwrap_err();
-    let code = err.as_database_error().and_then(|e| e.code()).map(|c| c.to_string());
+    let code = err
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.to_string());
     assert_eq!(code.as_deref(), Some("23514"), "{err}");
 }

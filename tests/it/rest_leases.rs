@@ -19,13 +19,17 @@ struct Api {
 impl Api {
     async fn new() -> Self {
         let db = TestDb::new().await;
-        let settings = Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
+        let settings =
+            Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
         let state = AppState {
             leptos_options: leptos_options(&settings),
             pool: db.pool.clone(),
             settings: Arc::new(settings),
         };
-        Api { app: router(state), db }
+        Api {
+            app: router(state),
+            db,
+        }
     }
 
     async fn raw(&self, method: Method, uri: &str, body: Body) -> (StatusCode, Value) {
@@ -38,42 +42,72 @@ impl Api {
         let resp = self.app.clone().oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| panic!("{uri}: body is not JSON: {}", String::from_utf8_lossy(&bytes)));
+        let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+            panic!(
+                "{uri}: body is not JSON: {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        });
         (status, value)
     }
 
     async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let body = body.map(|b| Body::from(b.to_string())).unwrap_or_else(Body::empty);
+        let body = body
+            .map(|b| Body::from(b.to_string()))
+            .unwrap_or_else(Body::empty);
         self.raw(method, uri, body).await
     }
 }
 
 fn error_of(v: &Value) -> &str {
-    v["error"].as_str().unwrap_or_else(|| panic!("no error field in {v}"))
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error field in {v}"))
 }
 
 #[tokio::test]
 async fn acquire_answers_201_then_200_for_the_holder_then_409() {
     let api = Api::new().await;
-    let (s, lease) = api.call(Method::POST, "/api/leases", Some(json!({"resource": "r1", "holder": "a"}))).await;
+    let (s, lease) = api
+        .call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": "r1", "holder": "a"})),
+        )
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{lease}");
     assert_eq!(lease["fencing_token"], 1);
     assert_eq!(lease["holder"], "a");
     assert_eq!(lease["state"], "active");
     assert_eq!(lease["ttl_ms"], 15000);
 
-    let (s, again) = api.call(Method::POST, "/api/leases", Some(json!({"resource": "r1", "holder": "a"}))).await;
+    let (s, again) = api
+        .call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": "r1", "holder": "a"})),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(again["id"], lease["id"]);
     assert_eq!(again["fencing_token"], 1);
 
-    let (s, err) = api.call(Method::POST, "/api/leases", Some(json!({"resource": "r1", "holder": "b"}))).await;
+    let (s, err) = api
+        .call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": "r1", "holder": "b"})),
+        )
+        .await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert!(error_of(&err).contains("held by a"), "{err}");
 
     let (s, custom) = api
-        .call(Method::POST, "/api/leases", Some(json!({"resource": "r2", "holder": "a", "ttl_seconds": 2.5})))
+        .call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": "r2", "holder": "a", "ttl_seconds": 2.5})),
+        )
         .await;
     assert_eq!(s, StatusCode::CREATED);
     assert_eq!(custom["ttl_ms"], 2500);
@@ -83,45 +117,87 @@ async fn acquire_answers_201_then_200_for_the_holder_then_409() {
 async fn renew_and_release_need_a_live_lease_of_that_holder() {
     let api = Api::new().await;
     let body = json!({"resource": "r1", "holder": "a"});
-    api.call(Method::POST, "/api/leases", Some(body.clone())).await;
+    api.call(Method::POST, "/api/leases", Some(body.clone()))
+        .await;
 
-    let (s, renewed) = api.call(Method::PUT, "/api/leases/renew", Some(body.clone())).await;
+    let (s, renewed) = api
+        .call(Method::PUT, "/api/leases/renew", Some(body.clone()))
+        .await;
     assert_eq!(s, StatusCode::OK, "{renewed}");
     assert_eq!(renewed["renew_count"], 1);
 
     let stranger = json!({"resource": "r1", "holder": "b"});
-    let (s, err) = api.call(Method::PUT, "/api/leases/renew", Some(stranger.clone())).await;
+    let (s, err) = api
+        .call(Method::PUT, "/api/leases/renew", Some(stranger.clone()))
+        .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
-    let (s, _) = api.call(Method::DELETE, "/api/leases/release", Some(stranger)).await;
+    let (s, _) = api
+        .call(Method::DELETE, "/api/leases/release", Some(stranger))
+        .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (s, _) = api
-        .call(Method::PUT, "/api/leases/renew", Some(json!({"resource": "r1", "holder": "a", "fencing_token": 7})))
+        .call(
+            Method::PUT,
+            "/api/leases/renew",
+            Some(json!({"resource": "r1", "holder": "a", "fencing_token": 7})),
+        )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "a wrong token renews nothing");
 
-    let (s, released) = api.call(Method::DELETE, "/api/leases/release", Some(body.clone())).await;
+    let (s, released) = api
+        .call(Method::DELETE, "/api/leases/release", Some(body.clone()))
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(released["state"], "released");
-    let (s, _) = api.call(Method::DELETE, "/api/leases/release", Some(body.clone())).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "a second release finds no live lease");
+    let (s, _) = api
+        .call(Method::DELETE, "/api/leases/release", Some(body.clone()))
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "a second release finds no live lease"
+    );
     let (s, _) = api.call(Method::PUT, "/api/leases/renew", Some(body)).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "a released lease cannot be renewed");
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "a released lease cannot be renewed"
+    );
 }
 
 #[tokio::test]
 async fn lists_filter_by_state() {
     let api = Api::new().await;
     for r in ["a1", "a2", "gone"] {
-        api.call(Method::POST, "/api/leases", Some(json!({"resource": r, "holder": "h"}))).await;
+        api.call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": r, "holder": "h"})),
+        )
+        .await;
     }
-    api.call(Method::PUT, "/api/leases/renew", Some(json!({"resource": "a2", "holder": "h"}))).await;
-    api.call(Method::DELETE, "/api/leases/release", Some(json!({"resource": "gone", "holder": "h"}))).await;
+    api.call(
+        Method::PUT,
+        "/api/leases/renew",
+        Some(json!({"resource": "a2", "holder": "h"})),
+    )
+    .await;
+    api.call(
+        Method::DELETE,
+        "/api/leases/release",
+        Some(json!({"resource": "gone", "holder": "h"})),
+    )
+    .await;
     sqlx::query("INSERT INTO leases (resource, holder, expires_at, ttl_ms, fencing_token) VALUES ('old', 'h', now() - interval '1 s', 1000, 1)")
         .execute(&api.db.pool)
         .await
         .unwrap();
     let names = |v: Value| -> Vec<String> {
-        v.as_array().unwrap().iter().map(|l| l["resource"].as_str().unwrap().to_string()).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["resource"].as_str().unwrap().to_string())
+            .collect()
     };
     for (path, expected) in [
         ("/api/leases", vec!["a1", "a2", "gone", "old"]),
@@ -142,14 +218,24 @@ async fn lists_filter_by_state() {
 #[tokio::test]
 async fn get_and_delete_by_id() {
     let api = Api::new().await;
-    let (_, lease) = api.call(Method::POST, "/api/leases", Some(json!({"resource": "r1", "holder": "a"}))).await;
+    let (_, lease) = api
+        .call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": "r1", "holder": "a"})),
+        )
+        .await;
     let id = lease["id"].as_i64().unwrap();
-    let (s, got) = api.call(Method::GET, &format!("/api/leases/{id}"), None).await;
+    let (s, got) = api
+        .call(Method::GET, &format!("/api/leases/{id}"), None)
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(got["resource"], "r1");
 
     for bad in ["abc", "-1", "0", "99999999999", "1.5"] {
-        let (s, err) = api.call(Method::GET, &format!("/api/leases/{bad}"), None).await;
+        let (s, err) = api
+            .call(Method::GET, &format!("/api/leases/{bad}"), None)
+            .await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {err}");
         assert!(error_of(&err).contains("positive integer"), "{err}");
     }
@@ -157,16 +243,32 @@ async fn get_and_delete_by_id() {
     assert_eq!(s, StatusCode::NOT_FOUND);
 
     let (s, _) = api
-        .call(Method::DELETE, &format!("/api/leases/{id}"), Some(json!({"resource": "r1", "holder": "b"})))
+        .call(
+            Method::DELETE,
+            &format!("/api/leases/{id}"),
+            Some(json!({"resource": "r1", "holder": "b"})),
+        )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "only the holder deletes");
     let (s, _) = api
-        .call(Method::DELETE, &format!("/api/leases/{id}"), Some(json!({"resource": "r1", "holder": "a"})))
+        .call(
+            Method::DELETE,
+            &format!("/api/leases/{id}"),
+            Some(json!({"resource": "r1", "holder": "a"})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, _) = api.call(Method::GET, &format!("/api/leases/{id}"), None).await;
+    let (s, _) = api
+        .call(Method::GET, &format!("/api/leases/{id}"), None)
+        .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, again) = api.call(Method::POST, "/api/leases", Some(json!({"resource": "r1", "holder": "a"}))).await;
+    let (s, again) = api
+        .call(
+            Method::POST,
+            "/api/leases",
+            Some(json!({"resource": "r1", "holder": "a"})),
+        )
+        .await;
     assert_eq!(s, StatusCode::CREATED);
     assert_eq!(again["fencing_token"], 2, "tokens survive deletion");
 }
@@ -176,36 +278,128 @@ async fn bad_input_gets_400_with_a_json_error_and_changes_nothing() {
     let api = Api::new().await;
     let long = "x".repeat(257);
     let cases: Vec<(Method, &str, Body, &str)> = vec![
-        (Method::POST, "/api/leases", Body::from("{not json"), "invalid JSON"),
-        (Method::POST, "/api/leases", Body::from("resource=r1&holder=a"), "invalid JSON"),
-        (Method::POST, "/api/leases", Body::empty(), "JSON body is required"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": "r1"}"#), "missing field `holder`"),
-        (Method::POST, "/api/leases", Body::from(r#"{"holder": "a"}"#), "missing field `resource`"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": "r1", "holder": ""}"#), "holder must not be empty"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": " ", "holder": "a"}"#), "resource must not be empty"),
-        (Method::POST, "/api/leases", Body::from(json!({"resource": "r1", "holder": long}).to_string()), "at most 256"),
-        (Method::POST, "/api/leases", Body::from(json!({"resource": long, "holder": "a"}).to_string()), "at most 256"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": 5, "holder": "a"}"#), "invalid type"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": "r1", "holder": "a", "ttl_seconds": -1}"#), "ttl_seconds"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": "r1", "holder": "a", "ttl_seconds": 1e9}"#), "ttl_seconds"),
-        (Method::POST, "/api/leases", Body::from(r#"{"resource": "a\u0000b", "holder": "a"}"#), "control characters"),
-        (Method::PUT, "/api/leases/renew", Body::from("[]"), "invalid JSON"),
-        (Method::DELETE, "/api/leases/release", Body::from(r#"{"resource": "r1"}"#), "missing field `holder`"),
-        (Method::DELETE, "/api/leases/1", Body::from("{}"), "missing field"),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from("{not json"),
+            "invalid JSON",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from("resource=r1&holder=a"),
+            "invalid JSON",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::empty(),
+            "JSON body is required",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": "r1"}"#),
+            "missing field `holder`",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"holder": "a"}"#),
+            "missing field `resource`",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": "r1", "holder": ""}"#),
+            "holder must not be empty",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": " ", "holder": "a"}"#),
+            "resource must not be empty",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(json!({"resource": "r1", "holder": long}).to_string()),
+            "at most 256",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(json!({"resource": long, "holder": "a"}).to_string()),
+            "at most 256",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": 5, "holder": "a"}"#),
+            "invalid type",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": "r1", "holder": "a", "ttl_seconds": -1}"#),
+            "ttl_seconds",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": "r1", "holder": "a", "ttl_seconds": 1e9}"#),
+            "ttl_seconds",
+        ),
+        (
+            Method::POST,
+            "/api/leases",
+            Body::from(r#"{"resource": "a\u0000b", "holder": "a"}"#),
+            "control characters",
+        ),
+        (
+            Method::PUT,
+            "/api/leases/renew",
+            Body::from("[]"),
+            "invalid JSON",
+        ),
+        (
+            Method::DELETE,
+            "/api/leases/release",
+            Body::from(r#"{"resource": "r1"}"#),
+            "missing field `holder`",
+        ),
+        (
+            Method::DELETE,
+            "/api/leases/1",
+            Body::from("{}"),
+            "missing field",
+        ),
     ];
     for (method, uri, body, expected) in cases {
         let (s, err) = api.raw(method.clone(), uri, body).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{method} {uri}: {err}");
-        assert!(error_of(&err).contains(expected), "{method} {uri}: {err} lacks {expected:?}");
+        assert!(
+            error_of(&err).contains(expected),
+            "{method} {uri}: {err} lacks {expected:?}"
+        );
     }
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM leases").fetch_one(&api.db.pool).await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM leases")
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap();
     assert_eq!(count, 0, "bad input changed nothing");
 }
 
 #[tokio::test]
 async fn invalid_utf8_and_oversized_bodies() {
     let api = Api::new().await;
-    let (s, err) = api.raw(Method::POST, "/api/leases", Body::from(vec![b'{', 0xff, 0xfe, b'}'])).await;
+    let (s, err) = api
+        .raw(
+            Method::POST,
+            "/api/leases",
+            Body::from(vec![b'{', 0xff, 0xfe, b'}']),
+        )
+        .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
     let huge = json!({"resource": "r1", "holder": "a", "pad": "x".repeat(70 * 1024)}).to_string();
     let (s, err) = api.raw(Method::POST, "/api/leases", Body::from(huge)).await;
