@@ -9,6 +9,9 @@ const rowOf = (page: Page, resource: string) =>
 
 test("a lease acquired through the API appears live, filters, and shows its history", async ({ page, request }) => {
   const resource = unique("e2e");
+  const errors: string[] = [];
+  page.on("pageerror", (e) => errors.push(e.message));
+  page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
   await page.goto("/leases");
   await expect(page.getByTestId("lease-filters")).toBeVisible();
   await expect(rowOf(page, resource)).toHaveCount(0);
@@ -52,6 +55,8 @@ test("a lease acquired through the API appears live, filters, and shows its hist
   await expect(kinds).toHaveCount(2);
   await expect(kinds.nth(0)).toHaveAttribute("data-kind", "released");
   await expect(kinds.nth(1)).toHaveAttribute("data-kind", "acquired");
+  // Hydration and every refresh ran without a browser-side error.
+  expect(errors).toEqual([]);
 });
 
 test("looking up a missing or malformed id says so", async ({ page }) => {

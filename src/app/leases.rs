@@ -109,7 +109,7 @@ pub fn LeasesPage() -> impl IntoView {
                 </p>
             </div>
             <Form method="GET" action="/leases">
-                <input type="hidden" name="state" prop:value=move || filter.get().as_str()/>
+                <input type="hidden" name="state" value=move || filter.get().as_str()/>
                 <div class="flex gap-2">
                     <label class="sr-only" for="lease-lookup">"Lease id"</label>
                     <input

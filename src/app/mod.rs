@@ -7,8 +7,8 @@ pub use leases::{LeasesPage, get_lease_detail, get_leases};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
-use leptos_router::StaticSegment;
 use leptos_router::components::{Route, Router, Routes};
+use leptos_router::{SsrMode, StaticSegment};
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -50,8 +50,10 @@ pub fn App() -> impl IntoView {
             </header>
             <main class="mx-auto max-w-6xl px-4 py-6">
                 <Routes fallback=|| view! { <NotFound/> }>
-                    <Route path=StaticSegment("") view=LeasesPage/>
-                    <Route path=StaticSegment("leases") view=LeasesPage/>
+                    // Async: the server waits for the data and sends whole
+                    // HTML, so pages work before (and without) hydration.
+                    <Route path=StaticSegment("") view=LeasesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

@@ -25,14 +25,9 @@ async fn expire(db: &TestDb, name: &str) {
 async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    let first = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    let first = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap();
     let Acquired::New(lease) = first else {
         panic!("expected a new term, got {first:?}")
     };
@@ -44,26 +39,15 @@ async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
         lease.expires_in_ms
     );
 
-    let again = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    let again = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap();
     assert!(
         matches!(&again, Acquired::AlreadyHeld(l) if l.fencing_token == 1),
         "{again:?}"
     );
 
-    let other = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("b"),
-        TTL,
-    )
-    .await;
+    let other = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await;
     assert!(
         matches!(&other, Err(LeaseError::Held { holder, .. }) if holder == "a"),
         "{other:?}"
@@ -75,23 +59,13 @@ async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
 async fn an_expired_lease_is_taken_over_with_the_next_token() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap();
     expire(&db, "r1").await;
-    let taken = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("b"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    let taken = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
+        .await
+        .unwrap();
     let Acquired::New(lease) = taken else {
         panic!("expected takeover, got {taken:?}")
     };
@@ -109,14 +83,9 @@ async fn an_expired_lease_is_taken_over_with_the_next_token() {
 async fn a_stale_holder_can_neither_renew_nor_release() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap();
     expire(&db, "r1").await;
     // Expired but not yet taken over: still no renewal, it must re-acquire.
     let renew = store::renew(
@@ -128,14 +97,9 @@ async fn a_stale_holder_can_neither_renew_nor_release() {
     )
     .await;
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
-    store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("b"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
+        .await
+        .unwrap();
     let before = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
         .await
         .unwrap()
@@ -220,14 +184,9 @@ async fn renew_extends_and_release_frees_at_once() {
     assert_eq!(released.state, LeaseState::Released);
     assert!(released.released_at.is_some());
     // Released means free: another holder gets it immediately, next token.
-    let b = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("b"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    let b = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
+        .await
+        .unwrap();
     assert!(
         matches!(&b, Acquired::New(l) if l.fencing_token == 2),
         "{b:?}"
@@ -243,15 +202,10 @@ async fn fencing_tokens_survive_row_deletion() {
     let db = TestDb::new().await;
     let r = resource("r1");
     for expected in 1..=3 {
-        let lease = store::acquire(
-            &mut db.pool.acquire().await.unwrap(),
-            &r,
-            &holder("a"),
-            TTL,
-        )
-        .await
-        .unwrap()
-        .into_lease();
+        let lease = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+            .await
+            .unwrap()
+            .into_lease();
         assert_eq!(lease.fencing_token, expected);
         let deleted = store::delete(
             &mut db.pool.acquire().await.unwrap(),
@@ -270,28 +224,18 @@ async fn fencing_tokens_survive_row_deletion() {
         );
     }
     // Even a hand-written DELETE cannot reset the counter.
-    let lease = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap()
-    .into_lease();
+    let lease = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap()
+        .into_lease();
     sqlx::query("DELETE FROM leases")
         .execute(&db.pool)
         .await
         .unwrap();
-    let again = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("b"),
-        TTL,
-    )
-    .await
-    .unwrap()
-    .into_lease();
+    let again = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
+        .await
+        .unwrap()
+        .into_lease();
     assert_eq!(again.fencing_token, lease.fencing_token + 1);
 }
 
@@ -299,14 +243,9 @@ async fn fencing_tokens_survive_row_deletion() {
 async fn a_token_that_does_not_advance_is_refused_by_the_database() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap();
     let err =
         sqlx::query("UPDATE leases SET fencing_token = 1, holder = 'x' WHERE resource = 'r1'")
             .execute(&db.pool)
@@ -335,15 +274,10 @@ async fn a_token_that_does_not_advance_is_refused_by_the_database() {
 async fn delete_needs_the_right_resource_and_holder() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    let lease = store::acquire(
-        &mut db.pool.acquire().await.unwrap(),
-        &r,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap()
-    .into_lease();
+    let lease = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
+        .await
+        .unwrap()
+        .into_lease();
     for (res, hold) in [("r1", "b"), ("r2", "a")] {
         let err = store::delete(
             &mut db.pool.acquire().await.unwrap(),
