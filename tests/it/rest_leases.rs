@@ -51,6 +51,22 @@ impl Api {
         (status, value)
     }
 
+    async fn get(&self, uri: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, uri, None).await
+    }
+
+    async fn post(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, uri, Some(body)).await
+    }
+
+    async fn put(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::PUT, uri, Some(body)).await
+    }
+
+    async fn delete(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::DELETE, uri, Some(body)).await
+    }
+
     async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
         let body = body
             .map(|b| Body::from(b.to_string()))
@@ -69,11 +85,7 @@ fn error_of(v: &Value) -> &str {
 async fn acquire_answers_201_then_200_for_the_holder_then_409() {
     let api = Api::new().await;
     let (s, lease) = api
-        .call(
-            Method::POST,
-            "/api/leases",
-            Some(json!({"resource": "r1", "holder": "a"})),
-        )
+        .post("/api/leases", json!({"resource": "r1", "holder": "a"}))
         .await;
     assert_eq!(s, StatusCode::CREATED, "{lease}");
     assert_eq!(lease["fencing_token"], 1);
@@ -82,31 +94,22 @@ async fn acquire_answers_201_then_200_for_the_holder_then_409() {
     assert_eq!(lease["ttl_ms"], 15000);
 
     let (s, again) = api
-        .call(
-            Method::POST,
-            "/api/leases",
-            Some(json!({"resource": "r1", "holder": "a"})),
-        )
+        .post("/api/leases", json!({"resource": "r1", "holder": "a"}))
         .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(again["id"], lease["id"]);
     assert_eq!(again["fencing_token"], 1);
 
     let (s, err) = api
-        .call(
-            Method::POST,
-            "/api/leases",
-            Some(json!({"resource": "r1", "holder": "b"})),
-        )
+        .post("/api/leases", json!({"resource": "r1", "holder": "b"}))
         .await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert!(error_of(&err).contains("held by a"), "{err}");
 
     let (s, custom) = api
-        .call(
-            Method::POST,
+        .post(
             "/api/leases",
-            Some(json!({"resource": "r2", "holder": "a", "ttl_seconds": 2.5})),
+            json!({"resource": "r2", "holder": "a", "ttl_seconds": 2.5}),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
@@ -117,47 +120,35 @@ async fn acquire_answers_201_then_200_for_the_holder_then_409() {
 async fn renew_and_release_need_a_live_lease_of_that_holder() {
     let api = Api::new().await;
     let body = json!({"resource": "r1", "holder": "a"});
-    api.call(Method::POST, "/api/leases", Some(body.clone()))
-        .await;
+    api.post("/api/leases", body.clone()).await;
 
-    let (s, renewed) = api
-        .call(Method::PUT, "/api/leases/renew", Some(body.clone()))
-        .await;
+    let (s, renewed) = api.put("/api/leases/renew", body.clone()).await;
     assert_eq!(s, StatusCode::OK, "{renewed}");
     assert_eq!(renewed["renew_count"], 1);
 
     let stranger = json!({"resource": "r1", "holder": "b"});
-    let (s, err) = api
-        .call(Method::PUT, "/api/leases/renew", Some(stranger.clone()))
-        .await;
+    let (s, err) = api.put("/api/leases/renew", stranger.clone()).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
-    let (s, _) = api
-        .call(Method::DELETE, "/api/leases/release", Some(stranger))
-        .await;
+    let (s, _) = api.delete("/api/leases/release", stranger).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (s, _) = api
-        .call(
-            Method::PUT,
+        .put(
             "/api/leases/renew",
-            Some(json!({"resource": "r1", "holder": "a", "fencing_token": 7})),
+            json!({"resource": "r1", "holder": "a", "fencing_token": 7}),
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "a wrong token renews nothing");
 
-    let (s, released) = api
-        .call(Method::DELETE, "/api/leases/release", Some(body.clone()))
-        .await;
+    let (s, released) = api.delete("/api/leases/release", body.clone()).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(released["state"], "released");
-    let (s, _) = api
-        .call(Method::DELETE, "/api/leases/release", Some(body.clone()))
-        .await;
+    let (s, _) = api.delete("/api/leases/release", body.clone()).await;
     assert_eq!(
         s,
         StatusCode::NOT_FOUND,
         "a second release finds no live lease"
     );
-    let (s, _) = api.call(Method::PUT, "/api/leases/renew", Some(body)).await;
+    let (s, _) = api.put("/api/leases/renew", body).await;
     assert_eq!(
         s,
         StatusCode::NOT_FOUND,
@@ -169,23 +160,17 @@ async fn renew_and_release_need_a_live_lease_of_that_holder() {
 async fn lists_filter_by_state() {
     let api = Api::new().await;
     for r in ["a1", "a2", "gone"] {
-        api.call(
-            Method::POST,
-            "/api/leases",
-            Some(json!({"resource": r, "holder": "h"})),
-        )
-        .await;
+        api.post("/api/leases", json!({"resource": r, "holder": "h"}))
+            .await;
     }
-    api.call(
-        Method::PUT,
+    api.put(
         "/api/leases/renew",
-        Some(json!({"resource": "a2", "holder": "h"})),
+        json!({"resource": "a2", "holder": "h"}),
     )
     .await;
-    api.call(
-        Method::DELETE,
+    api.delete(
         "/api/leases/release",
-        Some(json!({"resource": "gone", "holder": "h"})),
+        json!({"resource": "gone", "holder": "h"}),
     )
     .await;
     sqlx::query("INSERT INTO leases (resource, holder, expires_at, ttl_ms, fencing_token) VALUES ('old', 'h', now() - interval '1 s', 1000, 1)")
@@ -211,7 +196,7 @@ async fn lists_filter_by_state() {
         assert_eq!(s, StatusCode::OK, "{path}");
         assert_eq!(names(v), expected, "{path}");
     }
-    let (s, err) = api.call(Method::GET, "/api/leases?limit=abc", None).await;
+    let (s, err) = api.get("/api/leases?limit=abc").await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
 }
 
@@ -219,55 +204,39 @@ async fn lists_filter_by_state() {
 async fn get_and_delete_by_id() {
     let api = Api::new().await;
     let (_, lease) = api
-        .call(
-            Method::POST,
-            "/api/leases",
-            Some(json!({"resource": "r1", "holder": "a"})),
-        )
+        .post("/api/leases", json!({"resource": "r1", "holder": "a"}))
         .await;
     let id = lease["id"].as_i64().unwrap();
-    let (s, got) = api
-        .call(Method::GET, &format!("/api/leases/{id}"), None)
-        .await;
+    let (s, got) = api.get(&format!("/api/leases/{id}")).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(got["resource"], "r1");
 
     for bad in ["abc", "-1", "0", "99999999999", "1.5"] {
-        let (s, err) = api
-            .call(Method::GET, &format!("/api/leases/{bad}"), None)
-            .await;
+        let (s, err) = api.get(&format!("/api/leases/{bad}")).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {err}");
         assert!(error_of(&err).contains("positive integer"), "{err}");
     }
-    let (s, _) = api.call(Method::GET, "/api/leases/424242", None).await;
+    let (s, _) = api.get("/api/leases/424242").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 
     let (s, _) = api
-        .call(
-            Method::DELETE,
+        .delete(
             &format!("/api/leases/{id}"),
-            Some(json!({"resource": "r1", "holder": "b"})),
+            json!({"resource": "r1", "holder": "b"}),
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "only the holder deletes");
     let (s, _) = api
-        .call(
-            Method::DELETE,
+        .delete(
             &format!("/api/leases/{id}"),
-            Some(json!({"resource": "r1", "holder": "a"})),
+            json!({"resource": "r1", "holder": "a"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, _) = api
-        .call(Method::GET, &format!("/api/leases/{id}"), None)
-        .await;
+    let (s, _) = api.get(&format!("/api/leases/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (s, again) = api
-        .call(
-            Method::POST,
-            "/api/leases",
-            Some(json!({"resource": "r1", "holder": "a"})),
-        )
+        .post("/api/leases", json!({"resource": "r1", "holder": "a"}))
         .await;
     assert_eq!(s, StatusCode::CREATED);
     assert_eq!(again["fencing_token"], 2, "tokens survive deletion");
@@ -410,7 +379,7 @@ async fn invalid_utf8_and_oversized_bodies() {
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_json() {
     let api = Api::new().await;
-    let (s, err) = api.call(Method::GET, "/api/nope", None).await;
+    let (s, err) = api.get("/api/nope").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_eq!(error_of(&err), "no such API route");
     let (s, err) = api.call(Method::PATCH, "/api/leases", None).await;
@@ -422,7 +391,7 @@ async fn internal_errors_are_500_with_a_generic_message() {
     let api = Api::new().await;
     // Cut the server off from its database.
     api.db.pool.close().await;
-    let (s, err) = api.call(Method::GET, "/api/leases", None).await;
+    let (s, err) = api.get("/api/leases").await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(error_of(&err), "internal server error", "no internals leak");
 }
