@@ -8,6 +8,7 @@
 pub mod app;
 pub mod error;
 pub mod lease;
+pub mod queue;
 
 #[cfg(feature = "ssr")]
 pub mod cli;

@@ -1,0 +1,105 @@
+//! The task queue: tasks whose every claim is a lease on `task:<id>`.
+//!
+//! This module holds the types the server and the browser share. The
+//! server-only parts are the SQL store ([`store`]).
+
+#[cfg(feature = "ssr")]
+pub mod store;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Where a task is in its life (see the tasks migration for the full story).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "ssr", derive(sqlx::Type))]
+#[cfg_attr(feature = "ssr", sqlx(type_name = "text", rename_all = "lowercase"))]
+pub enum TaskStatus {
+    /// Waiting to be claimed (not before `scheduled_at`).
+    Pending,
+    /// Claimed; its processor holds the lease until `must_heartbeat_before`.
+    Started,
+    /// Completed exactly once.
+    Processed,
+    /// Gave up after `max_attempts`.
+    Failed,
+}
+
+impl TaskStatus {
+    /// The lowercase name used in JSON, URLs and the dashboard.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Started => "started",
+            TaskStatus::Processed => "processed",
+            TaskStatus::Failed => "failed",
+        }
+    }
+
+    /// Every status, in lifecycle order.
+    pub const ALL: [TaskStatus; 4] = [
+        TaskStatus::Pending,
+        TaskStatus::Started,
+        TaskStatus::Processed,
+        TaskStatus::Failed,
+    ];
+
+    /// Parses a lowercase name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+/// One task as the API and the dashboard show it. `heartbeat_in_ms` is
+/// computed by the database at read time: milliseconds until the claim's
+/// lease runs out (negative when late), `None` unless started.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+pub struct Task {
+    /// Row id; the task's lease is on resource `task:<id>`.
+    pub id: i32,
+    /// What to do, e.g. `{"sleep_duration_seconds": 5}`.
+    pub task_data: serde_json::Value,
+    /// Not claimed before this moment.
+    pub scheduled_at: DateTime<Utc>,
+    /// Who claimed it last.
+    pub processor: Option<String>,
+    /// The last accepted heartbeat.
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// When the current claim's lease runs out.
+    pub must_heartbeat_before: Option<DateTime<Utc>>,
+    /// When the current claim began.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it was completed.
+    pub processed_at: Option<DateTime<Utc>>,
+    /// What the processor returned.
+    pub task_output: Option<serde_json::Value>,
+    /// Lifecycle state.
+    pub status: TaskStatus,
+    /// Claims so far (a takeover after a crash counts as one).
+    pub attempts: i32,
+    /// Claims allowed before the task is marked failed.
+    pub max_attempts: i32,
+    /// Fencing token of the current (or last) claim.
+    pub fencing_token: Option<i64>,
+    /// Why the last attempt failed, if it did.
+    pub last_error: Option<String>,
+    /// When it was marked failed.
+    pub failed_at: Option<DateTime<Utc>>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// Milliseconds until the claim's deadline at read time (negative when late).
+    pub heartbeat_in_ms: Option<i64>,
+}
+
+impl Task {
+    /// The lease resource guarding this task.
+    pub fn resource_name(id: i32) -> String {
+        format!("task:{id}")
+    }
+
+    /// True when started and past its heartbeat deadline: anyone may take it over.
+    pub fn is_late(&self) -> bool {
+        self.status == TaskStatus::Started && self.heartbeat_in_ms.is_some_and(|ms| ms <= 0)
+    }
+}
