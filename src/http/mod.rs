@@ -3,6 +3,7 @@
 
 pub mod extract;
 pub mod leases;
+pub mod tasks;
 
 use crate::error::AppError;
 use crate::server::AppState;
@@ -18,6 +19,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub fn api_router() -> Router<AppState> {
     Router::new()
         .merge(leases::routes())
+        .merge(tasks::routes())
         .route("/api", any(no_such_route))
         .route("/api/{*rest}", any(no_such_route))
         .method_not_allowed_fallback(method_not_allowed)

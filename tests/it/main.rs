@@ -2,9 +2,12 @@
 //! Each test gets a fresh database cloned from a migrated template; see
 //! `common` for where the PostgreSQL server comes from.
 
+mod api;
 mod common;
 mod lease_client;
 mod lease_race;
 mod lease_store;
 mod rest_leases;
+mod rest_tasks;
 mod singleton;
+mod task_store;

@@ -1,85 +1,10 @@
 //! The lease REST contract (SPEC §3), driven in-process through the router:
 //! every route, every status, every error case.
 
-use crate::common::TestDb;
+use crate::api::{Api, error_of};
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
-use leasekeeper::server::{AppState, leptos_options, router};
-use leasekeeper::settings::{SettingArgs, Settings};
+use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
-use std::sync::Arc;
-use tower::ServiceExt;
-
-struct Api {
-    app: axum::Router,
-    db: TestDb,
-}
-
-impl Api {
-    async fn new() -> Self {
-        let db = TestDb::new().await;
-        let settings =
-            Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
-        let state = AppState {
-            leptos_options: leptos_options(&settings),
-            pool: db.pool.clone(),
-            settings: Arc::new(settings),
-        };
-        Api {
-            app: router(state),
-            db,
-        }
-    }
-
-    async fn raw(&self, method: Method, uri: &str, body: Body) -> (StatusCode, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("content-type", "application/json")
-            .body(body)
-            .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-            panic!(
-                "{uri}: body is not JSON: {}",
-                String::from_utf8_lossy(&bytes)
-            )
-        });
-        (status, value)
-    }
-
-    async fn get(&self, uri: &str) -> (StatusCode, Value) {
-        self.call(Method::GET, uri, None).await
-    }
-
-    async fn post(&self, uri: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::POST, uri, Some(body)).await
-    }
-
-    async fn put(&self, uri: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::PUT, uri, Some(body)).await
-    }
-
-    async fn delete(&self, uri: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::DELETE, uri, Some(body)).await
-    }
-
-    async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let body = body
-            .map(|b| Body::from(b.to_string()))
-            .unwrap_or_else(Body::empty);
-        self.raw(method, uri, body).await
-    }
-}
-
-fn error_of(v: &Value) -> &str {
-    v["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no error field in {v}"))
-}
 
 #[tokio::test]
 async fn acquire_answers_201_then_200_for_the_holder_then_409() {

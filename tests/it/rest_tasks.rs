@@ -1,0 +1,210 @@
+//! The task REST contract (SPEC §3), in-process: enqueue, claim (202/200),
+//! heartbeat (202/409), complete (200/409), fail, lists and bad input.
+
+use crate::api::{Api, error_of};
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+async fn enqueue(api: &Api, data: Value) -> Value {
+    let (s, task) = api.post("/api/tasks", json!({ "task_data": data })).await;
+    assert_eq!(s, StatusCode::CREATED, "{task}");
+    task
+}
+
+#[tokio::test]
+async fn a_task_goes_through_claim_heartbeat_complete() {
+    let api = Api::new().await;
+    let task = enqueue(&api, json!({"sleep_duration_seconds": 5})).await;
+    assert_eq!(task["status"], "pending");
+    assert_eq!(task["max_attempts"], 5);
+
+    let (s, claimed) = api
+        .post("/api/tasks/next", json!({"processor": "w1"}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{claimed}");
+    assert_eq!(claimed["id"], task["id"]);
+    assert_eq!(claimed["status"], "started");
+    assert_eq!(claimed["processor"], "w1");
+    let token = claimed["fencing_token"].as_i64().unwrap();
+    assert!(claimed["must_heartbeat_before"].is_string());
+
+    let (s, none) = api
+        .post("/api/tasks/next", json!({"processor": "w2"}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(none["message"], "no task available");
+
+    let id = task["id"].as_i64().unwrap();
+    let body = json!({"processor": "w1", "fencing_token": token});
+    let (s, beat) = api
+        .put(&format!("/api/tasks/{id}/heartbeat"), body.clone())
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{beat}");
+    assert!(beat["must_heartbeat_before"].as_str() >= claimed["must_heartbeat_before"].as_str());
+
+    let wrong = json!({"processor": "w1", "fencing_token": token + 1, "task_output": 1});
+    let (s, err) = api.put(&format!("/api/tasks/{id}/complete"), wrong).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    assert!(error_of(&err).contains("not current"), "{err}");
+
+    let done = json!({"processor": "w1", "fencing_token": token, "task_output": {"slept": 5}});
+    let (s, finished) = api
+        .put(&format!("/api/tasks/{id}/complete"), done.clone())
+        .await;
+    assert_eq!(s, StatusCode::OK, "{finished}");
+    assert_eq!(finished["status"], "processed");
+    assert_eq!(finished["task_output"], json!({"slept": 5}));
+    let (s, err) = api.put(&format!("/api/tasks/{id}/complete"), done).await;
+    assert_eq!(s, StatusCode::CONFLICT, "completing twice: {err}");
+    let (s, err) = api.put(&format!("/api/tasks/{id}/heartbeat"), body).await;
+    assert_eq!(s, StatusCode::CONFLICT, "heartbeat after completion: {err}");
+
+    let (s, got) = api.get(&format!("/api/tasks/{id}")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(got["status"], "processed");
+}
+
+#[tokio::test]
+async fn fail_retries_then_lists_filter_by_status() {
+    let api = Api::new().await;
+    let t1 = enqueue(&api, json!({"n": 1})).await;
+    let (_, claimed) = api.post("/api/tasks/next", json!({"processor": "w"})).await;
+    let id = t1["id"].as_i64().unwrap();
+    let body =
+        json!({"processor": "w", "fencing_token": claimed["fencing_token"], "error": "boom"});
+    let (s, failed) = api.put(&format!("/api/tasks/{id}/fail"), body).await;
+    assert_eq!(s, StatusCode::OK, "{failed}");
+    assert_eq!(failed["status"], "pending");
+    assert_eq!(failed["last_error"], "boom");
+    let t2 = enqueue(&api, json!({"n": 2})).await;
+    let (_, started) = api.post("/api/tasks/next", json!({"processor": "w"})).await;
+    assert_eq!(
+        started["id"], t2["id"],
+        "the failed task waits out its backoff"
+    );
+
+    let ids = |v: Value| -> Vec<i64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_i64().unwrap())
+            .collect()
+    };
+    let (a, b) = (t1["id"].as_i64().unwrap(), t2["id"].as_i64().unwrap());
+    for (path, expected) in [
+        ("/api/tasks", vec![a, b]),
+        ("/api/tasks/pending", vec![a]),
+        ("/api/tasks/started", vec![b]),
+        ("/api/tasks/processed", vec![]),
+        ("/api/tasks/failed", vec![]),
+        ("/api/tasks?status=started", vec![b]),
+        ("/api/tasks?limit=1", vec![a]),
+        (&format!("/api/tasks?after={a}"), vec![b]),
+    ] {
+        let (s, v) = api.get(path).await;
+        assert_eq!(s, StatusCode::OK, "{path}");
+        assert_eq!(ids(v), expected, "{path}");
+    }
+    let (s, err) = api.get("/api/tasks?status=bogus").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+}
+
+#[tokio::test]
+async fn bad_task_input_gets_400_and_changes_nothing() {
+    let api = Api::new().await;
+    let cases: Vec<(Method, &str, &str, &str)> = vec![
+        (Method::POST, "/api/tasks", "{", "invalid JSON"),
+        (
+            Method::POST,
+            "/api/tasks",
+            "{}",
+            "missing field `task_data`",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            r#"{"task_data": null}"#,
+            "must not be null",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            r#"{"task_data": {"x": "a\u0000b"}}"#,
+            "NUL",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            r#"{"task_data": {}, "max_attempts": 0}"#,
+            "max_attempts",
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            r#"{"task_data": {}, "delay_seconds": -1}"#,
+            "delay_seconds",
+        ),
+        (
+            Method::POST,
+            "/api/tasks/next",
+            "{}",
+            "missing field `processor`",
+        ),
+        (
+            Method::POST,
+            "/api/tasks/next",
+            r#"{"processor": ""}"#,
+            "holder must not be empty",
+        ),
+        (
+            Method::PUT,
+            "/api/tasks/abc/heartbeat",
+            r#"{"processor": "w", "fencing_token": 1}"#,
+            "positive integer",
+        ),
+        (
+            Method::PUT,
+            "/api/tasks/1/heartbeat",
+            r#"{"processor": "w"}"#,
+            "missing field `fencing_token`",
+        ),
+        (
+            Method::PUT,
+            "/api/tasks/1/complete",
+            r#"{"processor": "w", "fencing_token": "x"}"#,
+            "invalid type",
+        ),
+        (
+            Method::PUT,
+            "/api/tasks/1/fail",
+            r#"{"processor": "w", "fencing_token": 1, "error": "a\u0000"}"#,
+            "NUL",
+        ),
+        (Method::GET, "/api/tasks/0", "", "positive integer"),
+    ];
+    for (method, uri, body, expected) in cases {
+        let (s, err) = api
+            .raw(method.clone(), uri, Body::from(body.to_string()))
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{method} {uri} {body}: {err}");
+        assert!(
+            error_of(&err).contains(expected),
+            "{method} {uri}: {err} lacks {expected:?}"
+        );
+    }
+    let (s, _) = api.get("/api/tasks/12345").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = api
+        .put(
+            "/api/tasks/12345/complete",
+            json!({"processor": "w", "fencing_token": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0);
+}
