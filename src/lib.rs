@@ -9,6 +9,7 @@ pub mod app;
 pub mod error;
 pub mod lease;
 pub mod queue;
+pub mod worker;
 
 #[cfg(feature = "ssr")]
 pub mod cli;

@@ -1,0 +1,880 @@
+//! The worker loop: claim, work in ticks while heartbeating, complete with
+//! the claim's fencing token; abandon the work the moment the claim is lost.
+//!
+//! Lease rules, as this loop applies them:
+//! - Trust a claim only until its *local deadline*: the monotonic instant
+//!   taken just before the claim (or the last accepted heartbeat) was sent,
+//!   plus what the database said was left of the lease, minus a tenth of it.
+//!   The database computed that remainder from its own `now()`, later than
+//!   the send, so the local deadline passes first. Process wall clocks are
+//!   never consulted.
+//! - Heartbeat on a timer of its own (every `heartbeat_interval`, and at
+//!   least three times per lease), independent of the work ticks, so a slow
+//!   heartbeat (a chaos stall) delays nothing but itself.
+//! - A refused heartbeat or completion (the queue says the claim is stale)
+//!   or a passed local deadline means: stop at once, write nothing more for
+//!   that claim, and go back to claiming. The lease runs out by itself.
+//! - A crash (chaos, or the fleet aborting the task) writes nothing at all.
+//! - A pause freezes everything (no ticks, no heartbeats) and then resumes
+//!   *at the completion write*, as a process frozen by a long GC pause would:
+//!   it still believes it holds the claim. The fencing token is what stops
+//!   that late write when another worker took the task over meanwhile.
+//! - A graceful stop gives the task back at once as a failed attempt (it is
+//!   retried after a short backoff) instead of making it wait out the lease.
+//!
+//! Task data: `sleep_duration_seconds` (0 to 3600, fractions allowed) is
+//! how long the work takes, in ticks of at most one second. When it is
+//! missing the work takes one second; when it is present but not such a
+//! number the attempt fails with an error naming the field, so a malformed
+//! task ends `failed` after its attempts instead of being guessed at.
+
+use super::WorkerState;
+use super::chaos::Chaos;
+use super::transport::{Claim, Report, Transport, TransportError};
+use crate::lease::Holder;
+use crate::settings::Settings;
+use serde_json::{Value, json};
+use std::future::Future;
+use std::ops::RangeInclusive;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+/// The longest `sleep_duration_seconds` a task may ask for.
+pub const MAX_SLEEP: Duration = Duration::from_secs(3600);
+
+/// Timing of a worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerConfig {
+    /// The TTL assumed when the queue's answer does not say what is left
+    /// of the lease (claims themselves ask the queue's own TTL).
+    pub lease_ttl: Duration,
+    /// How often the claim is heartbeated (at most a third of the lease).
+    pub heartbeat_interval: Duration,
+    /// One tick of work.
+    pub tick: Duration,
+    /// How long an idle worker waits between claims, chosen in this range.
+    pub poll: RangeInclusive<Duration>,
+    /// Wait after a failed claim (times the failures in a row, up to five).
+    pub claim_retry: Duration,
+    /// How long a pause freezes a worker: past the TTL, so the claim is lost.
+    pub pause_for: Duration,
+    /// The longest a report to the `workers` table may hold the loop up.
+    pub report_timeout: Duration,
+}
+
+impl WorkerConfig {
+    /// One-second ticks, polls every 250-500 ms, pauses of TTL + 2 s.
+    pub fn new(lease_ttl: Duration, heartbeat_interval: Duration) -> Self {
+        WorkerConfig {
+            lease_ttl,
+            heartbeat_interval,
+            tick: Duration::from_secs(1),
+            poll: Duration::from_millis(250)..=Duration::from_millis(500),
+            claim_retry: Duration::from_secs(1),
+            pause_for: lease_ttl + Duration::from_secs(2),
+            report_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// The program's `lease_ttl` and `heartbeat_interval`.
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self::new(settings.lease_ttl, settings.heartbeat_interval)
+    }
+}
+
+/// How long a claim may be trusted after its request was sent, given what
+/// the database said was left of the lease: a tenth less.
+fn trusted(remaining: Duration) -> Duration {
+    remaining - remaining / 10
+}
+
+/// How long the work on `task_data` takes (see the module docs).
+pub fn sleep_duration(task_data: &Value) -> Result<Duration, String> {
+    match task_data.get("sleep_duration_seconds") {
+        None | Some(Value::Null) => Ok(Duration::from_secs(1)),
+        Some(value) => match value.as_f64() {
+            Some(secs) if secs.is_finite() && (0.0..=MAX_SLEEP.as_secs_f64()).contains(&secs) => {
+                Ok(Duration::from_secs_f64(secs))
+            }
+            _ => Err(format!(
+                "task_data.sleep_duration_seconds must be a number of seconds from 0 to {}, got {value}",
+                MAX_SLEEP.as_secs()
+            )),
+        },
+    }
+}
+
+/// An order for a running worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Freeze for this long (no ticks, no heartbeats), then resume.
+    Pause(Duration),
+}
+
+/// The handle that stops or pauses a running [`Worker`].
+#[derive(Clone, Debug)]
+pub struct Controls {
+    stop: CancellationToken,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Controls {
+    /// Asks the worker to stop gracefully (it gives back its task).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Freezes the worker for `duration`. False when the worker is gone.
+    pub fn pause(&self, duration: Duration) -> bool {
+        self.commands.send(Command::Pause(duration)).is_ok()
+    }
+
+    /// The token that [`stop`](Self::stop) cancels.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+}
+
+/// Why [`Worker::run`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Stopped gracefully.
+    Stopped,
+    /// Crashed (chaos): stopped dead, nothing completed or released.
+    Crashed,
+}
+
+/// What to do after working on one claim.
+enum Flow {
+    /// Go back to claiming.
+    Claim,
+    /// Leave the loop.
+    Exit(Exit),
+}
+
+/// A heartbeat in flight: the instant its request was sent, and the answer.
+type Beat =
+    Pin<Box<dyn Future<Output = (Instant, Result<Option<Duration>, TransportError>)> + Send>>;
+
+fn beat<T: Transport>(
+    transport: Arc<T>,
+    worker: Holder,
+    claim: &Claim,
+    stall: Option<Duration>,
+) -> Beat {
+    let (task_id, token) = (claim.task_id, claim.token);
+    Box::pin(async move {
+        if let Some(stall) = stall {
+            tracing::warn!(worker = %worker, task_id, stall_ms = stall.as_millis() as u64,
+                "chaos: stalling before a heartbeat (latency spike)");
+            sleep(stall).await;
+        }
+        let sent = Instant::now();
+        let answer = transport.heartbeat(&worker, task_id, token).await;
+        (sent, answer)
+    })
+}
+
+/// The in-flight heartbeat's answer; never ready when there is none.
+async fn answer(beat: &mut Option<Beat>) -> (Instant, Result<Option<Duration>, TransportError>) {
+    match beat {
+        Some(beat) => beat.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One worker: the loop and its state.
+pub struct Worker<T> {
+    id: Holder,
+    transport: Arc<T>,
+    config: WorkerConfig,
+    chaos: Chaos,
+    stop: CancellationToken,
+    commands: mpsc::UnboundedReceiver<Command>,
+    done: i32,
+    abandoned: i32,
+    last_report: Instant,
+}
+
+impl<T: Transport> Worker<T> {
+    /// A worker named `id` (its holder name in every claim), and the
+    /// controls that stop or pause it.
+    pub fn new(id: Holder, transport: T, config: WorkerConfig, chaos: Chaos) -> (Self, Controls) {
+        let stop = CancellationToken::new();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = Worker {
+            id,
+            transport: Arc::new(transport),
+            config,
+            chaos,
+            stop: stop.clone(),
+            commands: rx,
+            done: 0,
+            abandoned: 0,
+            last_report: Instant::now(),
+        };
+        (worker, Controls { stop, commands: tx })
+    }
+
+    /// Runs until stopped or crashed.
+    pub async fn run(mut self) -> Exit {
+        tracing::info!(worker = %self.id, "worker started");
+        self.report(WorkerState::Idle, None, false, true).await;
+        let mut failures: u32 = 0;
+        loop {
+            if self.stop.is_cancelled() {
+                return self.stopped().await;
+            }
+            // Not raced against stop: a claim the queue granted must be
+            // known here, so that stopping can give it back.
+            let sent = Instant::now();
+            let wait = match self.transport.claim(&self.id).await {
+                Ok(Some(claim)) => {
+                    failures = 0;
+                    match self.work(claim, sent).await {
+                        Flow::Claim => continue,
+                        Flow::Exit(exit) => return exit,
+                    }
+                }
+                Ok(None) => {
+                    failures = 0;
+                    self.chaos.jitter(self.config.poll.clone())
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(worker = %self.id, error = %e, "cannot claim a task; retrying");
+                    self.config.claim_retry * failures.min(5)
+                }
+            };
+            if let Some(exit) = self.idle(wait).await {
+                return exit;
+            }
+        }
+    }
+
+    /// Waits `wait` between claims, obeying stop and pause.
+    async fn idle(&mut self, wait: Duration) -> Option<Exit> {
+        if self.last_report.elapsed() >= self.config.heartbeat_interval {
+            // Idle workers report now and then, so the table can tell they live.
+            self.report(WorkerState::Idle, None, false, false).await;
+        }
+        tokio::select! {
+            biased;
+            () = self.stop.cancelled() => Some(self.stopped().await),
+            Some(Command::Pause(duration)) = self.commands.recv() => {
+                if self.freeze(duration, None).await {
+                    return Some(self.stopped().await);
+                }
+                self.report(WorkerState::Idle, None, false, false).await;
+                None
+            }
+            () = sleep(wait) => None,
+        }
+    }
+
+    /// Works on `claim`, whose request was sent at `sent`.
+    async fn work(&mut self, claim: Claim, sent: Instant) -> Flow {
+        let remaining = claim.remaining.unwrap_or(self.config.lease_ttl);
+        let mut deadline = sent + trusted(remaining);
+        let mut interval = self.config.heartbeat_interval.min(remaining / 3);
+        tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token, "claimed a task");
+        self.report(WorkerState::Working, Some(&claim), true, false)
+            .await;
+        let plan = match sleep_duration(&claim.task_data) {
+            Ok(plan) => plan,
+            Err(why) => {
+                self.give_back(&claim, &why).await;
+                return Flow::Claim;
+            }
+        };
+        let tick = self.config.tick;
+        let mut left = plan;
+        let mut ticks: u32 = 0;
+        let mut next_tick = Instant::now() + left.min(tick);
+        let mut next_beat = sent + interval;
+        let mut in_flight: Option<Beat> = None;
+        let mut paused = false;
+        while !left.is_zero() {
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => {
+                    drop(in_flight.take());
+                    self.give_back(&claim, &format!("worker {} stopped before finishing", self.id)).await;
+                    return Flow::Exit(self.stopped().await);
+                }
+                () = sleep_until(deadline) => {
+                    self.abandon(&claim, "its local deadline passed without an accepted heartbeat").await;
+                    return Flow::Claim;
+                }
+                Some(Command::Pause(duration)) = self.commands.recv() => {
+                    drop(in_flight.take());
+                    if self.freeze(duration, Some(&claim)).await {
+                        return Flow::Exit(self.stopped().await);
+                    }
+                    paused = true;
+                    break;
+                }
+                (beat_sent, answer) = answer(&mut in_flight) => {
+                    in_flight = None;
+                    match answer {
+                        Ok(remaining) => {
+                            let remaining = remaining.unwrap_or(self.config.lease_ttl);
+                            deadline = beat_sent + trusted(remaining);
+                            interval = self.config.heartbeat_interval.min(remaining / 3);
+                            next_beat = beat_sent + interval;
+                            self.report(WorkerState::Working, Some(&claim), true, false).await;
+                        }
+                        Err(TransportError::Lost(why)) => {
+                            self.abandon(&claim, &format!("heartbeat refused: {why}")).await;
+                            return Flow::Claim;
+                        }
+                        Err(TransportError::Transient(why)) => {
+                            tracing::warn!(worker = %self.id, task_id = claim.task_id, error = %why,
+                                "heartbeat failed; retrying while the deadline allows");
+                            next_beat = Instant::now() + interval.min(Duration::from_secs(1));
+                        }
+                    }
+                }
+                () = sleep_until(next_tick) => {
+                    left -= left.min(tick);
+                    ticks += 1;
+                    if self.chaos.crash_at_tick(ticks) {
+                        tracing::warn!(worker = %self.id, task_id = claim.task_id, ticks,
+                            "chaos: crashing (no completion, no release)");
+                        return Flow::Exit(Exit::Crashed);
+                    }
+                    next_tick += left.min(tick);
+                }
+                () = sleep_until(next_beat), if in_flight.is_none() => {
+                    let stall = self.chaos.stall_before_heartbeat();
+                    in_flight = Some(beat(self.transport.clone(), self.id.clone(), &claim, stall));
+                }
+            }
+        }
+        drop(in_flight);
+        if !paused && Instant::now() >= deadline {
+            self.abandon(&claim, "its local deadline passed before completion")
+                .await;
+            return Flow::Claim;
+        }
+        let output = json!({
+            "worker": self.id,
+            "ticks": ticks,
+            "slept_seconds": plan.as_secs_f64(),
+        });
+        self.complete(&claim, &output, deadline).await
+    }
+
+    /// Sends the completion, retrying transient failures until the deadline.
+    async fn complete(&mut self, claim: &Claim, output: &Value, deadline: Instant) -> Flow {
+        loop {
+            match self
+                .transport
+                .complete(&self.id, claim.task_id, claim.token, output)
+                .await
+            {
+                Ok(()) => {
+                    self.done += 1;
+                    tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token, "completed a task");
+                    self.report(WorkerState::Idle, None, false, false).await;
+                    return Flow::Claim;
+                }
+                Err(TransportError::Lost(why)) => {
+                    self.abandon(claim, &format!("completion refused: {why}"))
+                        .await;
+                    return Flow::Claim;
+                }
+                Err(TransportError::Transient(why)) => {
+                    let retry = Duration::from_millis(250);
+                    if Instant::now() + retry >= deadline {
+                        self.abandon(
+                            claim,
+                            &format!("completion failed and the deadline passed: {why}"),
+                        )
+                        .await;
+                        return Flow::Claim;
+                    }
+                    tracing::warn!(worker = %self.id, task_id = claim.task_id, error = %why, "completion failed; retrying");
+                    tokio::select! {
+                        biased;
+                        () = self.stop.cancelled() => return Flow::Exit(self.stopped().await),
+                        () = sleep(retry) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Freezes for `duration`; true when stopped meanwhile.
+    async fn freeze(&mut self, duration: Duration, claim: Option<&Claim>) -> bool {
+        tracing::warn!(worker = %self.id, pause_ms = duration.as_millis() as u64,
+            task_id = claim.map(|c| c.task_id), "paused: no ticks, no heartbeats");
+        self.report(WorkerState::Paused, claim, false, false).await;
+        tokio::select! {
+            biased;
+            () = self.stop.cancelled() => true,
+            () = sleep(duration) => false,
+        }
+    }
+
+    /// Gives up `claim` without writing anything: the lease runs out.
+    async fn abandon(&mut self, claim: &Claim, why: &str) {
+        self.abandoned += 1;
+        tracing::warn!(worker = %self.id, task_id = claim.task_id, token = claim.token, reason = why,
+            "abandoning the task: the claim is lost");
+        self.report(WorkerState::Idle, None, false, false).await;
+    }
+
+    /// Reports the attempt at `claim` as failed with `why` (the queue
+    /// retries it after a backoff, or marks it failed after its attempts).
+    async fn give_back(&mut self, claim: &Claim, why: &str) {
+        match self
+            .transport
+            .fail(&self.id, claim.task_id, claim.token, why)
+            .await
+        {
+            Ok(()) => {
+                tracing::warn!(worker = %self.id, task_id = claim.task_id, reason = why, "gave the task back as failed");
+            }
+            Err(e) => {
+                tracing::warn!(worker = %self.id, task_id = claim.task_id, error = %e,
+                    "could not give the task back; its lease will run out");
+            }
+        }
+        self.report(WorkerState::Idle, None, false, false).await;
+    }
+
+    async fn stopped(&mut self) -> Exit {
+        tracing::info!(worker = %self.id, done = self.done, abandoned = self.abandoned, "worker stopped");
+        self.report(WorkerState::Stopped, None, false, false).await;
+        Exit::Stopped
+    }
+
+    /// Records what the worker does; a failure is logged, never fatal.
+    async fn report(
+        &mut self,
+        state: WorkerState,
+        claim: Option<&Claim>,
+        heartbeat: bool,
+        fresh: bool,
+    ) {
+        self.last_report = Instant::now();
+        let report = Report {
+            state,
+            task_id: claim.map(|c| c.task_id),
+            fencing_token: claim.map(|c| c.token),
+            heartbeat,
+            tasks_done: self.done,
+            tasks_abandoned: self.abandoned,
+            fresh,
+        };
+        let sent = tokio::time::timeout(
+            self.config.report_timeout,
+            self.transport.report(&self.id, &report),
+        )
+        .await;
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(worker = %self.id, error = %e, "could not record the worker's state");
+            }
+            Err(_) => {
+                tracing::debug!(worker = %self.id, "recording the worker's state timed out");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop against a scripted transport, in paused (virtual) time: the
+    //! timings asserted are exact, and the tests take milliseconds.
+
+    use super::*;
+    use crate::worker::chaos::ChaosSettings;
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Debug, PartialEq)]
+    enum Call {
+        Claim,
+        Heartbeat(i32, i64),
+        Complete(i32, i64, Value),
+        Fail(i32, i64, String),
+        Report(WorkerState, Option<i32>, i32, i32),
+    }
+
+    /// How the scripted queue answers heartbeats.
+    #[derive(Clone, Copy, Debug)]
+    enum Beats {
+        /// Accepted, with this much lease left.
+        Accept(Duration),
+        /// Refused: the claim is lost.
+        Refuse,
+        /// Never answered.
+        Hang,
+    }
+
+    struct Script {
+        queue: Mutex<VecDeque<Claim>>,
+        beats: Beats,
+        calls: Mutex<Vec<(Duration, Call)>>,
+        start: Instant,
+    }
+
+    #[derive(Clone)]
+    struct Fake(Arc<Script>);
+
+    impl Fake {
+        fn new(claims: Vec<Claim>, beats: Beats) -> Self {
+            Fake(Arc::new(Script {
+                queue: Mutex::new(claims.into()),
+                beats,
+                calls: Mutex::new(Vec::new()),
+                start: Instant::now(),
+            }))
+        }
+
+        fn log(&self, call: Call) {
+            let at = self.0.start.elapsed();
+            self.0.calls.lock().unwrap().push((at, call));
+        }
+
+        fn calls(&self) -> Vec<(Duration, Call)> {
+            self.0.calls.lock().unwrap().clone()
+        }
+
+        fn completions(&self) -> Vec<(Duration, Call)> {
+            self.calls()
+                .into_iter()
+                .filter(|(_, c)| matches!(c, Call::Complete(..) | Call::Fail(..)))
+                .collect()
+        }
+
+        fn heartbeats(&self) -> Vec<Duration> {
+            self.calls()
+                .into_iter()
+                .filter(|(_, c)| matches!(c, Call::Heartbeat(..)))
+                .map(|(at, _)| at)
+                .collect()
+        }
+
+        fn claims(&self) -> Vec<Duration> {
+            self.calls()
+                .into_iter()
+                .filter(|(_, c)| *c == Call::Claim)
+                .map(|(at, _)| at)
+                .collect()
+        }
+
+        fn last_report(&self) -> Option<Call> {
+            self.calls()
+                .into_iter()
+                .rev()
+                .map(|(_, c)| c)
+                .find(|c| matches!(c, Call::Report(..)))
+        }
+    }
+
+    impl Transport for Fake {
+        async fn claim(&self, _: &Holder) -> Result<Option<Claim>, TransportError> {
+            self.log(Call::Claim);
+            Ok(self.0.queue.lock().unwrap().pop_front())
+        }
+
+        async fn heartbeat(
+            &self,
+            _: &Holder,
+            task_id: i32,
+            token: i64,
+        ) -> Result<Option<Duration>, TransportError> {
+            self.log(Call::Heartbeat(task_id, token));
+            match self.0.beats {
+                Beats::Accept(left) => Ok(Some(left)),
+                Beats::Refuse => Err(TransportError::Lost("fencing token is not current".into())),
+                Beats::Hang => std::future::pending().await,
+            }
+        }
+
+        async fn complete(
+            &self,
+            _: &Holder,
+            task_id: i32,
+            token: i64,
+            output: &Value,
+        ) -> Result<(), TransportError> {
+            self.log(Call::Complete(task_id, token, output.clone()));
+            Ok(())
+        }
+
+        async fn fail(
+            &self,
+            _: &Holder,
+            task_id: i32,
+            token: i64,
+            error: &str,
+        ) -> Result<(), TransportError> {
+            self.log(Call::Fail(task_id, token, error.to_string()));
+            Ok(())
+        }
+
+        async fn report(&self, _: &Holder, r: &Report) -> Result<(), TransportError> {
+            self.log(Call::Report(
+                r.state,
+                r.task_id,
+                r.tasks_done,
+                r.tasks_abandoned,
+            ));
+            Ok(())
+        }
+    }
+
+    fn claim(task_id: i32, token: i64, data: Value, remaining: Duration) -> Claim {
+        Claim {
+            task_id,
+            token,
+            task_data: data,
+            remaining: Some(remaining),
+        }
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    fn start(fake: &Fake, chaos: ChaosSettings) -> (tokio::task::JoinHandle<Exit>, Controls) {
+        let config = WorkerConfig::new(secs(3.0), secs(1.0));
+        let (worker, controls) = Worker::new(
+            Holder::parse("w1").unwrap(),
+            fake.clone(),
+            config,
+            Chaos::seeded(chaos, 1),
+        );
+        (tokio::spawn(worker.run()), controls)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn completes_after_its_ticks_with_its_token_heartbeating_meanwhile() {
+        let fake = Fake::new(
+            vec![claim(1, 7, json!({"sleep_duration_seconds": 3}), secs(3.0))],
+            Beats::Accept(secs(3.0)),
+        );
+        let (worker, controls) = start(&fake, ChaosSettings::off());
+        sleep(secs(10.0)).await;
+        let done = fake.completions();
+        assert_eq!(done.len(), 1, "{done:?}");
+        let (at, call) = &done[0];
+        assert_eq!(*at, secs(3.0));
+        let Call::Complete(1, 7, output) = call else {
+            panic!("{call:?}")
+        };
+        assert_eq!(output["ticks"], 3);
+        assert_eq!(output["slept_seconds"], 3.0);
+        assert_eq!(output["worker"], "w1");
+        // Every second while working, none after.
+        assert_eq!(fake.heartbeats(), vec![secs(1.0), secs(2.0)]);
+        assert!(fake.claims().len() > 5, "went back to polling");
+        assert_eq!(
+            fake.last_report(),
+            Some(Call::Report(WorkerState::Idle, None, 1, 0))
+        );
+        controls.stop();
+        assert_eq!(worker.await.unwrap(), Exit::Stopped);
+        assert_eq!(
+            fake.last_report(),
+            Some(Call::Report(WorkerState::Stopped, None, 1, 0))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_heartbeat_abandons_the_task_at_once() {
+        let fake = Fake::new(
+            vec![claim(
+                1,
+                7,
+                json!({"sleep_duration_seconds": 10}),
+                secs(3.0),
+            )],
+            Beats::Refuse,
+        );
+        let (worker, controls) = start(&fake, ChaosSettings::off());
+        sleep(secs(12.0)).await;
+        assert_eq!(fake.completions(), vec![], "nothing written after the loss");
+        assert_eq!(fake.heartbeats(), vec![secs(1.0)]);
+        let claims = fake.claims();
+        assert_eq!(claims[1], secs(1.0), "back to claiming right away");
+        assert_eq!(
+            fake.last_report(),
+            Some(Call::Report(WorkerState::Idle, None, 0, 1))
+        );
+        controls.stop();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_heartbeats_abandon_the_task_before_the_lease_could_expire() {
+        let fake = Fake::new(
+            vec![claim(
+                1,
+                7,
+                json!({"sleep_duration_seconds": 10}),
+                secs(3.0),
+            )],
+            Beats::Hang,
+        );
+        let (worker, controls) = start(&fake, ChaosSettings::off());
+        sleep(secs(12.0)).await;
+        assert_eq!(fake.completions(), vec![]);
+        // Trusted for 3 s - 10 %: abandoned at 2.7 s, before the database
+        // (which counted from after the send) could expire the lease.
+        assert_eq!(fake.claims()[1], secs(2.7));
+        controls.stop();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_chaos_crash_stops_dead_without_writing_anything() {
+        let fake = Fake::new(
+            vec![claim(
+                1,
+                7,
+                json!({"sleep_duration_seconds": 10}),
+                secs(3.0),
+            )],
+            Beats::Accept(secs(3.0)),
+        );
+        let chaos = ChaosSettings {
+            enabled: true,
+            crash_probability: 1.0,
+            ..ChaosSettings::off()
+        };
+        let (worker, _controls) = start(&fake, chaos);
+        assert_eq!(worker.await.unwrap(), Exit::Crashed);
+        assert_eq!(fake.completions(), vec![]);
+        assert_eq!(fake.heartbeats().len(), 4, "heartbeats until tick 5");
+        assert_eq!(
+            fake.last_report(),
+            Some(Call::Report(WorkerState::Working, Some(1), 0, 0)),
+            "no goodbye"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalls_delay_heartbeats_until_the_deadline_abandons_the_task() {
+        let fake = Fake::new(
+            vec![claim(
+                1,
+                7,
+                json!({"sleep_duration_seconds": 20}),
+                secs(3.0),
+            )],
+            Beats::Accept(secs(3.0)),
+        );
+        let chaos = ChaosSettings {
+            enabled: true,
+            stall_probability: 1.0,
+            ..ChaosSettings::off()
+        };
+        let (worker, controls) = start(&fake, chaos);
+        sleep(secs(30.0)).await;
+        // The first heartbeat stalls 4-15 s; the lease is trusted 2.7 s.
+        assert_eq!(fake.heartbeats(), vec![]);
+        assert_eq!(fake.completions(), vec![]);
+        assert_eq!(fake.claims()[1], secs(2.7));
+        controls.stop();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_worker_resumes_by_completing_with_its_old_token() {
+        let fake = Fake::new(
+            vec![claim(1, 7, json!({"sleep_duration_seconds": 5}), secs(3.0))],
+            Beats::Accept(secs(3.0)),
+        );
+        let (worker, controls) = start(&fake, ChaosSettings::off());
+        sleep(secs(1.5)).await;
+        assert!(controls.pause(secs(5.0)));
+        sleep(secs(10.0)).await;
+        assert_eq!(fake.heartbeats(), vec![secs(1.0)], "none while frozen");
+        let done = fake.completions();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].0, secs(6.5), "right after the pause");
+        assert!(matches!(done[0].1, Call::Complete(1, 7, _)));
+        assert!(
+            fake.calls().iter().any(|(at, c)| *at == secs(1.5)
+                && *c == Call::Report(WorkerState::Paused, Some(1), 0, 0))
+        );
+        controls.stop();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_task_data_fails_the_attempt_and_missing_data_takes_one_second() {
+        let fake = Fake::new(
+            vec![
+                claim(1, 7, json!({"sleep_duration_seconds": "soon"}), secs(3.0)),
+                claim(2, 8, json!({}), secs(3.0)),
+            ],
+            Beats::Accept(secs(3.0)),
+        );
+        let (worker, controls) = start(&fake, ChaosSettings::off());
+        sleep(secs(5.0)).await;
+        let done = fake.completions();
+        assert_eq!(done.len(), 2, "{done:?}");
+        let Call::Fail(1, 7, why) = &done[0].1 else {
+            panic!("{done:?}")
+        };
+        assert!(why.contains("sleep_duration_seconds"), "{why}");
+        assert_eq!(done[1].0, secs(1.0));
+        assert!(matches!(&done[1].1, Call::Complete(2, 8, out) if out["ticks"] == 1));
+        controls.stop();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_gives_the_task_back() {
+        let fake = Fake::new(
+            vec![claim(
+                1,
+                7,
+                json!({"sleep_duration_seconds": 10}),
+                secs(3.0),
+            )],
+            Beats::Accept(secs(3.0)),
+        );
+        let (worker, controls) = start(&fake, ChaosSettings::off());
+        sleep(secs(2.5)).await;
+        controls.stop();
+        assert_eq!(worker.await.unwrap(), Exit::Stopped);
+        let done = fake.completions();
+        assert!(
+            matches!(&done[..], [(_, Call::Fail(1, 7, why))] if why.contains("stopped")),
+            "{done:?}"
+        );
+        assert_eq!(
+            fake.last_report(),
+            Some(Call::Report(WorkerState::Stopped, None, 0, 0))
+        );
+    }
+
+    #[test]
+    fn sleep_durations() {
+        assert_eq!(sleep_duration(&json!({})), Ok(secs(1.0)));
+        assert_eq!(sleep_duration(&json!("text")), Ok(secs(1.0)));
+        assert_eq!(
+            sleep_duration(&json!({"sleep_duration_seconds": 0})),
+            Ok(Duration::ZERO)
+        );
+        assert_eq!(
+            sleep_duration(&json!({"sleep_duration_seconds": 2.5})),
+            Ok(secs(2.5))
+        );
+        for bad in [json!(-1), json!(3601), json!("5"), json!(true)] {
+            assert!(sleep_duration(&json!({ "sleep_duration_seconds": bad })).is_err());
+        }
+    }
+}
