@@ -7,6 +7,7 @@ use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
 use crate::http;
 use crate::settings::Settings;
+use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
 use axum::extract::FromRef;
@@ -24,6 +25,10 @@ pub struct AppState {
     pub pool: PgPool,
     /// The resolved settings.
     pub settings: Arc<Settings>,
+    /// This instance's id (a holder name; simulated workers are named after it).
+    pub instance_id: Arc<str>,
+    /// This instance's simulated workers.
+    pub fleet: Fleet,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -88,25 +93,55 @@ pub fn router(state: AppState) -> Router {
 /// then stop the embedded cluster if this process started it.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let db = Database::open(settings.database_url.as_deref(), &settings.data_dir).await?;
+    // merged with the instances branch: that branch gives AppState its
+    // instance id; until then one is made up here.
+    let instance_id: Arc<str> = Arc::from(format!(
+        "i{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    ));
+    let fleet = Fleet::new(
+        db.pool.clone(),
+        instance_id.clone(),
+        FleetConfig::from_settings(&settings),
+    );
     let state = AppState {
         leptos_options: leptos_options(&settings),
         pool: db.pool.clone(),
         settings: Arc::new(settings.clone()),
+        instance_id,
+        fleet: fleet.clone(),
     };
-    let listener = tokio::net::TcpListener::bind(settings.site_addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.site_addr))?;
-    tracing::info!("leasekeeper listening on http://{}", settings.site_addr);
+    let listener = match tokio::net::TcpListener::bind(settings.site_addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            db.close().await?;
+            return Err(e).with_context(|| format!("cannot listen on {}", settings.site_addr));
+        }
+    };
+    for _ in 0..settings.workers {
+        if let Err(e) = fleet.spawn().await {
+            tracing::warn!(error = %e, "cannot start a simulated worker");
+        }
+    }
+    tracing::info!(
+        workers = settings.workers,
+        "leasekeeper listening on http://{}",
+        settings.site_addr
+    );
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving HTTP");
     tracing::info!("shutting down");
+    // Workers give their tasks back before the database goes away.
+    fleet.shutdown(std::time::Duration::from_secs(5)).await;
     db.close().await?;
     served
 }
 
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!(error = %e, "cannot listen for Ctrl-C");

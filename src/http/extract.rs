@@ -4,6 +4,7 @@
 
 use crate::error::AppError;
 use crate::http::MAX_BODY_BYTES;
+use crate::lease::Holder;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::StatusCode;
@@ -80,5 +81,25 @@ pub fn parse_id(raw: &str) -> Result<i32, AppError> {
         _ => Err(AppError::BadRequest(format!(
             "id must be a positive integer, got {raw:?}"
         ))),
+    }
+}
+
+/// A worker id from the path: a valid holder name (workers claim tasks
+/// under their id).
+pub struct WorkerId(pub Holder);
+
+impl<S> FromRequestParts<S> for WorkerId
+where
+    S: Send + Sync,
+{
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+        Holder::parse(raw)
+            .map(WorkerId)
+            .map_err(|e| AppError::BadRequest(format!("worker id: {e}")))
     }
 }

@@ -4,6 +4,7 @@
 pub mod extract;
 pub mod leases;
 pub mod tasks;
+pub mod workers;
 
 use crate::error::AppError;
 use crate::server::AppState;
@@ -20,6 +21,7 @@ pub fn api_router() -> Router<AppState> {
     Router::new()
         .merge(leases::routes())
         .merge(tasks::routes())
+        .merge(workers::routes())
         .route("/api", any(no_such_route))
         .route("/api/{*rest}", any(no_such_route))
         .method_not_allowed_fallback(method_not_allowed)

@@ -22,6 +22,8 @@
 #[cfg(feature = "ssr")]
 pub mod chaos;
 #[cfg(feature = "ssr")]
+pub mod fleet;
+#[cfg(feature = "ssr")]
 pub mod registry;
 #[cfg(feature = "ssr")]
 pub mod run;

@@ -6,6 +6,8 @@ use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use leasekeeper::server::{AppState, leptos_options, router};
 use leasekeeper::settings::{SettingArgs, Settings};
+use leasekeeper::worker::chaos::ChaosSettings;
+use leasekeeper::worker::fleet::{Fleet, FleetConfig};
 use serde_json::Value;
 use std::sync::Arc;
 use tower::ServiceExt;
@@ -15,6 +17,8 @@ pub struct Api {
     app: axum::Router,
     /// The database behind it.
     pub db: TestDb,
+    /// The instance's simulated workers (none until spawned).
+    pub fleet: Fleet,
 }
 
 impl Api {
@@ -22,14 +26,26 @@ impl Api {
         let db = TestDb::new().await;
         let settings =
             Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
+        let instance_id: Arc<str> = Arc::from("it-instance");
+        let fleet = Fleet::new(
+            db.pool.clone(),
+            instance_id.clone(),
+            FleetConfig {
+                chaos: ChaosSettings::off(),
+                ..FleetConfig::from_settings(&settings)
+            },
+        );
         let state = AppState {
             leptos_options: leptos_options(&settings),
             pool: db.pool.clone(),
             settings: Arc::new(settings),
+            instance_id,
+            fleet: fleet.clone(),
         };
         Api {
             app: router(state),
             db,
+            fleet,
         }
     }
 

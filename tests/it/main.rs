@@ -9,5 +9,7 @@ mod lease_race;
 mod lease_store;
 mod rest_leases;
 mod rest_tasks;
+mod rest_workers;
 mod singleton;
 mod task_store;
+mod workers;

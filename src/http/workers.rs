@@ -1,0 +1,103 @@
+//! `/api/workers`: who works, what each holds, and the operator's levers on
+//! this instance's simulated workers (spawn, pause, kill). Worker processes
+//! (`leasekeeper worker`) report themselves here too.
+
+use super::extract::{JsonBody, WorkerId};
+use crate::error::AppError;
+use crate::server::AppState;
+use crate::worker::transport::Report;
+use crate::worker::{WorkerInfo, WorkerKind, registry};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+
+/// The worker routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/workers", get(list).post(spawn))
+        .route("/api/workers/{id}", get(get_one).put(report))
+        .route("/api/workers/{id}/pause", post(pause))
+        .route("/api/workers/{id}/kill", post(kill))
+}
+
+async fn list(State(s): State<AppState>) -> Result<Json<Vec<WorkerInfo>>, AppError> {
+    Ok(Json(
+        registry::list(&mut *s.pool.acquire().await?, s.settings.lease_ttl).await?,
+    ))
+}
+
+async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
+    registry::get(&mut *s.pool.acquire().await?, id, s.settings.lease_ttl)
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))
+}
+
+async fn get_one(
+    State(s): State<AppState>,
+    WorkerId(id): WorkerId,
+) -> Result<Json<WorkerInfo>, AppError> {
+    Ok(Json(fetch(&s, id.as_str()).await?))
+}
+
+async fn spawn(State(s): State<AppState>) -> Result<(StatusCode, Json<WorkerInfo>), AppError> {
+    Ok((StatusCode::CREATED, Json(s.fleet.spawn().await?)))
+}
+
+/// The answer to pause and kill: what was done, and the worker now.
+#[derive(Serialize)]
+pub struct Done {
+    message: String,
+    worker: WorkerInfo,
+}
+
+async fn pause(State(s): State<AppState>, WorkerId(id): WorkerId) -> Result<Json<Done>, AppError> {
+    let duration = s.fleet.pause(id.as_str())?;
+    Ok(Json(Done {
+        message: format!(
+            "worker {id} paused for {:.1} s: no ticks, no heartbeats; then it tries to complete its task",
+            duration.as_secs_f64()
+        ),
+        worker: fetch(&s, id.as_str()).await?,
+    }))
+}
+
+async fn kill(State(s): State<AppState>, WorkerId(id): WorkerId) -> Result<Json<Done>, AppError> {
+    s.fleet.kill(id.as_str()).await?;
+    Ok(Json(Done {
+        message: format!(
+            "worker {id} killed: nothing completed or released; its task's lease must run out"
+        ),
+        worker: fetch(&s, id.as_str()).await?,
+    }))
+}
+
+/// `PUT /api/workers/{id}`: a worker process reports what it is doing.
+async fn report(
+    State(s): State<AppState>,
+    WorkerId(id): WorkerId,
+    JsonBody(body): JsonBody<Report>,
+) -> Result<Json<WorkerInfo>, AppError> {
+    if body.tasks_done < 0 || body.tasks_abandoned < 0 {
+        return Err(AppError::BadRequest(
+            "tasks_done and tasks_abandoned must not be negative".into(),
+        ));
+    }
+    registry::record(
+        &mut *s.pool.acquire().await?,
+        &id,
+        WorkerKind::Http,
+        None,
+        &body,
+        s.settings.lease_ttl,
+    )
+    .await?
+    .map(Json)
+    .ok_or_else(|| {
+        AppError::Conflict(format!(
+            "worker {id} is a simulated worker, or was marked crashed or stopped; \
+             a new run must send fresh: true first"
+        ))
+    })
+}

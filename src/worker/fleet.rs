@@ -1,0 +1,310 @@
+//! The simulated workers inside one instance: spawn, pause, kill, list,
+//! and stop them all on shutdown.
+//!
+//! Each runs the worker loop over the in-process transport as its own tokio
+//! task, named `{instance_id}-w{n}`. A kill aborts that task on the spot:
+//! nothing is completed, released or failed, so the task's lease must run
+//! out before another worker takes it over (the fleet only records the
+//! crash in the `workers` table, as an observer would). A chaos crash is the
+//! same, except that the fleet starts a replacement after a delay, as a
+//! process supervisor would; an operator's kill is not replaced.
+
+use super::chaos::{Chaos, ChaosSettings};
+use super::registry;
+use super::run::{Controls, Exit, Worker, WorkerConfig};
+use super::transport::InProcess;
+use super::transport::Report;
+use super::{WorkerInfo, WorkerKind, WorkerState};
+use crate::lease::Holder;
+use crate::settings::Settings;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How the fleet runs its workers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetConfig {
+    /// Timing of every worker.
+    pub worker: WorkerConfig,
+    /// Chaos of every worker.
+    pub chaos: ChaosSettings,
+    /// Start a replacement this long after a chaos crash (`None`: never).
+    pub respawn_after: Option<Duration>,
+    /// Seed for the workers' chaos (worker `n` uses `seed + n`); `None`
+    /// seeds each from the operating system.
+    pub seed: Option<u64>,
+}
+
+impl FleetConfig {
+    /// The program's settings; crashed workers are replaced after one TTL.
+    pub fn from_settings(settings: &Settings) -> Self {
+        FleetConfig {
+            worker: WorkerConfig::from_settings(settings),
+            chaos: ChaosSettings::from_settings(settings),
+            respawn_after: Some(settings.lease_ttl),
+            seed: None,
+        }
+    }
+}
+
+/// Why a fleet operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// No running simulated worker of this instance has that id.
+    #[error(
+        "worker {id} is not a running simulated worker of this instance ({instance_id}); \
+         only the instance that runs a worker can pause or kill it"
+    )]
+    NotHere {
+        /// The worker asked for.
+        id: String,
+        /// This instance.
+        instance_id: String,
+    },
+    /// The fleet is shutting down.
+    #[error("the workers of this instance are shutting down")]
+    ShuttingDown,
+    /// A worker id could not be formed (instance id too long).
+    #[error("invalid worker id: {0}")]
+    BadId(String),
+    /// The database failed.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+impl From<FleetError> for crate::error::AppError {
+    fn from(err: FleetError) -> Self {
+        use crate::error::AppError;
+        match err {
+            FleetError::NotHere { .. } => AppError::NotFound(err.to_string()),
+            FleetError::ShuttingDown => AppError::Conflict(err.to_string()),
+            FleetError::BadId(_) | FleetError::Db(_) => AppError::internal(err),
+        }
+    }
+}
+
+/// A worker named and recorded, not yet running.
+struct Prepared {
+    n: u64,
+    id: Holder,
+    info: WorkerInfo,
+}
+
+/// One running worker.
+struct Slot {
+    controls: Controls,
+    handle: JoinHandle<()>,
+}
+
+struct Inner {
+    pool: PgPool,
+    instance_id: Arc<str>,
+    config: FleetConfig,
+    next: AtomicU64,
+    slots: Mutex<BTreeMap<String, Slot>>,
+    shutdown: CancellationToken,
+}
+
+/// The simulated workers of this instance. Cheap to clone.
+#[derive(Clone)]
+pub struct Fleet {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("instance_id", &self.inner.instance_id)
+            .field("workers", &self.running())
+            .finish()
+    }
+}
+
+impl Fleet {
+    /// An empty fleet for instance `instance_id`.
+    pub fn new(pool: PgPool, instance_id: Arc<str>, config: FleetConfig) -> Self {
+        Fleet {
+            inner: Arc::new(Inner {
+                pool,
+                instance_id,
+                config,
+                next: AtomicU64::new(1),
+                slots: Mutex::new(BTreeMap::new()),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// This fleet's instance.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance_id
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+        // A panic while holding the lock cannot leave the map half-changed
+        // (every change is one insert or remove), so a poisoned lock is safe.
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts one more worker and answers its row in the `workers` table.
+    pub async fn spawn(&self) -> Result<WorkerInfo, FleetError> {
+        let prepared = self.prepare().await?;
+        self.start(prepared)
+    }
+
+    /// Names the next worker and records it; the row exists before the
+    /// worker runs, so the caller can show it at once.
+    async fn prepare(&self) -> Result<Prepared, FleetError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(FleetError::ShuttingDown);
+        }
+        let n = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}-w{n}", self.inner.instance_id);
+        let id = Holder::parse(name.clone()).map_err(|e| FleetError::BadId(e.to_string()))?;
+        let config = &self.inner.config;
+        let report = Report {
+            state: WorkerState::Idle,
+            task_id: None,
+            fencing_token: None,
+            heartbeat: false,
+            tasks_done: 0,
+            tasks_abandoned: 0,
+            fresh: true,
+        };
+        let info = registry::record(
+            &mut *self.inner.pool.acquire().await?,
+            &id,
+            WorkerKind::Simulated,
+            Some(&self.inner.instance_id),
+            &report,
+            config.worker.lease_ttl,
+        )
+        .await?
+        .ok_or_else(|| FleetError::BadId(format!("{name} is taken by an http worker")))?;
+        Ok(Prepared { n, id, info })
+    }
+
+    /// Runs a prepared worker as a task of its own. Not async on purpose:
+    /// the worker's task may start a replacement, and a future that awaited
+    /// its own kind of task could not be proven `Send`.
+    fn start(&self, prepared: Prepared) -> Result<WorkerInfo, FleetError> {
+        let Prepared { n, id, info } = prepared;
+        let config = &self.inner.config;
+        let chaos = match config.seed {
+            Some(seed) => Chaos::seeded(config.chaos.clone(), seed.wrapping_add(n)),
+            None => Chaos::from_os(config.chaos.clone()),
+        };
+        let transport = InProcess::new(
+            self.inner.pool.clone(),
+            config.worker.lease_ttl,
+            self.inner.instance_id.clone(),
+        );
+        let name = id.as_str().to_string();
+        let (worker, controls) = Worker::new(id, transport, config.worker.clone(), chaos);
+        let mut slots = self.slots();
+        // Checked under the lock: shutdown drains the map under it.
+        if self.inner.shutdown.is_cancelled() {
+            return Err(FleetError::ShuttingDown);
+        }
+        let fleet = self.clone();
+        let task_name = name.clone();
+        let handle = tokio::spawn(async move {
+            let exit = worker.run().await;
+            fleet.exited(&task_name, exit).await;
+        });
+        slots.insert(name, Slot { controls, handle });
+        Ok(info)
+    }
+
+    /// Bookkeeping after a worker's loop returned by itself.
+    async fn exited(&self, name: &str, exit: Exit) {
+        self.slots().remove(name);
+        if exit != Exit::Crashed {
+            return;
+        }
+        if let Err(e) = self.mark(name, WorkerState::Crashed).await {
+            tracing::warn!(worker = name, error = %e, "cannot record the crash");
+        }
+        let Some(delay) = self.inner.config.respawn_after else {
+            return;
+        };
+        tokio::select! {
+            () = self.inner.shutdown.cancelled() => {}
+            () = tokio::time::sleep(delay) => {
+                match self.prepare().await.and_then(|prepared| self.start(prepared)) {
+                    Ok(info) => tracing::info!(crashed = name, replacement = info.id, "replaced a crashed worker"),
+                    Err(e) => tracing::warn!(crashed = name, error = %e, "cannot replace a crashed worker"),
+                }
+            }
+        }
+    }
+
+    async fn mark(&self, name: &str, state: WorkerState) -> Result<(), sqlx::Error> {
+        registry::mark(&mut *self.inner.pool.acquire().await?, name, state).await
+    }
+
+    fn not_here(&self, id: &str) -> FleetError {
+        FleetError::NotHere {
+            id: id.to_string(),
+            instance_id: self.inner.instance_id.to_string(),
+        }
+    }
+
+    /// Freezes worker `id` for the configured pause (TTL + 2 s): no ticks,
+    /// no heartbeats. It then tries to complete its task, which the fencing
+    /// token refuses if another worker took the task over meanwhile.
+    pub fn pause(&self, id: &str) -> Result<Duration, FleetError> {
+        let duration = self.inner.config.worker.pause_for;
+        let slots = self.slots();
+        let slot = slots.get(id).ok_or_else(|| self.not_here(id))?;
+        if slot.controls.pause(duration) {
+            Ok(duration)
+        } else {
+            Err(self.not_here(id))
+        }
+    }
+
+    /// Kills worker `id` abruptly: its task is aborted mid-step, nothing is
+    /// completed or released, and it is recorded as crashed.
+    pub async fn kill(&self, id: &str) -> Result<(), FleetError> {
+        let slot = self.slots().remove(id).ok_or_else(|| self.not_here(id))?;
+        slot.handle.abort();
+        // Wait until it is really gone, so nothing it sends lands later.
+        let _ = slot.handle.await;
+        tracing::warn!(worker = id, "killed (no completion, no release)");
+        self.mark(id, WorkerState::Crashed).await?;
+        Ok(())
+    }
+
+    /// The ids of the workers running now, in id order.
+    pub fn running(&self) -> Vec<String> {
+        self.slots().keys().cloned().collect()
+    }
+
+    /// Stops every worker gracefully (each gives back its task) and waits
+    /// up to `grace` for them; those still running then are aborted.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.shutdown.cancel();
+        let slots: Vec<(String, Slot)> = std::mem::take(&mut *self.slots()).into_iter().collect();
+        for (_, slot) in &slots {
+            slot.controls.stop();
+        }
+        for (name, slot) in slots {
+            let abort = slot.handle.abort_handle();
+            if tokio::time::timeout(grace, slot.handle).await.is_err() {
+                abort.abort();
+                tracing::warn!(worker = name, "did not stop in time; aborted");
+                if let Err(e) = self.mark(&name, WorkerState::Stopped).await {
+                    tracing::warn!(worker = name, error = %e, "cannot record the stop");
+                }
+            }
+        }
+    }
+}

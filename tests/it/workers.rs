@@ -1,0 +1,298 @@
+//! The worker loop and the simulated fleet against a real database, over the
+//! in-process transport, chaos off, with a 2 s lease TTL: tasks processed
+//! with their tokens; a paused worker's late completion refused by the
+//! fencing token after a takeover; a killed worker's task taken over only
+//! after its lease ran out; 32 workers sharing 100 tasks without overlap.
+
+use crate::common::TestDb;
+use leasekeeper::lease::LeaseEvent;
+use leasekeeper::queue::store;
+use leasekeeper::queue::{Task, TaskStatus};
+use leasekeeper::worker::chaos::ChaosSettings;
+use leasekeeper::worker::fleet::{Fleet, FleetConfig, FleetError};
+use leasekeeper::worker::run::WorkerConfig;
+use leasekeeper::worker::{WorkerInfo, WorkerState, registry};
+use serde_json::json;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn fleet(db: &TestDb, instance: &str) -> Fleet {
+    Fleet::new(
+        db.pool.clone(),
+        Arc::from(instance),
+        FleetConfig {
+            worker: WorkerConfig::new(TTL, TTL / 3),
+            chaos: ChaosSettings::off(),
+            respawn_after: None,
+            seed: Some(1),
+        },
+    )
+}
+
+/// Polls `check` every 100 ms until it holds; fails naming `what` after `limit`.
+async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn enqueue(db: &TestDb, sleep_secs: u64, n: usize) -> Vec<i32> {
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let task = store::enqueue(
+            &mut conn,
+            &json!({ "sleep_duration_seconds": sleep_secs }),
+            5,
+            None,
+        )
+        .await
+        .unwrap();
+        ids.push(task.id);
+    }
+    ids
+}
+
+async fn task(db: &TestDb, id: i32) -> Task {
+    store::get(&mut db.pool.acquire().await.unwrap(), id)
+        .await
+        .unwrap()
+        .expect("task exists")
+}
+
+async fn count_status(db: &TestDb, status: TaskStatus) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = $1")
+        .bind(status.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+async fn events(db: &TestDb, task_id: i32) -> Vec<LeaseEvent> {
+    sqlx::query_as("SELECT * FROM lease_events WHERE resource = $1 ORDER BY id")
+        .bind(Task::resource_name(task_id))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+}
+
+async fn worker(db: &TestDb, id: &str) -> WorkerInfo {
+    registry::get(&mut db.pool.acquire().await.unwrap(), id, TTL)
+        .await
+        .unwrap()
+        .expect("worker row exists")
+}
+
+fn of_kind<'a>(events: &'a [LeaseEvent], kind: &str) -> Vec<&'a LeaseEvent> {
+    events.iter().filter(|e| e.kind == kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_processes_tasks_each_with_the_token_of_its_claim() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, 1, 3).await;
+    let fleet = fleet(&db, "inst-a");
+    let w = fleet.spawn().await.unwrap();
+    assert_eq!(w.id, "inst-a-w1");
+    assert_eq!(w.state, WorkerState::Idle);
+
+    eventually("three tasks processed", Duration::from_secs(30), || async {
+        count_status(&db, TaskStatus::Processed).await == 3
+    })
+    .await;
+    for id in ids {
+        let t = task(&db, id).await;
+        assert_eq!(t.processor.as_deref(), Some("inst-a-w1"));
+        assert_eq!(t.attempts, 1);
+        let output = t.task_output.clone().expect("output");
+        assert_eq!(output["worker"], "inst-a-w1");
+        assert_eq!(output["ticks"], 1);
+        let history = events(&db, id).await;
+        let acquired = of_kind(&history, "acquired");
+        let released = of_kind(&history, "released");
+        assert_eq!(acquired.len(), 1, "{history:?}");
+        assert_eq!(released.len(), 1, "{history:?}");
+        assert_eq!(t.fencing_token, acquired[0].fencing_token);
+        assert_eq!(t.fencing_token, released[0].fencing_token);
+        assert_eq!(released[0].holder.as_deref(), Some("inst-a-w1"));
+        assert!(of_kind(&history, "stale_write_refused").is_empty());
+    }
+    eventually("the worker's count", Duration::from_secs(5), || async {
+        worker(&db, "inst-a-w1").await.tasks_done == 3
+    })
+    .await;
+    let row = worker(&db, "inst-a-w1").await;
+    assert_eq!(row.instance_id.as_deref(), Some("inst-a"));
+    assert_eq!(row.tasks_abandoned, 0);
+    assert!(row.alive);
+
+    fleet.shutdown(Duration::from_secs(5)).await;
+    let row = worker(&db, "inst-a-w1").await;
+    assert_eq!(row.state, WorkerState::Stopped);
+    assert!(!row.alive);
+    assert!(fleet.running().is_empty());
+    assert!(matches!(fleet.spawn().await, Err(FleetError::ShuttingDown)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_workers_late_completion_is_refused_after_another_took_over() {
+    let db = TestDb::new().await;
+    let [id] = enqueue(&db, 3, 1).await[..] else {
+        unreachable!()
+    };
+    let fleet = fleet(&db, "inst-p");
+    let a = fleet.spawn().await.unwrap().id;
+    eventually("the task claimed by a", Duration::from_secs(10), || async {
+        task(&db, id).await.processor.as_deref() == Some(a.as_str())
+    })
+    .await;
+    let first_token = task(&db, id).await.fencing_token.unwrap();
+    let paused_for = fleet.pause(&a).unwrap();
+    assert_eq!(paused_for, TTL + Duration::from_secs(2));
+    eventually("a shown paused", Duration::from_secs(5), || async {
+        worker(&db, &a).await.state == WorkerState::Paused
+    })
+    .await;
+    let b = fleet.spawn().await.unwrap().id;
+
+    eventually(
+        "a's late completion refused",
+        Duration::from_secs(20),
+        || async { !of_kind(&events(&db, id).await, "stale_write_refused").is_empty() },
+    )
+    .await;
+    eventually("the task processed", Duration::from_secs(20), || async {
+        task(&db, id).await.status == TaskStatus::Processed
+    })
+    .await;
+
+    let t = task(&db, id).await;
+    assert_eq!(t.processor.as_deref(), Some(b.as_str()), "b completed it");
+    assert_eq!(t.fencing_token, Some(first_token + 1));
+    assert_eq!(t.attempts, 2);
+    let history = events(&db, id).await;
+    let takeover = of_kind(&history, "taken_over");
+    assert_eq!(takeover.len(), 1, "{history:?}");
+    assert_eq!(takeover[0].holder.as_deref(), Some(b.as_str()));
+    assert_eq!(takeover[0].previous_holder.as_deref(), Some(a.as_str()));
+    let refused = of_kind(&history, "stale_write_refused");
+    assert_eq!(refused.len(), 1, "{history:?}");
+    assert_eq!(refused[0].holder.as_deref(), Some(a.as_str()));
+    assert_eq!(refused[0].fencing_token, Some(first_token));
+    let detail = refused[0].detail.clone().unwrap();
+    assert_eq!(detail["op"], "complete");
+    let released = of_kind(&history, "released");
+    assert_eq!(released.len(), 1, "only b's completion released it");
+    assert_eq!(released[0].holder.as_deref(), Some(b.as_str()));
+
+    // a noticed, counted the loss, and went back to claiming.
+    eventually("a idle again", Duration::from_secs(5), || async {
+        let row = worker(&db, &a).await;
+        row.state == WorkerState::Idle && row.tasks_abandoned == 1 && row.tasks_done == 0
+    })
+    .await;
+    fleet.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_task_is_taken_over_only_after_its_lease_ran_out() {
+    let db = TestDb::new().await;
+    let [id] = enqueue(&db, 2, 1).await[..] else {
+        unreachable!()
+    };
+    let fleet = fleet(&db, "inst-k");
+    let a = fleet.spawn().await.unwrap().id;
+    eventually("the task claimed by a", Duration::from_secs(10), || async {
+        task(&db, id).await.processor.as_deref() == Some(a.as_str())
+    })
+    .await;
+    fleet.kill(&a).await.unwrap();
+    let killed = worker(&db, &a).await;
+    assert_eq!(killed.state, WorkerState::Crashed);
+    assert_eq!(killed.task_id, Some(id), "it died holding the task");
+    assert!(!killed.alive);
+    // After the kill nothing of a's can move the deadline any more.
+    let at_kill = task(&db, id).await;
+    let deadline = at_kill.must_heartbeat_before.unwrap();
+    assert_eq!(at_kill.status, TaskStatus::Started);
+    assert!(matches!(
+        fleet.kill(&a).await,
+        Err(FleetError::NotHere { .. })
+    ));
+    assert!(matches!(fleet.pause(&a), Err(FleetError::NotHere { .. })));
+
+    let b = fleet.spawn().await.unwrap().id;
+    eventually("the task processed", Duration::from_secs(20), || async {
+        task(&db, id).await.status == TaskStatus::Processed
+    })
+    .await;
+    let t = task(&db, id).await;
+    assert_eq!(t.processor.as_deref(), Some(b.as_str()));
+    assert_eq!(t.attempts, 2);
+    assert_eq!(t.fencing_token, Some(at_kill.fencing_token.unwrap() + 1));
+    assert!(
+        t.started_at.unwrap() >= deadline,
+        "taken over at {:?}, before a's lease ran out at {deadline:?}",
+        t.started_at
+    );
+    let history = events(&db, id).await;
+    let takeover = of_kind(&history, "taken_over");
+    assert_eq!(takeover.len(), 1, "{history:?}");
+    assert_eq!(takeover[0].previous_holder.as_deref(), Some(a.as_str()));
+    assert!(takeover[0].at >= deadline);
+    let released = of_kind(&history, "released");
+    assert_eq!(released.len(), 1, "a released nothing: {history:?}");
+    assert_eq!(released[0].holder.as_deref(), Some(b.as_str()));
+    assert_eq!(fleet.running(), vec![b.clone()]);
+    fleet.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_workers_share_a_hundred_tasks_without_overlap() {
+    let db = TestDb::with_connections(48).await;
+    let ids = enqueue(&db, 0, 100).await;
+    let fleet = fleet(&db, "inst-m");
+    for _ in 0..32 {
+        fleet.spawn().await.unwrap();
+    }
+    eventually("all tasks processed", Duration::from_secs(60), || async {
+        count_status(&db, TaskStatus::Processed).await == 100
+    })
+    .await;
+    for &id in &ids {
+        let t = task(&db, id).await;
+        assert_eq!(t.attempts, 1, "task {id} claimed twice");
+        let history = events(&db, id).await;
+        let kinds: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["acquired", "released"], "task {id}");
+        assert!(history.iter().all(|e| e.holder == t.processor));
+    }
+    eventually(
+        "every completion counted",
+        Duration::from_secs(10),
+        || async {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(sum(tasks_done), 0) FROM workers WHERE instance_id = 'inst-m'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            done == 100
+        },
+    )
+    .await;
+    fleet.shutdown(Duration::from_secs(5)).await;
+}
