@@ -20,6 +20,16 @@ pub struct Cli {
 pub enum Command {
     /// Serve the dashboard and the REST API (the default).
     Serve,
+    /// Run one task worker as a separate process, over the REST API of an
+    /// instance, until SIGINT or SIGTERM.
+    Worker {
+        /// The instance to work for, e.g. http://127.0.0.1:3000.
+        #[arg(long)]
+        server: String,
+        /// The worker's name (its holder name in every claim); generated when omitted.
+        #[arg(long)]
+        id: Option<String>,
+    },
     /// Manage the embedded PostgreSQL cluster.
     Db {
         /// What to do with it.

@@ -19,6 +19,9 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => leasekeeper::server::serve(settings).await,
         Command::Db { action } => leasekeeper::server::db_command(settings, action).await,
+        Command::Worker { server, id } => {
+            leasekeeper::worker::process::run(settings, &server, id).await
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -24,6 +24,8 @@ pub mod chaos;
 #[cfg(feature = "ssr")]
 pub mod fleet;
 #[cfg(feature = "ssr")]
+pub mod process;
+#[cfg(feature = "ssr")]
 pub mod registry;
 #[cfg(feature = "ssr")]
 pub mod run;
