@@ -19,6 +19,10 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => leasekeeper::server::serve(settings).await,
         Command::Db { action } => leasekeeper::server::db_command(settings, action).await,
+        Command::Cluster {
+            instances,
+            base_port,
+        } => leasekeeper::cluster::run(settings, instances, base_port).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
