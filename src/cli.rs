@@ -36,6 +36,16 @@ pub enum Command {
         #[command(subcommand)]
         action: DbAction,
     },
+    /// Run several instances on consecutive ports against one database (the
+    /// failover demo). Ctrl-C stops them all.
+    Cluster {
+        /// How many instances.
+        #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
+        instances: u16,
+        /// Port of the first instance; the others follow.
+        #[arg(long, default_value_t = 3010)]
+        base_port: u16,
+    },
 }
 
 /// Actions on the embedded cluster.

@@ -22,6 +22,10 @@ async fn main() -> std::process::ExitCode {
         Command::Worker { server, id } => {
             leasekeeper::worker::process::run(settings, &server, id).await
         }
+        Command::Cluster {
+            instances,
+            base_port,
+        } => leasekeeper::cluster::run(settings, instances, base_port).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

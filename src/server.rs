@@ -140,7 +140,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     served
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+/// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {

@@ -50,3 +50,17 @@ fn a_bad_listen_address_flag_wins_over_the_environment_and_is_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn changing_only_the_ttl_moves_the_renew_interval_with_it() {
+    // With the repository's Leptos.toml, a short TTL alone must be a valid
+    // configuration (the intervals default to TTL / 3): start-up then gets
+    // past settings and fails later, on the bad database URL we give it.
+    let (code, stderr) = run(
+        &["--database-url", "postgres://nobody@127.0.0.1:1/none"],
+        &[("LEASEKEEPER_LEASE_TTL_SECS", "2")],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(!stderr.contains("setting "), "{stderr}");
+    assert!(stderr.contains("cannot connect to PostgreSQL"), "{stderr}");
+}

@@ -5,27 +5,19 @@
 //! works before hydration (plain links and a GET form) and a view can be
 //! shared. Once hydrated it refreshes itself every second.
 
+use super::common::{FilterPills, HistoryList, LookupForm, parse_id, refresh_tick};
 use crate::error::AppError;
 use crate::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
 use leptos::either::Either;
 use leptos::prelude::*;
-use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
-use std::time::Duration;
-
-#[cfg(feature = "ssr")]
-fn pool() -> Result<sqlx::PgPool, AppError> {
-    use_context::<crate::server::AppState>()
-        .map(|state| state.pool)
-        .ok_or_else(|| AppError::internal("AppState missing from server function context"))
-}
 
 /// Leases matching `filter` (first page), for the dashboard.
 #[server(prefix = "/sfn")]
 pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
     use crate::lease::store;
     Ok(store::list(
-        &mut *pool()?.acquire().await?,
+        &mut *super::common::pool()?.acquire().await?,
         filter,
         store::Page::default(),
     )
@@ -36,12 +28,8 @@ pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
 #[server(prefix = "/sfn")]
 pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> {
     use crate::lease::store;
-    if id <= 0 {
-        return Err(AppError::BadRequest(format!(
-            "id must be a positive integer, got {id}"
-        )));
-    }
-    Ok(store::detail(&mut *pool()?.acquire().await?, id).await?)
+    super::common::check_id(id)?;
+    Ok(store::detail(&mut *super::common::pool()?.acquire().await?, id).await?)
 }
 
 /// Human text for how long a lease has left (or how long ago it ended).
@@ -62,15 +50,6 @@ fn state_badge(state: LeaseState) -> &'static str {
     }
 }
 
-/// Calls `f` every `period` while the component is mounted (browser only).
-fn every(period: Duration, f: impl Fn() + Clone + 'static) {
-    Effect::new(move |_| {
-        if let Ok(handle) = set_interval_with_handle(f.clone(), period) {
-            on_cleanup(move || handle.clear());
-        }
-    });
-}
-
 /// The leases page.
 #[component]
 pub fn LeasesPage() -> impl IntoView {
@@ -83,20 +62,15 @@ pub fn LeasesPage() -> impl IntoView {
             .unwrap_or_default()
     });
     let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
-    let tick = RwSignal::new(0_u64);
-    every(Duration::from_secs(1), move || tick.update(|t| *t += 1));
+    let tick = refresh_tick();
 
     let leases = Resource::new(move || (filter.get(), tick.get()), |(f, _)| get_leases(f));
     let detail = Resource::new(
         move || (lookup.get(), tick.get()),
         |(raw, _)| async move {
             let Some(raw) = raw else { return Ok(None) };
-            match raw.trim().parse::<i32>() {
-                Ok(id) if id > 0 => get_lease_detail(id).await.map(|d| d.ok_or(id)).map(Some),
-                _ => Err(AppError::BadRequest(format!(
-                    "id must be a positive integer, got {raw:?}"
-                ))),
-            }
+            let id = parse_id(&raw)?;
+            get_lease_detail(id).await.map(|d| d.ok_or(id)).map(Some)
         },
     );
 
@@ -108,53 +82,17 @@ pub fn LeasesPage() -> impl IntoView {
                     "Who owns what, until when, with which fencing token. Judged by the database clock; refreshed every second."
                 </p>
             </div>
-            <Form method="GET" action="/leases">
-                <input type="hidden" name="state" value=move || filter.get().as_str()/>
-                <div class="flex gap-2">
-                    <label class="sr-only" for="lease-lookup">"Lease id"</label>
-                    <input
-                        id="lease-lookup"
-                        name="id"
-                        inputmode="numeric"
-                        placeholder="Lease id"
-                        class="w-32 rounded border border-slate-300 px-2 py-1 text-sm"
-                        data-testid="lease-lookup-input"
-                    />
-                    <button
-                        type="submit"
-                        class="rounded bg-indigo-600 px-3 py-1 text-sm font-medium text-white hover:bg-indigo-700"
-                        data-testid="lease-lookup-submit"
-                    >
-                        "Look up"
-                    </button>
-                </div>
-            </Form>
+            <LookupForm path="/leases" param="state" keep=Signal::derive(move || filter.get().as_str()) prefix="lease" placeholder="Lease id"/>
         </div>
 
-        <nav class="mt-4 flex flex-wrap gap-2" data-testid="lease-filters" aria-label="Filter leases by state">
-            {LeaseFilter::ALL
-                .into_iter()
-                .map(|f| {
-                    let selected = move || filter.get() == f;
-                    view! {
-                        <a
-                            href=format!("/leases?state={}", f.as_str())
-                            data-testid=format!("filter-{}", f.as_str())
-                            aria-current=move || selected().then_some("page")
-                            class=move || {
-                                if selected() {
-                                    "rounded-full bg-slate-900 px-3 py-1 text-sm text-white"
-                                } else {
-                                    "rounded-full bg-white px-3 py-1 text-sm text-slate-700 ring-1 ring-slate-300 hover:bg-slate-100"
-                                }
-                            }
-                        >
-                            {f.as_str()}
-                        </a>
-                    }
-                })
-                .collect_view()}
-        </nav>
+        <FilterPills
+            path="/leases"
+            param="state"
+            values=LeaseFilter::ALL.iter().map(|f| f.as_str()).collect()
+            selected=Signal::derive(move || filter.get().as_str())
+            testid="lease-filters"
+            label="Filter leases by state"
+        />
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading lease…"</p> }>
             {move || Suspend::new(async move {
@@ -263,27 +201,7 @@ fn LeaseDetailView(detail: LeaseDetail) -> impl IntoView {
                 <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state))>{lease.state.as_str()}</span>
                 <span class="tabular-nums">{expiry_text(&lease)}</span>
             </div>
-            <h3 class="mt-3 text-sm font-semibold text-slate-700">"Ownership history (newest first)"</h3>
-            <ol class="mt-1 divide-y divide-slate-100 text-sm" data-testid="lease-history">
-                {detail
-                    .history
-                    .into_iter()
-                    .map(|event| {
-                        let who = match (&event.previous_holder, event.kind.as_str()) {
-                            (Some(prev), "taken_over") => format!("{} took over from {prev}", event.holder.clone().unwrap_or_default()),
-                            _ => event.holder.clone().unwrap_or_default(),
-                        };
-                        view! {
-                            <li class="flex gap-4 py-1" data-testid="history-event" data-kind=event.kind.clone()>
-                                <span class="w-44 tabular-nums text-slate-500">{event.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()}</span>
-                                <span class="w-28 font-medium">{event.kind.clone()}</span>
-                                <span class="w-20 font-mono">{event.fencing_token.map(|t| format!("#{t}")).unwrap_or_default()}</span>
-                                <span class="font-mono">{who}</span>
-                            </li>
-                        }
-                    })
-                    .collect_view()}
-            </ol>
+            <HistoryList history=detail.history/>
         </section>
     }
 }

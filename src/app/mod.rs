@@ -1,9 +1,12 @@
 //! The dashboard: HTML shell, router and pages, shared by the server (which
 //! renders them) and the browser (which hydrates them).
 
+pub mod common;
 mod leases;
+mod tasks;
 
 pub use leases::{LeasesPage, get_lease_detail, get_leases};
+pub use tasks::{TasksPage, get_task_detail, get_tasks};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
@@ -45,6 +48,7 @@ pub fn App() -> impl IntoView {
                     </a>
                     <nav class="flex gap-4 text-sm text-slate-600">
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
+                        <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                     </nav>
                 </div>
             </header>
@@ -54,6 +58,7 @@ pub fn App() -> impl IntoView {
                     // HTML, so pages work before (and without) hydration.
                     <Route path=StaticSegment("") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

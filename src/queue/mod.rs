@@ -103,3 +103,21 @@ impl Task {
         self.status == TaskStatus::Started && self.heartbeat_in_ms.is_some_and(|ms| ms <= 0)
     }
 }
+
+/// A task with the history of its lease, for the detail view.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskDetail {
+    /// The task itself.
+    pub task: Task,
+    /// Recent events of its lease `task:<id>`, newest first.
+    pub history: Vec<crate::lease::LeaseEvent>,
+}
+
+/// A page of tasks with the TTL their deadlines are measured against.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskPage {
+    /// The tasks.
+    pub tasks: Vec<Task>,
+    /// The lease TTL in milliseconds, for the heartbeat countdown's colour.
+    pub ttl_ms: i64,
+}

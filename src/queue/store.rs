@@ -452,3 +452,21 @@ pub async fn list(
     .fetch_all(&mut *conn)
     .await
 }
+
+/// The newest `limit` tasks with `status` (all when `None`), newest first:
+/// what the dashboard shows.
+pub async fn list_newest(
+    conn: &mut PgConnection,
+    status: Option<TaskStatus>,
+    limit: i64,
+) -> Result<Vec<Task>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {TASK_COLUMNS} FROM tasks
+          WHERE ($1::text IS NULL OR status = $1)
+          ORDER BY id DESC LIMIT $2"
+    ))
+    .bind(status.map(TaskStatus::as_str))
+    .bind(limit.clamp(1, Page::MAX_LIMIT))
+    .fetch_all(&mut *conn)
+    .await
+}

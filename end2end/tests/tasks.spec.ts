@@ -1,0 +1,64 @@
+import { test, expect } from "@playwright/test";
+
+// The e2e server runs with a 3 s lease TTL (see .ci/test).
+
+test("a claimed task shows its processor and countdown, turns late, and its history", async ({ page, request }) => {
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 1, e2e: Date.now() } } });
+  expect(created.status()).toBe(201);
+  const task = await created.json();
+
+  await page.goto("/tasks?status=pending");
+  const row = page.locator(`[data-testid="task-row"][data-task-id="${task.id}"]`);
+  await expect(row).toBeVisible();
+  await expect(row.getByTestId("task-status")).toHaveText("pending");
+
+  // Claim it as a processor that will never heartbeat. Other pending tasks
+  // (from other tests) may be older: claim until we get ours.
+  let claimed: any;
+  for (let i = 0; i < 50; i++) {
+    const res = await request.post("/api/tasks/next", { data: { processor: "pw-stalled" } });
+    expect([200, 202]).toContain(res.status());
+    if (res.status() !== 202) break;
+    const t = await res.json();
+    if (t.id === task.id) { claimed = t; break; }
+  }
+  expect(claimed, "our task was claimed").toBeTruthy();
+
+  await page.getByTestId("filter-started").click();
+  await expect(page).toHaveURL(/status=started/);
+  await expect(row.getByTestId("task-processor")).toHaveText("pw-stalled");
+  await expect(row.getByTestId("task-token")).toHaveText(String(claimed.fencing_token));
+  await expect(row.getByTestId("task-heartbeat")).toContainText("s left");
+  await expect(row.getByTestId("task-heartbeat")).toHaveAttribute("data-late", "false");
+
+  // No heartbeat: after the 3 s TTL the page flags it late, by itself.
+  await expect(row.getByTestId("task-heartbeat")).toHaveAttribute("data-late", "true", { timeout: 6_000 });
+  await expect(row.getByTestId("task-heartbeat")).toContainText("late by");
+
+  // The stalled processor's completion is refused; a rescuer takes it over.
+  const stale = await request.put(`/api/tasks/${task.id}/complete`, {
+    data: { processor: "pw-stalled", fencing_token: claimed.fencing_token, task_output: "late" },
+  });
+  expect(stale.status()).toBe(409);
+  let rescued: any;
+  for (let i = 0; i < 50; i++) {
+    const res = await request.post("/api/tasks/next", { data: { processor: "pw-rescuer" } });
+    if (res.status() !== 202) break;
+    const t = await res.json();
+    if (t.id === task.id) { rescued = t; break; }
+  }
+  expect(rescued.fencing_token).toBe(claimed.fencing_token + 1);
+  const done = await request.put(`/api/tasks/${task.id}/complete`, {
+    data: { processor: "pw-rescuer", fencing_token: rescued.fencing_token, task_output: { ok: true } },
+  });
+  expect(done.status()).toBe(200);
+
+  await page.getByTestId("task-lookup-input").fill(String(task.id));
+  await page.getByTestId("task-lookup-submit").click();
+  const detail = page.getByTestId("task-detail");
+  await expect(detail.getByTestId("detail-status")).toHaveText("processed");
+  await expect(detail.getByTestId("detail-processor")).toHaveText("pw-rescuer");
+  await expect(detail.getByTestId("detail-attempts")).toHaveText("attempt 2 of 5");
+  const kinds = await detail.getByTestId("history-event").evaluateAll((els) => els.map((e) => e.getAttribute("data-kind")));
+  expect(kinds).toEqual(["released", "taken_over", "stale_write_refused", "acquired"]);
+});

@@ -1,0 +1,227 @@
+//! The tasks page: the queue with each task's status, processor, fencing
+//! token, attempts and a heartbeat countdown whose colour shifts as the
+//! deadline nears (late tasks are flagged); a status filter; and lookup by
+//! id with attempts, last error and the task lease's history.
+
+use super::common::{FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick};
+use crate::error::AppError;
+use crate::queue::{Task, TaskDetail, TaskPage, TaskStatus};
+use leptos::either::{Either, EitherOf3};
+use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
+
+/// The newest tasks with `status` (all when `None`), for the dashboard.
+#[server(prefix = "/sfn")]
+pub async fn get_tasks(status: Option<TaskStatus>) -> Result<TaskPage, AppError> {
+    use crate::lease::store::Page;
+    use crate::queue::store;
+    let settings = super::common::settings()?;
+    let mut conn = super::common::pool()?.acquire().await?;
+    let tasks = store::list_newest(&mut conn, status, Page::default().limit).await?;
+    Ok(TaskPage {
+        tasks,
+        ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
+    })
+}
+
+/// Task `id` with its lease history; `None` when there is no such task.
+#[server(prefix = "/sfn")]
+pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
+    use crate::lease::store as leases;
+    use crate::queue::store;
+    super::common::check_id(id)?;
+    let mut conn = super::common::pool()?.acquire().await?;
+    let Some(task) = store::get(&mut conn, id).await? else {
+        return Ok(None);
+    };
+    let history = leases::history(&mut conn, &Task::resource_name(id), 50).await?;
+    Ok(Some(TaskDetail { task, history }))
+}
+
+/// The heartbeat countdown: text, colour class, and whether the task is late.
+pub fn heartbeat_view(task: &Task, ttl_ms: i64) -> (String, &'static str, bool) {
+    let Some(ms) = task
+        .heartbeat_in_ms
+        .filter(|_| task.status == TaskStatus::Started)
+    else {
+        return ("—".to_string(), "text-slate-400", false);
+    };
+    if ms <= 0 {
+        return (
+            format!("late by {:.1} s", -ms as f64 / 1000.0),
+            "bg-red-100 text-red-800 font-semibold",
+            true,
+        );
+    }
+    let left = ms as f64 / ttl_ms.max(1) as f64;
+    let class = if left > 0.5 {
+        "bg-emerald-100 text-emerald-800"
+    } else if left > 0.2 {
+        "bg-amber-100 text-amber-800"
+    } else {
+        "bg-orange-200 text-orange-900"
+    };
+    (format!("{:.1} s left", ms as f64 / 1000.0), class, false)
+}
+
+fn status_badge(status: TaskStatus) -> &'static str {
+    match status {
+        TaskStatus::Pending => "bg-slate-200 text-slate-700",
+        TaskStatus::Started => "bg-sky-100 text-sky-800",
+        TaskStatus::Processed => "bg-emerald-100 text-emerald-800",
+        TaskStatus::Failed => "bg-red-100 text-red-800",
+    }
+}
+
+const FILTERS: [&str; 5] = ["all", "pending", "started", "processed", "failed"];
+
+/// The tasks page.
+#[component]
+pub fn TasksPage() -> impl IntoView {
+    let query = use_query_map();
+    let filter = Memo::new(move |_| {
+        let raw = query.read().get("status").unwrap_or_default();
+        FILTERS.into_iter().find(|f| *f == raw).unwrap_or("all")
+    });
+    let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
+    let tick = refresh_tick();
+    let tasks = Resource::new(
+        move || (filter.get(), tick.get()),
+        |(f, _)| get_tasks(TaskStatus::parse(f)),
+    );
+    let detail = Resource::new(
+        move || (lookup.get(), tick.get()),
+        |(raw, _)| async move {
+            let Some(raw) = raw else { return Ok(None) };
+            let id = parse_id(&raw)?;
+            get_task_detail(id).await.map(|d| d.ok_or(id)).map(Some)
+        },
+    );
+
+    view! {
+        <div class="flex flex-wrap items-end justify-between gap-4">
+            <div>
+                <h1 class="text-2xl font-semibold">"Tasks"</h1>
+                <p class="text-sm text-slate-600">
+                    "The queue, newest first. Every claim is a lease: the countdown is the time left before the claim's lease runs out and any worker may take the task over."
+                </p>
+            </div>
+            <LookupForm path="/tasks" param="status" keep=Signal::derive(move || filter.get()) prefix="task" placeholder="Task id"/>
+        </div>
+        <FilterPills
+            path="/tasks"
+            param="status"
+            values=FILTERS.to_vec()
+            selected=Signal::derive(move || filter.get())
+            testid="task-filters"
+            label="Filter tasks by status"
+        />
+
+        <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading task…"</p> }>
+            {move || Suspend::new(async move {
+                match detail.await {
+                    Ok(None) => EitherOf3::A(()),
+                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <TaskDetailView detail=d/> }),
+                    Ok(Some(Err(id))) => EitherOf3::C(view! {
+                        <Notice kind="warn" testid="task-detail-missing" text=format!("No task with id {id}.")/>
+                    }),
+                    Err(e) => EitherOf3::C(view! { <Notice kind="error" testid="task-detail-error" text=e.to_string()/> }),
+                }
+            })}
+        </Transition>
+
+        <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading tasks…"</p> }>
+            {move || Suspend::new(async move {
+                match tasks.await {
+                    Ok(page) if page.tasks.is_empty() => Either::Left(view! {
+                        <Notice kind="empty" testid="tasks-empty" text=format!(
+                            "No {} tasks. Start the generator, or enqueue one with POST /api/tasks {{\"task_data\": {{\"sleep_duration_seconds\": 5}}}}.",
+                            if filter.get_untracked() == "all" { "" } else { filter.get_untracked() }
+                        )/>
+                    }),
+                    Ok(page) => Either::Right(Either::Left(view! { <TaskTable page/> })),
+                    Err(e) => Either::Right(Either::Right(view! {
+                        <Notice kind="error" testid="tasks-error" text=format!("Cannot load tasks: {e}. The page retries every second.")/>
+                    })),
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn TaskTable(page: TaskPage) -> impl IntoView {
+    let ttl_ms = page.ttl_ms;
+    view! {
+        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
+            <table class="min-w-full text-left text-sm" data-testid="tasks-table">
+                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
+                    <tr>
+                        <th class="px-3 py-2">"id"</th>
+                        <th class="px-3 py-2">"status"</th>
+                        <th class="px-3 py-2">"processor"</th>
+                        <th class="px-3 py-2">"token"</th>
+                        <th class="px-3 py-2">"attempts"</th>
+                        <th class="px-3 py-2">"heartbeat deadline"</th>
+                        <th class="px-3 py-2">"data"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {page
+                        .tasks
+                        .into_iter()
+                        .map(|task| {
+                            let (beat, beat_class, late) = heartbeat_view(&task, ttl_ms);
+                            view! {
+                                <tr class="border-t border-slate-100" data-testid="task-row" data-task-id=task.id data-status=task.status.as_str()>
+                                    <td class="px-3 py-2">
+                                        <a class="text-indigo-700 underline" href=format!("/tasks?id={}", task.id) data-testid="task-link">{task.id}</a>
+                                    </td>
+                                    <td class="px-3 py-2">
+                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", status_badge(task.status)) data-testid="task-status">
+                                            {task.status.as_str()}
+                                        </span>
+                                    </td>
+                                    <td class="px-3 py-2 font-mono" data-testid="task-processor">{task.processor.clone().unwrap_or_default()}</td>
+                                    <td class="px-3 py-2 font-mono" data-testid="task-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
+                                    <td class="px-3 py-2 tabular-nums">{format!("{}/{}", task.attempts, task.max_attempts)}</td>
+                                    <td class="px-3 py-2">
+                                        <span class=format!("rounded px-2 py-0.5 text-xs tabular-nums {beat_class}") data-testid="task-heartbeat" data-late=late.to_string()>
+                                            {beat}
+                                        </span>
+                                    </td>
+                                    <td class="max-w-xs truncate px-3 py-2 font-mono text-xs text-slate-600">{task.task_data.to_string()}</td>
+                                </tr>
+                            }
+                        })
+                        .collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+}
+
+#[component]
+fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
+    let task = detail.task;
+    view! {
+        <section class="mt-4 rounded border border-indigo-200 bg-white p-4" data-testid="task-detail">
+            <div class="flex flex-wrap items-baseline gap-x-6 gap-y-1">
+                <h2 class="text-lg font-semibold">{format!("Task {}", task.id)}</h2>
+                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", status_badge(task.status)) data-testid="detail-status">
+                    {task.status.as_str()}
+                </span>
+                <span>"processor " <b class="font-mono" data-testid="detail-processor">{task.processor.clone().unwrap_or_default()}</b></span>
+                <span>"token " <b class="font-mono" data-testid="detail-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</b></span>
+                <span data-testid="detail-attempts">{format!("attempt {} of {}", task.attempts, task.max_attempts)}</span>
+            </div>
+            <dl class="mt-2 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2">
+                <div><dt class="inline text-slate-500">"data "</dt><dd class="inline font-mono">{task.task_data.to_string()}</dd></div>
+                <div><dt class="inline text-slate-500">"output "</dt><dd class="inline font-mono">{task.task_output.as_ref().map(|o| o.to_string()).unwrap_or_default()}</dd></div>
+                <div><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
+                <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums">{task.created_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()}</dd></div>
+            </dl>
+            <HistoryList history=detail.history/>
+        </section>
+    }
+}
