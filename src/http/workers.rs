@@ -45,7 +45,9 @@ async fn spawn(State(s): State<AppState>) -> Result<(StatusCode, Json<WorkerInfo
     Ok((StatusCode::CREATED, Json(s.fleet.spawn().await?)))
 }
 
-/// The answer to pause and kill: what was done, and the worker now.
+/// The answer to pause and kill: what was done, and the worker's row as the
+/// answer is sent (a pause takes effect at the worker's next step, within
+/// milliseconds, so the row may still show its previous state).
 #[derive(Serialize)]
 pub struct Done {
     message: String,
