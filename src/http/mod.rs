@@ -2,6 +2,8 @@
 //! modules, and map their errors to [`AppError`](crate::error::AppError).
 
 pub mod extract;
+pub mod generator;
+pub mod instances;
 pub mod leases;
 
 use crate::error::AppError;
@@ -18,6 +20,8 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub fn api_router() -> Router<AppState> {
     Router::new()
         .merge(leases::routes())
+        .merge(generator::routes())
+        .merge(instances::routes())
         .route("/api", any(no_such_route))
         .route("/api/{*rest}", any(no_such_route))
         .method_not_allowed_fallback(method_not_allowed)
