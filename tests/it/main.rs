@@ -3,6 +3,8 @@
 //! `common` for where the PostgreSQL server comes from.
 
 mod common;
+mod generator;
+mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;

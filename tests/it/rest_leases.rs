@@ -11,13 +11,14 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tower::ServiceExt;
 
-struct Api {
+/// The router on a fresh database, driven in-process (shared with other REST tests).
+pub(crate) struct Api {
     app: axum::Router,
-    db: TestDb,
+    pub(crate) db: TestDb,
 }
 
 impl Api {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         let db = TestDb::new().await;
         let settings =
             Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
@@ -34,7 +35,7 @@ impl Api {
         }
     }
 
-    async fn raw(&self, method: Method, uri: &str, body: Body) -> (StatusCode, Value) {
+    pub(crate) async fn raw(&self, method: Method, uri: &str, body: Body) -> (StatusCode, Value) {
         let req = Request::builder()
             .method(method)
             .uri(uri)
@@ -53,23 +54,28 @@ impl Api {
         (status, value)
     }
 
-    async fn get(&self, uri: &str) -> (StatusCode, Value) {
+    pub(crate) async fn get(&self, uri: &str) -> (StatusCode, Value) {
         self.call(Method::GET, uri, None).await
     }
 
-    async fn post(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+    pub(crate) async fn post(&self, uri: &str, body: Value) -> (StatusCode, Value) {
         self.call(Method::POST, uri, Some(body)).await
     }
 
-    async fn put(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+    pub(crate) async fn put(&self, uri: &str, body: Value) -> (StatusCode, Value) {
         self.call(Method::PUT, uri, Some(body)).await
     }
 
-    async fn delete(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+    pub(crate) async fn delete(&self, uri: &str, body: Value) -> (StatusCode, Value) {
         self.call(Method::DELETE, uri, Some(body)).await
     }
 
-    async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+    pub(crate) async fn call(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let body = body
             .map(|b| Body::from(b.to_string()))
             .unwrap_or_else(Body::empty);
