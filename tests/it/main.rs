@@ -10,3 +10,4 @@ mod lease_race;
 mod lease_store;
 mod rest_leases;
 mod singleton;
+mod terms;
