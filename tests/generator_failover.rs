@@ -240,6 +240,17 @@ async fn agreed_holder(ports: &[u16]) -> (String, i64) {
     )
 }
 
+/// How many tasks the term with fencing token `token` generated.
+async fn tasks_of(pool: &PgPool, token: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM tasks WHERE (task_data->>'generator_token')::bigint = $1",
+    )
+    .bind(token)
+    .fetch_one(pool)
+    .await
+    .expect("counting a term's tasks")
+}
+
 async fn holder_on(port: u16) -> Option<(String, i64)> {
     let s = get(port, "/api/generator/status").await;
     Some((
@@ -308,7 +319,10 @@ async fn the_generator_fails_over_between_processes() {
     .await;
     let (holder, second_token) = agreed_holder(&ports).await;
     assert_eq!(second_token, token + 1);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    eventually(Duration::from_secs(10), "the holder generates", || async {
+        (tasks_of(&pool, second_token).await > 0).then_some(())
+    })
+    .await;
     let victim = if holder == id_a { a } else { b };
     let survivor = if victim == a { b } else { a };
     fleet.instances[victim].child.kill().expect("SIGKILL");
@@ -346,7 +360,12 @@ async fn the_generator_fails_over_between_processes() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    eventually(
+        Duration::from_secs(10),
+        "the survivor generates",
+        || async { (tasks_of(&pool, new_token).await > 0).then_some(()) },
+    )
+    .await;
 
     // A clean shutdown of the survivor releases the lease and says goodbye.
     let pid = nix::unistd::Pid::from_raw(fleet.instances[survivor].child.id() as i32);

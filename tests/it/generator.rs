@@ -117,9 +117,13 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
         live_holder(pool).await,
         (Some(first.to_string()), Some(first_token))
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // A task every 150 ms; waiting for three (rather than sleeping a fixed
+    // time and counting) keeps a starved test machine from failing this.
+    eventually(Duration::from_secs(5), "three tasks", || async {
+        tasks(pool).await.len() >= 3
+    })
+    .await;
     let produced = tasks(pool).await;
-    assert!(produced.len() >= 3, "{produced:?}");
     assert!(
         produced
             .iter()
@@ -160,7 +164,12 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     let holder_id = *gens.iter().find(|(_, g)| holding(g.state())).unwrap().0;
     let crashed_token = gens[holder_id].token().unwrap();
     assert_eq!(crashed_token, first_token + 1);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually(
+        Duration::from_secs(5),
+        "the second term generates",
+        || async { tasks(pool).await.iter().any(|t| t.2 == crashed_token) },
+    )
+    .await;
     gens.remove(holder_id).unwrap().abort();
     let crashed_at = Instant::now();
     let (survivor_id, survivor) = gens.iter().next().map(|(k, v)| (*k, v)).unwrap();
@@ -175,7 +184,10 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     );
     let new_token = survivor.token().unwrap();
     assert_eq!(new_token, crashed_token + 1);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually(Duration::from_secs(5), "the survivor generates", || async {
+        tasks(pool).await.iter().any(|t| t.2 == new_token)
+    })
+    .await;
 
     // The fenced insert refuses the crashed term's token, whoever sends it.
     let before = tasks(pool).await.len();
