@@ -354,3 +354,71 @@ async fn rest_start_and_stop_set_the_desired_state_and_record_the_operator() {
     assert_eq!(instances[0]["alive"], true);
     assert_eq!(instances[0]["holds_generator"], true);
 }
+
+/// The race the fenced insert's row lock prevents: a takeover in flight
+/// (not yet committed) when the old holder's insert checks the lease. A
+/// plain read would see the old, still-live version and insert into the new
+/// term; locking the row makes the insert wait for the takeover and then see
+/// the new holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let resource = crate::common::resource(RESOURCE);
+    let old = leasekeeper::lease::store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &resource,
+        &holder("i-a"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+    .into_lease();
+
+    // Another instance takes the lease over in a transaction left open.
+    let mut taker = db.pool.acquire().await.unwrap();
+    let mut takeover = taker.begin().await.unwrap();
+    sqlx::query("UPDATE leases SET expires_at = now() WHERE resource = $1")
+        .bind(RESOURCE)
+        .execute(&mut *takeover)
+        .await
+        .unwrap();
+    let new = leasekeeper::lease::store::acquire(
+        &mut takeover,
+        &resource,
+        &holder("i-b"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    assert_eq!(new.fencing_token, old.fencing_token + 1);
+
+    let pool = db.pool.clone();
+    let insert = tokio::spawn(async move {
+        store::insert_task(
+            &mut pool.acquire().await.unwrap(),
+            &holder("i-a"),
+            old.fencing_token,
+            json!({"sleep_duration_seconds": 1}),
+            5,
+        )
+        .await
+        .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !insert.is_finished(),
+        "the insert must wait for the takeover in flight"
+    );
+    takeover.commit().await.unwrap();
+    let inserted = tokio::time::timeout(Duration::from_secs(5), insert)
+        .await
+        .expect("the insert finishes once the takeover commits")
+        .unwrap();
+    assert!(
+        inserted.is_none(),
+        "inserted into the new term: {inserted:?}"
+    );
+    assert!(tasks(&db.pool).await.is_empty());
+}
