@@ -5,7 +5,10 @@ use crate::app::{App, shell};
 use crate::cli::DbAction;
 use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
+use crate::generator::{Generator, GeneratorConfig, GeneratorHandle};
 use crate::http;
+use crate::instance::{self, Registration};
+use crate::lease::Holder;
 use crate::settings::Settings;
 use anyhow::Context;
 use axum::Router;
@@ -24,6 +27,11 @@ pub struct AppState {
     pub pool: PgPool,
     /// The resolved settings.
     pub settings: Arc<Settings>,
+    /// This process's instance id (its row in `instances`, its holder name
+    /// for the generator lease).
+    pub instance_id: Arc<str>,
+    /// The local generator runtime, when one runs in this process.
+    pub generator: Option<GeneratorHandle>,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -88,20 +96,42 @@ pub fn router(state: AppState) -> Router {
 /// then stop the embedded cluster if this process started it.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let db = Database::open(settings.database_url.as_deref(), &settings.data_dir).await?;
+    let listener = tokio::net::TcpListener::bind(settings.site_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.site_addr))?;
+    let instance_id: Arc<str> = instance::new_id(settings.site_addr.port()).into();
+    let registration = Registration::start(
+        db.pool.clone(),
+        instance_id.clone(),
+        &settings.site_addr.to_string(),
+        settings.renew_interval,
+    )
+    .await
+    .context("registering this instance")?;
+    let generator = Generator::spawn(
+        db.pool.clone(),
+        Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
+        GeneratorConfig::from_settings(&settings),
+    );
     let state = AppState {
         leptos_options: leptos_options(&settings),
         pool: db.pool.clone(),
         settings: Arc::new(settings.clone()),
+        instance_id: instance_id.clone(),
+        generator: Some(generator.handle()),
     };
-    let listener = tokio::net::TcpListener::bind(settings.site_addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.site_addr))?;
-    tracing::info!("leasekeeper listening on http://{}", settings.site_addr);
+    tracing::info!(instance = %instance_id, "leasekeeper listening on http://{}", settings.site_addr);
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving HTTP");
     tracing::info!("shutting down");
+    // Release the generator lease if held, so another instance takes over
+    // at once rather than after the TTL; then say goodbye.
+    generator.shutdown().await;
+    if let Err(e) = registration.shutdown().await {
+        tracing::warn!(error = %e, "cannot mark this instance stopped");
+    }
     db.close().await?;
     served
 }

@@ -26,6 +26,8 @@ impl Api {
             leptos_options: leptos_options(&settings),
             pool: db.pool.clone(),
             settings: Arc::new(settings),
+            instance_id: "i-test".into(),
+            generator: None,
         };
         Api {
             app: router(state),

@@ -4,6 +4,8 @@
 
 mod api;
 mod common;
+mod generator;
+mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
@@ -11,3 +13,4 @@ mod rest_leases;
 mod rest_tasks;
 mod singleton;
 mod task_store;
+mod terms;
