@@ -1,7 +1,7 @@
 //! `/api/generator`: the generator's status, and start/stop from any instance.
 
 use crate::error::AppError;
-use crate::generator::{Desired, GeneratorStatus, store};
+use crate::generator::{self, Desired, GeneratorStatus};
 use crate::server::AppState;
 use axum::extract::State;
 use axum::routing::{delete, get, post};
@@ -16,23 +16,18 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The fleet-wide status, plus who answered and its local singleton state.
-async fn current(s: &AppState) -> Result<GeneratorStatus, AppError> {
-    let mut status = store::status(&mut *s.pool.acquire().await?).await?;
-    status.answered_by = Some(s.instance_id.to_string());
-    status.local_state = s.generator.as_ref().map(|g| g.state().as_str().to_string());
-    Ok(status)
-}
-
 async fn status(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
-    Ok(Json(current(&s).await?))
+    let mut conn = s.pool.acquire().await?;
+    Ok(Json(
+        generator::report(&mut conn, &s.instance_id, s.generator.as_ref()).await?,
+    ))
 }
 
 async fn set(s: &AppState, desired: Desired) -> Result<Json<GeneratorStatus>, AppError> {
-    store::set_desired(&mut *s.pool.acquire().await?, desired, &s.instance_id).await?;
-    if let Some(generator) = &s.generator {
-        generator.nudge();
-    }
-    Ok(Json(current(s).await?))
+    let mut conn = s.pool.acquire().await?;
+    let status =
+        generator::request(&mut conn, desired, &s.instance_id, s.generator.as_ref()).await?;
+    Ok(Json(status))
 }
 
 async fn start(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
