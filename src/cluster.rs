@@ -35,6 +35,7 @@ pub async fn run(
             .arg("--addr")
             .arg(format!("127.0.0.1:{port}"))
             .env("DATABASE_URL", &url)
+            .envs(settings.to_env())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting the instance on port {port}"))?;

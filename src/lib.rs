@@ -7,6 +7,8 @@
 
 pub mod app;
 pub mod error;
+pub mod generator;
+pub mod instance;
 pub mod lease;
 pub mod queue;
 pub mod worker;

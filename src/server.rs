@@ -5,7 +5,10 @@ use crate::app::{App, shell};
 use crate::cli::DbAction;
 use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
+use crate::generator::{Generator, GeneratorConfig, GeneratorHandle};
 use crate::http;
+use crate::instance::{self, Registration};
+use crate::lease::Holder;
 use crate::settings::Settings;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
@@ -25,8 +28,11 @@ pub struct AppState {
     pub pool: PgPool,
     /// The resolved settings.
     pub settings: Arc<Settings>,
-    /// This instance's id (a holder name; simulated workers are named after it).
+    /// This process's instance id (its row in `instances`, its holder name
+    /// for the generator lease; simulated workers are named after it).
     pub instance_id: Arc<str>,
+    /// The local generator runtime, when one runs in this process.
+    pub generator: Option<GeneratorHandle>,
     /// This instance's simulated workers.
     pub fleet: Fleet,
 }
@@ -93,13 +99,23 @@ pub fn router(state: AppState) -> Router {
 /// then stop the embedded cluster if this process started it.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let db = Database::open(settings.database_url.as_deref(), &settings.data_dir).await?;
-    // merged with the instances branch: that branch gives AppState its
-    // instance id; until then one is made up here.
-    let instance_id: Arc<str> = Arc::from(format!(
-        "i{}-{:04x}",
-        std::process::id(),
-        rand::random::<u16>()
-    ));
+    let listener = tokio::net::TcpListener::bind(settings.site_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.site_addr))?;
+    let instance_id: Arc<str> = instance::new_id(settings.site_addr.port()).into();
+    let registration = Registration::start(
+        db.pool.clone(),
+        instance_id.clone(),
+        &settings.site_addr.to_string(),
+        settings.renew_interval,
+    )
+    .await
+    .context("registering this instance")?;
+    let generator = Generator::spawn(
+        db.pool.clone(),
+        Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
+        GeneratorConfig::from_settings(&settings),
+    );
     let fleet = Fleet::new(
         db.pool.clone(),
         instance_id.clone(),
@@ -109,26 +125,16 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         leptos_options: leptos_options(&settings),
         pool: db.pool.clone(),
         settings: Arc::new(settings.clone()),
-        instance_id,
+        instance_id: instance_id.clone(),
+        generator: Some(generator.handle()),
         fleet: fleet.clone(),
-    };
-    let listener = match tokio::net::TcpListener::bind(settings.site_addr).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            db.close().await?;
-            return Err(e).with_context(|| format!("cannot listen on {}", settings.site_addr));
-        }
     };
     for _ in 0..settings.workers {
         if let Err(e) = fleet.spawn().await {
             tracing::warn!(error = %e, "cannot start a simulated worker");
         }
     }
-    tracing::info!(
-        workers = settings.workers,
-        "leasekeeper listening on http://{}",
-        settings.site_addr
-    );
+    tracing::info!(instance = %instance_id, workers = settings.workers, "leasekeeper listening on http://{}", settings.site_addr);
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
@@ -136,6 +142,12 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     // Workers give their tasks back before the database goes away.
     fleet.shutdown(std::time::Duration::from_secs(5)).await;
+    // Release the generator lease if held, so another instance takes over
+    // at once rather than after the TTL; then say goodbye.
+    generator.shutdown().await;
+    if let Err(e) = registration.shutdown().await {
+        tracing::warn!(error = %e, "cannot mark this instance stopped");
+    }
     db.close().await?;
     served
 }

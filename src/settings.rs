@@ -424,6 +424,34 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// The behaviour settings as environment variables, for child processes
+    /// that must run exactly as this one was configured (`cluster`).
+    /// Address, database and data folder are left to the caller.
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (LEASE_TTL.env, self.lease_ttl.as_secs_f64().to_string()),
+            (
+                RENEW_INTERVAL.env,
+                self.renew_interval.as_secs_f64().to_string(),
+            ),
+            (
+                HEARTBEAT_INTERVAL.env,
+                self.heartbeat_interval.as_secs_f64().to_string(),
+            ),
+            (
+                GENERATOR_INTERVAL.env,
+                self.generator_interval.as_secs_f64().to_string(),
+            ),
+            (WORKERS.env, self.workers.to_string()),
+            (CHAOS.env, self.chaos.to_string()),
+            (CRASH_PROBABILITY.env, self.crash_probability.to_string()),
+            (STALL_PROBABILITY.env, self.stall_probability.to_string()),
+            (MAX_ATTEMPTS.env, self.max_attempts.to_string()),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +534,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not valid TOML"), "{err}");
+    }
+
+    #[test]
+    fn to_env_round_trips_through_resolve() {
+        let args = SettingArgs {
+            lease_ttl_secs: Some("2.5".into()),
+            workers: Some("7".into()),
+            chaos: Some("0".into()),
+            ..Default::default()
+        };
+        let original = resolve(None, args).unwrap();
+        let env: BTreeMap<_, _> = original.to_env().into_iter().collect();
+        let again = resolve(
+            None,
+            SettingArgs {
+                lease_ttl_secs: env.get("LEASEKEEPER_LEASE_TTL_SECS").cloned(),
+                renew_interval_secs: env.get("LEASEKEEPER_RENEW_INTERVAL_SECS").cloned(),
+                heartbeat_interval_secs: env.get("LEASEKEEPER_HEARTBEAT_INTERVAL_SECS").cloned(),
+                generator_interval_secs: env.get("LEASEKEEPER_GENERATOR_INTERVAL_SECS").cloned(),
+                workers: env.get("LEASEKEEPER_WORKERS").cloned(),
+                chaos: env.get("LEASEKEEPER_CHAOS").cloned(),
+                crash_probability: env.get("LEASEKEEPER_CRASH_PROBABILITY").cloned(),
+                stall_probability: env.get("LEASEKEEPER_STALL_PROBABILITY").cloned(),
+                max_attempts: env.get("LEASEKEEPER_MAX_ATTEMPTS").cloned(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(again, original);
     }
 
     #[test]

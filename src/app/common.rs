@@ -8,20 +8,23 @@ use leptos::prelude::*;
 use leptos_router::components::Form;
 use std::time::Duration;
 
+/// The server's state, inside a server function.
+#[cfg(feature = "ssr")]
+pub fn state() -> Result<crate::server::AppState, AppError> {
+    use_context::<crate::server::AppState>()
+        .ok_or_else(|| AppError::internal("AppState missing from server function context"))
+}
+
 /// The database pool, inside a server function.
 #[cfg(feature = "ssr")]
 pub fn pool() -> Result<sqlx::PgPool, AppError> {
-    use_context::<crate::server::AppState>()
-        .map(|state| state.pool)
-        .ok_or_else(|| AppError::internal("AppState missing from server function context"))
+    state().map(|state| state.pool)
 }
 
 /// The resolved settings, inside a server function.
 #[cfg(feature = "ssr")]
 pub fn settings() -> Result<std::sync::Arc<crate::settings::Settings>, AppError> {
-    use_context::<crate::server::AppState>()
-        .map(|state| state.settings)
-        .ok_or_else(|| AppError::internal("AppState missing from server function context"))
+    state().map(|state| state.settings)
 }
 
 /// Calls `f` every `period` while the component is mounted (browser only:

@@ -2,9 +2,13 @@
 //! renders them) and the browser (which hydrates them).
 
 pub mod common;
+mod instances;
 mod leases;
 mod tasks;
 
+pub use instances::{
+    GeneratorPanel, InstancesPage, get_generator_status, get_instances, set_generator,
+};
 pub use leases::{LeasesPage, get_lease_detail, get_leases};
 pub use tasks::{TasksPage, get_task_detail, get_tasks};
 
@@ -49,6 +53,7 @@ pub fn App() -> impl IntoView {
                     <nav class="flex gap-4 text-sm text-slate-600">
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
+                        <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
                     </nav>
                 </div>
             </header>
@@ -59,6 +64,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("instances") view=InstancesPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

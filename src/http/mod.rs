@@ -2,6 +2,8 @@
 //! modules, and map their errors to [`AppError`](crate::error::AppError).
 
 pub mod extract;
+pub mod generator;
+pub mod instances;
 pub mod leases;
 pub mod tasks;
 pub mod workers;
@@ -22,6 +24,8 @@ pub fn api_router() -> Router<AppState> {
         .merge(leases::routes())
         .merge(tasks::routes())
         .merge(workers::routes())
+        .merge(generator::routes())
+        .merge(instances::routes())
         .route("/api", any(no_such_route))
         .route("/api/{*rest}", any(no_such_route))
         .method_not_allowed_fallback(method_not_allowed)

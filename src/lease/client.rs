@@ -39,6 +39,19 @@ pub enum LeaseStatus {
     Lost,
 }
 
+impl LeaseStatus {
+    /// True while it is safe to act as the holder: not lost, and the local
+    /// trust deadline (which passes before the database's expiry) is ahead.
+    pub fn is_trusted(&self) -> bool {
+        match self {
+            LeaseStatus::Held { deadline, .. } | LeaseStatus::Renewing { deadline, .. } => {
+                Instant::now() < *deadline
+            }
+            LeaseStatus::Lost => false,
+        }
+    }
+}
+
 /// Timing of a [`LeaseClient`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LeaseTiming {
@@ -244,12 +257,7 @@ impl HeldLease {
     /// the local trust deadline, which passes before the database's expiry,
     /// has not passed.
     pub fn is_held(&self) -> bool {
-        match &*self.status.borrow() {
-            LeaseStatus::Held { deadline, .. } | LeaseStatus::Renewing { deadline, .. } => {
-                Instant::now() < *deadline
-            }
-            LeaseStatus::Lost => false,
-        }
+        self.status.borrow().is_trusted()
     }
 
     /// A watch on the renewal status, for code that wants every change.

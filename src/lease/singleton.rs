@@ -47,6 +47,21 @@ pub enum State {
     Releasing,
 }
 
+impl State {
+    /// The lowercase name used in JSON and on the dashboard.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Idle => "idle",
+            State::Acquiring => "acquiring",
+            State::Working => "working",
+            State::Renewing => "renewing",
+            State::Pausing => "pausing",
+            State::Waiting => "waiting",
+            State::Releasing => "releasing",
+        }
+    }
+}
+
 /// What happens to a singleton lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -98,9 +113,59 @@ pub fn transition(state: State, event: Event) -> Option<State> {
 pub type Work =
     Arc<dyn Fn(i64, CancellationToken) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+/// What the work of one term gets: the term's fencing token, the signal to
+/// stop, and a live "still mine" check for guarding each protected write.
+#[derive(Clone, Debug)]
+pub struct Term {
+    token: i64,
+    stop: CancellationToken,
+    status: watch::Receiver<LeaseStatus>,
+}
+
+impl Term {
+    /// The term's fencing token; protected writes must carry it.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// Cancelled when the work must stop (lease lost, stop asked, shutdown).
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// True while the work may act: not told to stop, and the lease is still
+    /// trusted locally ([`LeaseStatus::is_trusted`]). It turns false before
+    /// the database could consider the lease expired, even if the driver has
+    /// not yet noticed the loss and stopped the work.
+    pub fn is_held(&self) -> bool {
+        !self.stop.is_cancelled() && self.status.borrow().is_trusted()
+    }
+}
+
+/// Like [`Work`], but given the whole [`Term`], for work that must check it
+/// still holds the lease before each write.
+pub type TermWork = Arc<dyn Fn(Term) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A clonable remote that starts and stops a [`Singleton`] from other tasks
+/// (e.g. one that watches a desired state in the database).
+#[derive(Clone, Debug)]
+pub struct Switch(Arc<watch::Sender<bool>>);
+
+impl Switch {
+    /// Asks for the work to run; see [`Singleton::start`].
+    pub fn start(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Asks for the work to stop; see [`Singleton::stop`].
+    pub fn stop(&self) {
+        self.0.send_replace(false);
+    }
+}
+
 /// A running singleton lock: a task that drives [`transition`].
 pub struct Singleton {
-    wanted: watch::Sender<bool>,
+    wanted: Arc<watch::Sender<bool>>,
     state: watch::Receiver<State>,
     token: watch::Receiver<Option<i64>>,
     shutdown: CancellationToken,
@@ -110,6 +175,15 @@ pub struct Singleton {
 impl Singleton {
     /// Starts the driver in the `Idle` state. `retry` is how long `Waiting` lasts.
     pub fn spawn(client: LeaseClient, retry: Duration, work: Work) -> Self {
+        Self::spawn_with_term(
+            client,
+            retry,
+            Arc::new(move |term: Term| work(term.token, term.stop)),
+        )
+    }
+
+    /// Like [`Singleton::spawn`], for work that gets the whole [`Term`].
+    pub fn spawn_with_term(client: LeaseClient, retry: Duration, work: TermWork) -> Self {
         let (wanted_tx, wanted_rx) = watch::channel(false);
         let (state_tx, state_rx) = watch::channel(State::Idle);
         let (token_tx, token_rx) = watch::channel(None);
@@ -125,7 +199,7 @@ impl Singleton {
         };
         let task = tokio::spawn(driver.run());
         Singleton {
-            wanted: wanted_tx,
+            wanted: Arc::new(wanted_tx),
             state: state_rx,
             token: token_rx,
             shutdown,
@@ -141,6 +215,11 @@ impl Singleton {
     /// Asks for the work to stop (stop the work, then release).
     pub fn stop(&self) {
         self.wanted.send_replace(false);
+    }
+
+    /// A remote for starting and stopping it from elsewhere.
+    pub fn switch(&self) -> Switch {
+        Switch(self.wanted.clone())
     }
 
     /// The current state.
@@ -174,7 +253,7 @@ impl Singleton {
 struct Driver {
     client: LeaseClient,
     retry: Duration,
-    work: Work,
+    work: TermWork,
     wanted: watch::Receiver<bool>,
     state: watch::Sender<State>,
     token: watch::Sender<Option<i64>>,
@@ -182,14 +261,14 @@ struct Driver {
 }
 
 /// The work running for one term, and the lease it runs under.
-struct Term {
+struct Running {
     held: HeldLease,
     status: watch::Receiver<LeaseStatus>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Term {
+impl Running {
     async fn stop_work(self) -> HeldLease {
         self.stop.cancel();
         if let Err(e) = self.task.await
@@ -221,7 +300,7 @@ impl Driver {
     }
 
     async fn run(mut self) {
-        let mut term: Option<Term> = None;
+        let mut term: Option<Running> = None;
         loop {
             let state = *self.state.borrow();
             let shutting_down = self.shutdown.is_cancelled();
@@ -247,9 +326,13 @@ impl Driver {
                     match self.client.acquire().await {
                         Ok(Some(held)) => {
                             let stop = CancellationToken::new();
-                            let work = (self.work)(held.token(), stop.clone());
+                            let work = (self.work)(Term {
+                                token: held.token(),
+                                stop: stop.clone(),
+                                status: held.status(),
+                            });
                             self.token.send_replace(Some(held.token()));
-                            term = Some(Term {
+                            term = Some(Running {
                                 status: held.status(),
                                 held,
                                 stop,

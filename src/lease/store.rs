@@ -231,12 +231,15 @@ pub async fn release(
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
+    // expires_at is truncated, not rounded, to the column's milliseconds, so
+    // a released lease is free at once (rounding up could leave it "live"
+    // for half a millisecond).
     // Race prevented: a late release by a holder whose lease already expired
     // and was taken over. The row lock and the re-checked WHERE make sure a
     // release only ends the caller's own live term, never the new holder's.
     let sql = format!(
         "UPDATE leases
-            SET released_at = now(), expires_at = now()
+            SET released_at = now(), expires_at = date_trunc('milliseconds', now())
           WHERE resource = $1 AND holder = $2
             AND ($3::bigint IS NULL OR fencing_token = $3)
             AND released_at IS NULL AND expires_at > now()

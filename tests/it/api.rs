@@ -26,7 +26,7 @@ impl Api {
         let db = TestDb::new().await;
         let settings =
             Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
-        let instance_id: Arc<str> = Arc::from("it-instance");
+        let instance_id: Arc<str> = Arc::from("i-test");
         let fleet = Fleet::new(
             db.pool.clone(),
             instance_id.clone(),
@@ -41,6 +41,7 @@ impl Api {
             settings: Arc::new(settings),
             instance_id,
             fleet: fleet.clone(),
+            generator: None,
         };
         Api {
             app: router(state),

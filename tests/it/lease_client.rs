@@ -93,7 +93,7 @@ async fn losing_the_lease_to_a_takeover_is_notified() {
     let held = client.acquire().await.unwrap().expect("free lease");
     let lost = held.lost_token();
     // Simulate the holder having stalled past its TTL: the database lets it expire.
-    sqlx::query("UPDATE leases SET expires_at = now() WHERE resource = 'r'")
+    sqlx::query("UPDATE leases SET expires_at = now() - interval '1 ms' WHERE resource = 'r'")
         .execute(&db.pool)
         .await
         .unwrap();

@@ -4,6 +4,8 @@
 
 mod api;
 mod common;
+mod generator;
+mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
@@ -12,4 +14,5 @@ mod rest_tasks;
 mod rest_workers;
 mod singleton;
 mod task_store;
+mod terms;
 mod workers;

@@ -24,30 +24,26 @@ async fn spawn_list_pause_and_kill_a_simulated_worker() {
     let api = Api::new().await;
     let (s, w) = api.post("/api/workers", json!({})).await;
     assert_eq!(s, StatusCode::CREATED, "{w}");
-    assert_eq!(w["id"], "it-instance-w1");
+    assert_eq!(w["id"], "i-test-w1");
     assert_eq!(w["kind"], "simulated");
-    assert_eq!(w["instance_id"], "it-instance");
+    assert_eq!(w["instance_id"], "i-test");
     assert_eq!(w["state"], "idle");
     assert_eq!(w["alive"], true);
 
     let (s, list) = api.get("/api/workers").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
-    assert_eq!(list[0]["id"], "it-instance-w1");
+    assert_eq!(list[0]["id"], "i-test-w1");
 
-    let (s, paused) = api
-        .post("/api/workers/it-instance-w1/pause", json!({}))
-        .await;
+    let (s, paused) = api.post("/api/workers/i-test-w1/pause", json!({})).await;
     assert_eq!(s, StatusCode::OK, "{paused}");
     assert!(
         paused["message"].as_str().unwrap().contains("paused"),
         "{paused}"
     );
-    wait_for_state(&api, "it-instance-w1", "paused").await;
+    wait_for_state(&api, "i-test-w1", "paused").await;
 
-    let (s, killed) = api
-        .post("/api/workers/it-instance-w1/kill", json!({}))
-        .await;
+    let (s, killed) = api.post("/api/workers/i-test-w1/kill", json!({})).await;
     assert_eq!(s, StatusCode::OK, "{killed}");
     assert_eq!(killed["worker"]["state"], "crashed");
     assert_eq!(killed["worker"]["alive"], false);
@@ -55,7 +51,7 @@ async fn spawn_list_pause_and_kill_a_simulated_worker() {
     // Gone from this instance now: both levers answer 404, saying why.
     for action in ["pause", "kill"] {
         let (s, err) = api
-            .post(&format!("/api/workers/it-instance-w1/{action}"), json!({}))
+            .post(&format!("/api/workers/i-test-w1/{action}"), json!({}))
             .await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
         assert!(
@@ -77,7 +73,7 @@ async fn another_instances_worker_or_a_bad_id_cannot_be_touched() {
     .unwrap();
     let (s, err) = api.post("/api/workers/other-w1/kill", json!({})).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
-    assert!(error_of(&err).contains("it-instance"), "{err}");
+    assert!(error_of(&err).contains("i-test"), "{err}");
     let (s, w) = api.get("/api/workers/other-w1").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(w["state"], "idle", "untouched");
@@ -127,7 +123,7 @@ async fn worker_processes_report_themselves() {
     assert_eq!(s, StatusCode::CREATED);
     let mut hijack = idle;
     hijack["fresh"] = json!(true);
-    let (s, err) = api.put("/api/workers/it-instance-w1", hijack).await;
+    let (s, err) = api.put("/api/workers/i-test-w1", hijack).await;
     assert_eq!(s, StatusCode::CONFLICT, "{err}");
 
     let (s, err) = api

@@ -159,10 +159,12 @@ async fn a_lost_lease_pauses_the_work_then_waits() {
     s.start();
     wait_for(&s, State::Working, Duration::from_secs(2)).await;
     // Another holder takes the lease over behind a's back (as after a long pause).
-    sqlx::query("UPDATE leases SET expires_at = now() WHERE resource = 'singleton:y'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE leases SET expires_at = now() - interval '1 ms' WHERE resource = 'singleton:y'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     store::acquire(
         &mut db.pool.acquire().await.unwrap(),
         &resource("singleton:y"),

@@ -1,0 +1,196 @@
+//! The instances page: the generator panel (desired state, holder instance,
+//! fencing token, time to expiry, start and stop buttons that work from any
+//! instance) and every instance with whether it is alive.
+
+use super::common::{Notice, refresh_tick};
+use crate::error::AppError;
+use crate::generator::GeneratorStatus;
+use crate::instance::Instance;
+use leptos::either::Either;
+use leptos::prelude::*;
+
+/// The generator's status as this instance sees it.
+#[server(prefix = "/sfn")]
+pub async fn get_generator_status() -> Result<GeneratorStatus, AppError> {
+    let state = super::common::state()?;
+    let mut conn = state.pool.acquire().await?;
+    Ok(crate::generator::report(&mut conn, &state.instance_id, state.generator.as_ref()).await?)
+}
+
+/// Starts (`"start"`) or stops (`"stop"`) the generator, through this instance.
+#[server(prefix = "/sfn")]
+pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> {
+    use crate::generator::Desired;
+    let desired = match action.as_str() {
+        "start" => Desired::Running,
+        "stop" => Desired::Stopped,
+        other => {
+            return Err(AppError::BadRequest(format!(
+                "action must be start or stop, got {other:?}"
+            )));
+        }
+    };
+    let state = super::common::state()?;
+    let mut conn = state.pool.acquire().await?;
+    Ok(crate::generator::request(
+        &mut conn,
+        desired,
+        &state.instance_id,
+        state.generator.as_ref(),
+    )
+    .await?)
+}
+
+/// Every instance that ever registered, newest first.
+#[server(prefix = "/sfn")]
+pub async fn get_instances() -> Result<Vec<Instance>, AppError> {
+    let state = super::common::state()?;
+    let window = crate::instance::alive_window(state.settings.renew_interval);
+    Ok(crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?)
+}
+
+/// The instances page.
+#[component]
+pub fn InstancesPage() -> impl IntoView {
+    let tick = refresh_tick();
+    let instances = Resource::new(move || tick.get(), |_| get_instances());
+    view! {
+        <GeneratorPanel/>
+        <h2 class="mt-8 text-xl font-semibold">"Instances"</h2>
+        <p class="text-sm text-slate-600">
+            "Every leasekeeper process on this database. An instance is alive while it heartbeats; a killed one drops out after two missed heartbeats."
+        </p>
+        <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading instances…"</p> }>
+            {move || Suspend::new(async move {
+                match instances.await {
+                    Ok(list) if list.is_empty() => Either::Left(view! {
+                        <Notice kind="empty" testid="instances-empty" text="No instance has registered yet.".to_string()/>
+                    }),
+                    Ok(list) => Either::Right(Either::Left(view! { <InstanceTable instances=list/> })),
+                    Err(e) => Either::Right(Either::Right(view! {
+                        <Notice kind="error" testid="instances-error" text=format!("Cannot load instances: {e}. The page retries every second.")/>
+                    })),
+                }
+            })}
+        </Transition>
+    }
+}
+
+#[component]
+fn InstanceTable(instances: Vec<Instance>) -> impl IntoView {
+    view! {
+        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
+            <table class="min-w-full text-left text-sm" data-testid="instances-table">
+                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
+                    <tr>
+                        <th class="px-3 py-2">"instance"</th>
+                        <th class="px-3 py-2">"address"</th>
+                        <th class="px-3 py-2">"alive"</th>
+                        <th class="px-3 py-2">"last seen"</th>
+                        <th class="px-3 py-2">"generator"</th>
+                        <th class="px-3 py-2">"started"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {instances
+                        .into_iter()
+                        .map(|i| {
+                            let alive_class = if i.alive { "bg-emerald-100 text-emerald-800" } else { "bg-red-100 text-red-800" };
+                            view! {
+                                <tr class="border-t border-slate-100" data-testid="instance-row" data-instance=i.id.clone() data-alive=i.alive.to_string()>
+                                    <td class="px-3 py-2 font-mono">{i.id.clone()}</td>
+                                    <td class="px-3 py-2 font-mono">
+                                        <a class="text-indigo-700 underline" href=format!("http://{}/instances", i.address)>{i.address.clone()}</a>
+                                    </td>
+                                    <td class="px-3 py-2">
+                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {alive_class}") data-testid="instance-alive">
+                                            {if i.alive { "alive" } else if i.stopped_at.is_some() { "stopped" } else { "dead" }}
+                                        </span>
+                                    </td>
+                                    <td class="px-3 py-2 tabular-nums">{format!("{:.1} s ago", i.last_seen_ms_ago as f64 / 1000.0)}</td>
+                                    <td class="px-3 py-2">{i.holds_generator.then_some("holds the generator")}</td>
+                                    <td class="px-3 py-2 tabular-nums text-slate-500">{i.started_at.format("%Y-%m-%d %H:%M:%S").to_string()}</td>
+                                </tr>
+                            }
+                        })
+                        .collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+}
+
+/// Desired state, holder, token and expiry of the generator, with start and
+/// stop buttons (plain forms before hydration).
+#[component]
+pub fn GeneratorPanel() -> impl IntoView {
+    let action = ServerAction::<SetGenerator>::new();
+    let tick = refresh_tick();
+    let status = Resource::new(
+        move || (tick.get(), action.version().get()),
+        |_| get_generator_status(),
+    );
+    view! {
+        <section class="rounded border border-slate-200 bg-white p-4" data-testid="generator-panel">
+            <div class="flex flex-wrap items-center justify-between gap-4">
+                <div>
+                    <h2 class="text-xl font-semibold">"Generator"</h2>
+                    <p class="text-sm text-slate-600">
+                        "Inserts a task every interval, on exactly one instance: the holder of the singleton:generator lease."
+                    </p>
+                </div>
+                <div class="flex gap-2">
+                    <ActionForm action=action>
+                        <input type="hidden" name="action" value="start"/>
+                        <button type="submit" class="rounded bg-emerald-600 px-3 py-1 text-sm font-medium text-white hover:bg-emerald-700" data-testid="generator-start">
+                            "Start"
+                        </button>
+                    </ActionForm>
+                    <ActionForm action=action>
+                        <input type="hidden" name="action" value="stop"/>
+                        <button type="submit" class="rounded bg-slate-700 px-3 py-1 text-sm font-medium text-white hover:bg-slate-800" data-testid="generator-stop">
+                            "Stop"
+                        </button>
+                    </ActionForm>
+                </div>
+            </div>
+            <Transition fallback=|| view! { <p class="mt-2 text-sm text-slate-500">"Loading…"</p> }>
+                {move || Suspend::new(async move {
+                    match status.await {
+                        Ok(s) => Either::Left(view! { <GeneratorFacts status=s/> }),
+                        Err(e) => Either::Right(view! {
+                            <Notice kind="error" testid="generator-error" text=format!("Cannot load the generator status: {e}")/>
+                        }),
+                    }
+                })}
+            </Transition>
+            {move || action.value().get().and_then(|r| r.err()).map(|e| view! {
+                <Notice kind="error" testid="generator-action-error" text=e.to_string()/>
+            })}
+        </section>
+    }
+}
+
+#[component]
+fn GeneratorFacts(status: GeneratorStatus) -> impl IntoView {
+    let expiry = status
+        .expires_in_ms
+        .map(|ms| format!("expires in {:.1} s", ms as f64 / 1000.0))
+        .unwrap_or_else(|| "—".to_string());
+    view! {
+        <dl class="mt-3 grid grid-cols-2 gap-x-6 gap-y-1 text-sm sm:grid-cols-5">
+            <div><dt class="text-slate-500">"desired"</dt>
+                <dd class="font-semibold" data-testid="generator-desired">{status.desired.as_str()}</dd></div>
+            <div><dt class="text-slate-500">"holder"</dt>
+                <dd class="font-mono" data-testid="generator-holder">{status.holder.clone().unwrap_or_else(|| "nobody".to_string())}</dd></div>
+            <div><dt class="text-slate-500">"token"</dt>
+                <dd class="font-mono" data-testid="generator-token">{status.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</dd></div>
+            <div><dt class="text-slate-500">"lease"</dt>
+                <dd class="tabular-nums" data-testid="generator-expiry">{expiry}</dd></div>
+            <div><dt class="text-slate-500">"this instance"</dt>
+                <dd class="font-mono" data-testid="generator-local">
+                    {format!("{} ({})", status.answered_by.clone().unwrap_or_default(), status.local_state.clone().unwrap_or_else(|| "no generator".into()))}
+                </dd></div>
+        </dl>
+    }
+}

@@ -1,0 +1,141 @@
+//! The generator store: the SQL for `generator_state` and the fenced insert
+//! of generated tasks.
+
+use super::{Desired, GeneratorStatus, RESOURCE};
+use crate::lease::Holder;
+use crate::queue::Task;
+use crate::queue::store::{self as tasks, TaskError};
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection};
+
+/// The desired state.
+pub async fn desired(conn: &mut PgConnection) -> sqlx::Result<Desired> {
+    sqlx::query_scalar("SELECT desired FROM generator_state WHERE id")
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Sets the desired state on behalf of instance `by`, and records the
+/// operator action in `lease_events` in the same transaction. Returns the
+/// previous desired state.
+pub async fn set_desired(
+    conn: &mut PgConnection,
+    desired: Desired,
+    by: &str,
+) -> sqlx::Result<Desired> {
+    let mut tx = conn.begin().await?;
+    let previous: Desired =
+        sqlx::query_scalar("SELECT desired FROM generator_state WHERE id FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await?;
+    sqlx::query(
+        "UPDATE generator_state SET desired = $1, updated_at = now(), updated_by = $2 WHERE id",
+    )
+    .bind(desired)
+    .bind(by)
+    .execute(&mut *tx)
+    .await?;
+    let action = match desired {
+        Desired::Running => "generator_start",
+        Desired::Stopped => "generator_stop",
+    };
+    sqlx::query("INSERT INTO lease_events (resource, kind, detail) VALUES ($1, 'operator', $2)")
+        .bind(RESOURCE)
+        .bind(json!({"action": action, "by": by, "previous": previous.as_str()}))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(previous)
+}
+
+/// The desired state and the live lease, the same for every instance.
+pub async fn status(conn: &mut PgConnection) -> sqlx::Result<GeneratorStatus> {
+    sqlx::query_as(
+        "SELECT g.desired, g.updated_at, g.updated_by,
+                l.holder, l.fencing_token, l.expires_at,
+                (EXTRACT(EPOCH FROM (l.expires_at - now())) * 1000)::bigint AS expires_in_ms
+           FROM generator_state g
+           LEFT JOIN leases l
+             ON l.resource = $1 AND l.released_at IS NULL AND l.expires_at > now()
+          WHERE g.id",
+    )
+    .bind(RESOURCE)
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// Inserts one generated task, but only if `holder` still holds the live
+/// `singleton:generator` lease with fencing token `token`. `Ok(None)` when
+/// it does not: nothing is inserted and the refusal is recorded in
+/// `lease_events` as `stale_write_refused`.
+///
+/// `task_data` gets `generator` and `generator_token` added, naming the term
+/// that produced the task.
+pub async fn insert_task(
+    conn: &mut PgConnection,
+    holder: &Holder,
+    token: i64,
+    task_data: Value,
+    max_attempts: i32,
+) -> Result<Option<Task>, TaskError> {
+    let mut task_data = task_data;
+    if let Value::Object(map) = &mut task_data {
+        map.insert("generator".into(), json!(holder.as_str()));
+        map.insert("generator_token".into(), json!(token));
+    }
+    let mut tx = conn.begin().await?;
+    // Race prevented: two generators inserting at once around a failover.
+    // The old holder checked `is_held()` locally, then stalls (GC pause,
+    // overloaded host, slow network) past its lease's expiry; meanwhile
+    // another instance takes the lease over and starts inserting. Without
+    // this check the old holder's insert would land in the new term.
+    //
+    // The check and the insert share one transaction, and FOR SHARE locks
+    // the lease row until commit: a takeover (an UPDATE of that row) waits
+    // for this insert to commit, and if the takeover committed first, the
+    // row no longer matches holder and token (READ COMMITTED re-reads the
+    // newest version under the lock) and nothing is inserted. So every task
+    // of term N commits before term N+1 begins. clock_timestamp(), not
+    // now(): now() is the transaction's start, a little earlier.
+    let live: Option<i64> = sqlx::query_scalar(
+        "SELECT fencing_token FROM leases
+          WHERE resource = $1 AND holder = $2 AND fencing_token = $3
+            AND released_at IS NULL AND expires_at > clock_timestamp()
+          FOR SHARE",
+    )
+    .bind(RESOURCE)
+    .bind(holder.as_str())
+    .bind(token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if live.is_none() {
+        let current: Option<(Option<String>, i64)> = sqlx::query_as(
+            "SELECT holder, fencing_token FROM leases
+              WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
+        )
+        .bind(RESOURCE)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (current_holder, current_token) = current.unzip();
+        sqlx::query(
+            "INSERT INTO lease_events (resource, holder, fencing_token, kind, detail)
+             VALUES ($1, $2, $3, 'stale_write_refused', $4)",
+        )
+        .bind(RESOURCE)
+        .bind(holder.as_str())
+        .bind(token)
+        .bind(json!({
+            "op": "generator_insert",
+            "reason": "the generator lease is not held with this token",
+            "current_holder": current_holder.flatten(),
+            "current_token": current_token,
+        }))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return Ok(None);
+    }
+    let task = tasks::enqueue(&mut tx, &task_data, max_attempts, None).await?;
+    tx.commit().await?;
+    Ok(Some(task))
+}

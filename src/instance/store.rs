@@ -1,0 +1,67 @@
+//! The instance store: every SQL statement that reads or changes `instances`.
+
+use super::Instance;
+use crate::generator::RESOURCE as GENERATOR;
+use sqlx::PgConnection;
+use std::time::Duration;
+
+/// Registers instance `id` serving on `address` (or re-registers it: a
+/// restart with the same id starts afresh).
+pub async fn register(conn: &mut PgConnection, id: &str, address: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO instances (id, address) VALUES ($1, $2)
+         ON CONFLICT (id) DO UPDATE
+            SET address = EXCLUDED.address, started_at = now(),
+                last_seen_at = now(), stopped_at = NULL",
+    )
+    .bind(id)
+    .bind(address)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Records that instance `id` is alive now. `false` when it is not
+/// registered or already stopped (then nothing changes).
+pub async fn heartbeat(conn: &mut PgConnection, id: &str) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE instances SET last_seen_at = now() WHERE id = $1 AND stopped_at IS NULL",
+    )
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Records a clean shutdown of instance `id`.
+pub async fn mark_stopped(conn: &mut PgConnection, id: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE instances SET stopped_at = now(), last_seen_at = now()
+          WHERE id = $1 AND stopped_at IS NULL",
+    )
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Every instance, newest first, with `alive` judged by the database clock:
+/// not stopped and seen within `alive_within`.
+pub async fn list(conn: &mut PgConnection, alive_within: Duration) -> sqlx::Result<Vec<Instance>> {
+    let window_ms = i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX);
+    sqlx::query_as(
+        "SELECT i.id, i.address, i.started_at, i.last_seen_at, i.stopped_at,
+                (i.stopped_at IS NULL
+                 AND i.last_seen_at > now() - make_interval(secs => $1::float8 / 1000)) AS alive,
+                (EXTRACT(EPOCH FROM (now() - i.last_seen_at)) * 1000)::bigint AS last_seen_ms_ago,
+                EXISTS (SELECT 1 FROM leases l
+                         WHERE l.resource = $2 AND l.holder = i.id
+                           AND l.released_at IS NULL AND l.expires_at > now()) AS holds_generator
+           FROM instances i
+          ORDER BY i.started_at DESC, i.id",
+    )
+    .bind(window_ms)
+    .bind(GENERATOR)
+    .fetch_all(&mut *conn)
+    .await
+}
