@@ -5,12 +5,14 @@ pub mod common;
 mod instances;
 mod leases;
 mod tasks;
+mod workers;
 
 pub use instances::{
     GeneratorPanel, InstancesPage, get_generator_status, get_instances, set_generator,
 };
 pub use leases::{LeasesPage, get_lease_detail, get_leases};
 pub use tasks::{TasksPage, get_task_detail, get_tasks};
+pub use workers::{WorkersPage, control_worker, get_workers, spawn_worker};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
@@ -53,6 +55,7 @@ pub fn App() -> impl IntoView {
                     <nav class="flex gap-4 text-sm text-slate-600">
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
+                        <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
                     </nav>
                 </div>
@@ -64,6 +67,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("instances") view=InstancesPage ssr=SsrMode::Async/>
                 </Routes>
             </main>

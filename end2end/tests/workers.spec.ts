@@ -1,0 +1,114 @@
+import { test, expect, type APIRequestContext } from "@playwright/test";
+
+// The e2e server starts with no simulated workers, no chaos and a 3 s TTL
+// (see .ci/test); this test spawns the workers it needs.
+
+/**
+ * Finishes every other task, so ours is the only work: claims and completes
+ * all that is claimable, and waits for tasks other tests left claimed to go
+ * late (one TTL) so it can take those over and finish them too.
+ */
+async function drain(request: APIRequestContext) {
+  const deadline = Date.now() + 15_000;
+  while (Date.now() < deadline) {
+    for (;;) {
+      const res = await request.post("/api/tasks/next", { data: { processor: "pw-drain" } });
+      if (res.status() !== 202) break;
+      const t = await res.json();
+      await request.put(`/api/tasks/${t.id}/complete`, {
+        data: { processor: "pw-drain", fencing_token: t.fencing_token, task_output: "drained" },
+      });
+    }
+    const started = await (await request.get("/api/tasks/started")).json();
+    const pending = await (await request.get("/api/tasks/pending")).json();
+    if (started.length === 0 && pending.length === 0) return;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error("other tests' tasks did not drain within 15 s");
+}
+
+test("kill a busy worker and see its task taken over by another worker", async ({ page, request }) => {
+  await request.delete("/api/generator/stop");
+  await drain(request);
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 30 } } });
+  expect(created.status()).toBe(201);
+  const task = await created.json();
+
+  await page.goto("/workers");
+  const rows = page.getByTestId("worker-row");
+  const before = await rows.count();
+  await page.getByTestId("worker-spawn").click();
+  await expect(rows).toHaveCount(before + 1);
+
+  // The new worker claims our task.
+  const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
+  await expect(busy).toHaveCount(1, { timeout: 5_000 });
+  const busyId = await busy.getAttribute("data-worker");
+  const claimed = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(claimed.processor).toBe(busyId);
+
+  // A second worker waits idle; then the busy one is killed.
+  await page.getByTestId("worker-spawn").click();
+  await expect(rows).toHaveCount(before + 2);
+  await busy.getByTestId("worker-kill").click();
+  const killed = page.locator(`[data-testid="worker-row"][data-worker="${busyId}"]`);
+  await expect(killed).toHaveAttribute("data-state", "crashed");
+
+  // Its lease runs out (3 s TTL) and the other worker takes the task over.
+  await expect
+    .poll(async () => (await (await request.get(`/api/tasks/${task.id}`)).json()).processor, { timeout: 10_000 })
+    .not.toBe(busyId);
+  const taken = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(taken.status).toBe("started");
+  expect(taken.fencing_token).toBe(claimed.fencing_token + 1);
+  expect(taken.attempts).toBe(2);
+  const rescuer = page.locator(`[data-testid="worker-row"][data-worker="${taken.processor}"]`);
+  await expect(rescuer).toHaveAttribute("data-state", "working");
+  await expect(rescuer).toHaveAttribute("data-task", String(task.id));
+
+  // The task page shows the takeover in the lease history.
+  await page.goto(`/tasks?id=${task.id}`);
+  await expect(page.getByTestId("task-detail").locator('[data-kind="taken_over"]')).toHaveCount(1);
+
+  // Leave nothing running for other tests.
+  await page.goto("/workers");
+  for (const id of [taken.processor]) {
+    await page.locator(`[data-testid="worker-row"][data-worker="${id}"]`).getByTestId("worker-kill").click();
+    await expect(page.locator(`[data-testid="worker-row"][data-worker="${id}"]`)).toHaveAttribute("data-state", "crashed");
+  }
+});
+
+test("a paused worker's late completion is refused by its fencing token", async ({ page, request }) => {
+  await drain(request);
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 6 } } });
+  const task = await created.json();
+
+  await page.goto("/workers");
+  const rows = page.getByTestId("worker-row");
+  const before = await rows.count();
+  await page.getByTestId("worker-spawn").click();
+  await expect(rows).toHaveCount(before + 1);
+  const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
+  await expect(busy).toHaveCount(1, { timeout: 5_000 });
+  const pausedId = await busy.getAttribute("data-worker");
+  await busy.getByTestId("worker-pause").click();
+  const paused = page.locator(`[data-testid="worker-row"][data-worker="${pausedId}"]`);
+  await expect(paused).toHaveAttribute("data-state", "paused");
+
+  // While it is frozen past the TTL, a rescuer takes the task over and finishes it.
+  await page.getByTestId("worker-spawn").click();
+  await expect
+    .poll(async () => (await (await request.get(`/api/tasks/${task.id}`)).json()).status, { timeout: 20_000 })
+    .toBe("processed");
+  const done = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(done.processor).not.toBe(pausedId);
+
+  // The paused worker wakes, tries to complete, and is refused: recorded as a stale write.
+  await page.goto(`/tasks?id=${task.id}`);
+  const refused = page.getByTestId("task-detail").locator('[data-kind="stale_write_refused"]');
+  await expect(refused).toHaveCount(1, { timeout: 10_000 });
+  await expect(refused).toContainText(pausedId!);
+  const after = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(after.processor).toBe(done.processor);
+  expect(after.task_output).toEqual(done.task_output);
+});
