@@ -186,3 +186,25 @@ pub fn Notice(kind: &'static str, testid: &'static str, text: String) -> impl In
     };
     view! { <p class=class data-testid=testid>{text}</p> }
 }
+
+/// A bordered, scrollable table with a header row of `headers`; the rows
+/// come as children.
+#[component]
+pub fn DataTable(
+    testid: &'static str,
+    headers: Vec<&'static str>,
+    children: Children,
+) -> impl IntoView {
+    view! {
+        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
+            <table class="min-w-full text-left text-sm" data-testid=testid>
+                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
+                    <tr>
+                        {headers.into_iter().map(|h| view! { <th class="px-3 py-2">{h}</th> }).collect_view()}
+                    </tr>
+                </thead>
+                <tbody>{children()}</tbody>
+            </table>
+        </div>
+    }
+}

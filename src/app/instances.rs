@@ -2,7 +2,7 @@
 //! fencing token, time to expiry, start and stop buttons that work from any
 //! instance) and every instance with whether it is alive.
 
-use super::common::{Notice, refresh_tick};
+use super::common::{DataTable, Notice, refresh_tick};
 use crate::error::AppError;
 use crate::generator::GeneratorStatus;
 use crate::instance::Instance;
@@ -79,44 +79,30 @@ pub fn InstancesPage() -> impl IntoView {
 #[component]
 fn InstanceTable(instances: Vec<Instance>) -> impl IntoView {
     view! {
-        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
-            <table class="min-w-full text-left text-sm" data-testid="instances-table">
-                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
-                    <tr>
-                        <th class="px-3 py-2">"instance"</th>
-                        <th class="px-3 py-2">"address"</th>
-                        <th class="px-3 py-2">"alive"</th>
-                        <th class="px-3 py-2">"last seen"</th>
-                        <th class="px-3 py-2">"generator"</th>
-                        <th class="px-3 py-2">"started"</th>
-                    </tr>
-                </thead>
-                <tbody>
-                    {instances
-                        .into_iter()
-                        .map(|i| {
-                            let alive_class = if i.alive { "bg-emerald-100 text-emerald-800" } else { "bg-red-100 text-red-800" };
-                            view! {
-                                <tr class="border-t border-slate-100" data-testid="instance-row" data-instance=i.id.clone() data-alive=i.alive.to_string()>
-                                    <td class="px-3 py-2 font-mono">{i.id.clone()}</td>
-                                    <td class="px-3 py-2 font-mono">
-                                        <a class="text-indigo-700 underline" href=format!("http://{}/instances", i.address)>{i.address.clone()}</a>
-                                    </td>
-                                    <td class="px-3 py-2">
-                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {alive_class}") data-testid="instance-alive">
-                                            {if i.alive { "alive" } else if i.stopped_at.is_some() { "stopped" } else { "dead" }}
-                                        </span>
-                                    </td>
-                                    <td class="px-3 py-2 tabular-nums">{format!("{:.1} s ago", i.last_seen_ms_ago as f64 / 1000.0)}</td>
-                                    <td class="px-3 py-2">{i.holds_generator.then_some("holds the generator")}</td>
-                                    <td class="px-3 py-2 tabular-nums text-slate-500">{i.started_at.format("%Y-%m-%d %H:%M:%S").to_string()}</td>
-                                </tr>
-                            }
-                        })
-                        .collect_view()}
-                </tbody>
-            </table>
-        </div>
+        <DataTable testid="instances-table" headers=vec!["instance", "address", "alive", "last seen", "generator", "started"]>
+            {instances
+                .into_iter()
+                .map(|i| {
+                    let alive_class = if i.alive { "bg-emerald-100 text-emerald-800" } else { "bg-red-100 text-red-800" };
+                    view! {
+                        <tr class="border-t border-slate-100" data-testid="instance-row" data-instance=i.id.clone() data-alive=i.alive.to_string()>
+                            <td class="px-3 py-2 font-mono">{i.id.clone()}</td>
+                            <td class="px-3 py-2 font-mono">
+                                <a class="text-indigo-700 underline" href=format!("http://{}/instances", i.address)>{i.address.clone()}</a>
+                            </td>
+                            <td class="px-3 py-2">
+                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {alive_class}") data-testid="instance-alive">
+                                    {if i.alive { "alive" } else if i.stopped_at.is_some() { "stopped" } else { "dead" }}
+                                </span>
+                            </td>
+                            <td class="px-3 py-2 tabular-nums">{format!("{:.1} s ago", i.last_seen_ms_ago as f64 / 1000.0)}</td>
+                            <td class="px-3 py-2">{i.holds_generator.then_some("holds the generator")}</td>
+                            <td class="px-3 py-2 tabular-nums text-slate-500">{i.started_at.format("%Y-%m-%d %H:%M:%S").to_string()}</td>
+                        </tr>
+                    }
+                })
+                .collect_view()}
+        </DataTable>
     }
 }
 

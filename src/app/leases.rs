@@ -5,10 +5,12 @@
 //! works before hydration (plain links and a GET form) and a view can be
 //! shared. Once hydrated it refreshes itself every second.
 
-use super::common::{FilterPills, HistoryList, LookupForm, parse_id, refresh_tick};
+use super::common::{
+    DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick,
+};
 use crate::error::AppError;
 use crate::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
-use leptos::either::Either;
+use leptos::either::EitherOf3;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
@@ -97,20 +99,14 @@ pub fn LeasesPage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading lease…"</p> }>
             {move || Suspend::new(async move {
                 match detail.await {
-                    Ok(None) => Either::Left(()),
-                    Ok(Some(found)) => Either::Right(Either::Left(match found {
-                        Ok(d) => Either::Left(view! { <LeaseDetailView detail=d/> }),
-                        Err(id) => Either::Right(view! {
-                            <p class="mt-4 rounded border border-amber-300 bg-amber-50 p-3 text-sm" data-testid="lease-detail-missing">
-                                {format!("No lease with id {id}. It may have been deleted; clear the lookup to see all leases.")}
-                            </p>
-                        }),
-                    })),
-                    Err(e) => Either::Right(Either::Right(view! {
-                        <p class="mt-4 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="lease-detail-error">
-                            {e.to_string()}
-                        </p>
-                    })),
+                    Ok(None) => EitherOf3::A(()),
+                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <LeaseDetailView detail=d/> }),
+                    Ok(Some(Err(id))) => EitherOf3::C(view! {
+                        <Notice kind="warn" testid="lease-detail-missing" text=format!(
+                            "No lease with id {id}. It may have been deleted; clear the lookup to see all leases."
+                        )/>
+                    }),
+                    Err(e) => EitherOf3::C(view! { <Notice kind="error" testid="lease-detail-error" text=e.to_string()/> }),
                 }
             })}
         </Transition>
@@ -118,18 +114,16 @@ pub fn LeasesPage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading leases…"</p> }>
             {move || Suspend::new(async move {
                 match leases.await {
-                    Ok(list) if list.is_empty() => Either::Left(view! {
-                        <p class="mt-6 rounded border border-dashed border-slate-300 p-6 text-center text-slate-600" data-testid="leases-empty">
-                            {format!("No {} leases. Acquire one with POST /api/leases {{\"resource\": \"r1\", \"holder\": \"me\"}}.",
-                                if filter.get_untracked() == LeaseFilter::All { String::new() } else { filter.get_untracked().as_str().to_string() })}
-                        </p>
+                    Ok(list) if list.is_empty() => EitherOf3::A(view! {
+                        <Notice kind="empty" testid="leases-empty" text=format!(
+                            "No {} leases. Acquire one with POST /api/leases {{\"resource\": \"r1\", \"holder\": \"me\"}}.",
+                            if filter.get_untracked() == LeaseFilter::All { "" } else { filter.get_untracked().as_str() }
+                        )/>
                     }),
-                    Ok(list) => Either::Right(Either::Left(view! { <LeaseTable leases=list/> })),
-                    Err(e) => Either::Right(Either::Right(view! {
-                        <p class="mt-6 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="leases-error">
-                            {format!("Cannot load leases: {e}. The page retries every second.")}
-                        </p>
-                    })),
+                    Ok(list) => EitherOf3::B(view! { <LeaseTable leases=list/> }),
+                    Err(e) => EitherOf3::C(view! {
+                        <Notice kind="error" testid="leases-error" text=format!("Cannot load leases: {e}. The page retries every second.")/>
+                    }),
                 }
             })}
         </Transition>
@@ -139,53 +133,38 @@ pub fn LeasesPage() -> impl IntoView {
 #[component]
 fn LeaseTable(leases: Vec<Lease>) -> impl IntoView {
     view! {
-        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
-            <table class="min-w-full text-left text-sm" data-testid="leases-table">
-                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
-                    <tr>
-                        <th class="px-3 py-2">"id"</th>
-                        <th class="px-3 py-2">"resource"</th>
-                        <th class="px-3 py-2">"holder"</th>
-                        <th class="px-3 py-2">"token"</th>
-                        <th class="px-3 py-2">"state"</th>
-                        <th class="px-3 py-2">"expiry"</th>
-                        <th class="px-3 py-2">"renewals"</th>
-                    </tr>
-                </thead>
-                <tbody>
-                    {leases
-                        .into_iter()
-                        .map(|lease| {
-                            let expiry = expiry_text(&lease);
-                            view! {
-                                <tr
-                                    class="border-t border-slate-100"
-                                    data-testid="lease-row"
-                                    data-resource=lease.resource.clone()
-                                    data-state=lease.state.as_str()
-                                >
-                                    <td class="px-3 py-2">
-                                        <a class="text-indigo-700 underline" href=format!("/leases?id={}", lease.id) data-testid="lease-link">
-                                            {lease.id}
-                                        </a>
-                                    </td>
-                                    <td class="px-3 py-2 font-mono" data-testid="lease-resource">{lease.resource.clone()}</td>
-                                    <td class="px-3 py-2 font-mono" data-testid="lease-holder">{lease.holder.clone().unwrap_or_default()}</td>
-                                    <td class="px-3 py-2 font-mono" data-testid="lease-token">{lease.fencing_token}</td>
-                                    <td class="px-3 py-2">
-                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state)) data-testid="lease-state">
-                                            {lease.state.as_str()}
-                                        </span>
-                                    </td>
-                                    <td class="px-3 py-2 tabular-nums" data-testid="lease-expiry">{expiry}</td>
-                                    <td class="px-3 py-2 tabular-nums">{lease.renew_count}</td>
-                                </tr>
-                            }
-                        })
-                        .collect_view()}
-                </tbody>
-            </table>
-        </div>
+        <DataTable testid="leases-table" headers=vec!["id", "resource", "holder", "token", "state", "expiry", "renewals"]>
+            {leases
+                .into_iter()
+                .map(|lease| {
+                    let expiry = expiry_text(&lease);
+                    view! {
+                        <tr
+                            class="border-t border-slate-100"
+                            data-testid="lease-row"
+                            data-resource=lease.resource.clone()
+                            data-state=lease.state.as_str()
+                        >
+                            <td class="px-3 py-2">
+                                <a class="text-indigo-700 underline" href=format!("/leases?id={}", lease.id) data-testid="lease-link">
+                                    {lease.id}
+                                </a>
+                            </td>
+                            <td class="px-3 py-2 font-mono" data-testid="lease-resource">{lease.resource.clone()}</td>
+                            <td class="px-3 py-2 font-mono" data-testid="lease-holder">{lease.holder.clone().unwrap_or_default()}</td>
+                            <td class="px-3 py-2 font-mono" data-testid="lease-token">{lease.fencing_token}</td>
+                            <td class="px-3 py-2">
+                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state)) data-testid="lease-state">
+                                    {lease.state.as_str()}
+                                </span>
+                            </td>
+                            <td class="px-3 py-2 tabular-nums" data-testid="lease-expiry">{expiry}</td>
+                            <td class="px-3 py-2 tabular-nums">{lease.renew_count}</td>
+                        </tr>
+                    }
+                })
+                .collect_view()}
+        </DataTable>
     }
 }
 

@@ -3,7 +3,9 @@
 //! deadline nears (late tasks are flagged); a status filter; and lookup by
 //! id with attempts, last error and the task lease's history.
 
-use super::common::{FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick};
+use super::common::{
+    DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick,
+};
 use crate::error::AppError;
 use crate::queue::{Task, TaskDetail, TaskPage, TaskStatus};
 use leptos::either::{Either, EitherOf3};
@@ -153,51 +155,36 @@ pub fn TasksPage() -> impl IntoView {
 fn TaskTable(page: TaskPage) -> impl IntoView {
     let ttl_ms = page.ttl_ms;
     view! {
-        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
-            <table class="min-w-full text-left text-sm" data-testid="tasks-table">
-                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
-                    <tr>
-                        <th class="px-3 py-2">"id"</th>
-                        <th class="px-3 py-2">"status"</th>
-                        <th class="px-3 py-2">"processor"</th>
-                        <th class="px-3 py-2">"token"</th>
-                        <th class="px-3 py-2">"attempts"</th>
-                        <th class="px-3 py-2">"heartbeat deadline"</th>
-                        <th class="px-3 py-2">"data"</th>
-                    </tr>
-                </thead>
-                <tbody>
-                    {page
-                        .tasks
-                        .into_iter()
-                        .map(|task| {
-                            let (beat, beat_class, late) = heartbeat_view(&task, ttl_ms);
-                            view! {
-                                <tr class="border-t border-slate-100" data-testid="task-row" data-task-id=task.id data-status=task.status.as_str()>
-                                    <td class="px-3 py-2">
-                                        <a class="text-indigo-700 underline" href=format!("/tasks?id={}", task.id) data-testid="task-link">{task.id}</a>
-                                    </td>
-                                    <td class="px-3 py-2">
-                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", status_badge(task.status)) data-testid="task-status">
-                                            {task.status.as_str()}
-                                        </span>
-                                    </td>
-                                    <td class="px-3 py-2 font-mono" data-testid="task-processor">{task.processor.clone().unwrap_or_default()}</td>
-                                    <td class="px-3 py-2 font-mono" data-testid="task-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
-                                    <td class="px-3 py-2 tabular-nums">{format!("{}/{}", task.attempts, task.max_attempts)}</td>
-                                    <td class="px-3 py-2">
-                                        <span class=format!("rounded px-2 py-0.5 text-xs tabular-nums {beat_class}") data-testid="task-heartbeat" data-late=late.to_string()>
-                                            {beat}
-                                        </span>
-                                    </td>
-                                    <td class="max-w-xs truncate px-3 py-2 font-mono text-xs text-slate-600">{task.task_data.to_string()}</td>
-                                </tr>
-                            }
-                        })
-                        .collect_view()}
-                </tbody>
-            </table>
-        </div>
+        <DataTable testid="tasks-table" headers=vec!["id", "status", "processor", "token", "attempts", "heartbeat deadline", "data"]>
+            {page
+                .tasks
+                .into_iter()
+                .map(|task| {
+                    let (beat, beat_class, late) = heartbeat_view(&task, ttl_ms);
+                    view! {
+                        <tr class="border-t border-slate-100" data-testid="task-row" data-task-id=task.id data-status=task.status.as_str()>
+                            <td class="px-3 py-2">
+                                <a class="text-indigo-700 underline" href=format!("/tasks?id={}", task.id) data-testid="task-link">{task.id}</a>
+                            </td>
+                            <td class="px-3 py-2">
+                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", status_badge(task.status)) data-testid="task-status">
+                                    {task.status.as_str()}
+                                </span>
+                            </td>
+                            <td class="px-3 py-2 font-mono" data-testid="task-processor">{task.processor.clone().unwrap_or_default()}</td>
+                            <td class="px-3 py-2 font-mono" data-testid="task-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
+                            <td class="px-3 py-2 tabular-nums">{format!("{}/{}", task.attempts, task.max_attempts)}</td>
+                            <td class="px-3 py-2">
+                                <span class=format!("rounded px-2 py-0.5 text-xs tabular-nums {beat_class}") data-testid="task-heartbeat" data-late=late.to_string()>
+                                    {beat}
+                                </span>
+                            </td>
+                            <td class="max-w-xs truncate px-3 py-2 font-mono text-xs text-slate-600">{task.task_data.to_string()}</td>
+                        </tr>
+                    }
+                })
+                .collect_view()}
+        </DataTable>
     }
 }
 

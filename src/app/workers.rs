@@ -2,7 +2,7 @@
 //! token and heartbeat age, and buttons to spawn, pause and kill this
 //! instance's simulated workers (plain forms before hydration).
 
-use super::common::{Notice, refresh_tick};
+use super::common::{DataTable, Notice, refresh_tick};
 use crate::error::AppError;
 use crate::worker::{WorkerInfo, WorkerKind, WorkerState};
 use leptos::either::Either;
@@ -127,72 +127,56 @@ pub fn WorkersPage() -> impl IntoView {
 fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl IntoView {
     let here = view.instance_id;
     view! {
-        <div class="mt-4 overflow-x-auto rounded border border-slate-200 bg-white">
-            <table class="min-w-full text-left text-sm" data-testid="workers-table">
-                <thead class="bg-slate-100 text-xs uppercase text-slate-600">
-                    <tr>
-                        <th class="px-3 py-2">"worker"</th>
-                        <th class="px-3 py-2">"kind"</th>
-                        <th class="px-3 py-2">"state"</th>
-                        <th class="px-3 py-2">"task"</th>
-                        <th class="px-3 py-2">"token"</th>
-                        <th class="px-3 py-2">"heartbeat age"</th>
-                        <th class="px-3 py-2">"done / abandoned"</th>
-                        <th class="px-3 py-2">"controls"</th>
-                    </tr>
-                </thead>
-                <tbody>
-                    {view
-                        .workers
-                        .into_iter()
-                        .map(|w| {
-                            let controllable = w.kind == WorkerKind::Simulated
-                                && w.instance_id.as_deref() == Some(here.as_str())
-                                && matches!(w.state, WorkerState::Idle | WorkerState::Working | WorkerState::Paused);
-                            let age = w
-                                .heartbeat_age_ms
-                                .filter(|_| w.state == WorkerState::Working || w.state == WorkerState::Paused)
-                                .map(|ms| format!("{:.1} s", ms as f64 / 1000.0))
-                                .unwrap_or_default();
-                            let (pause_id, kill_id) = (w.id.clone(), w.id.clone());
-                            view! {
-                                <tr class="border-t border-slate-100" data-testid="worker-row" data-worker=w.id.clone()
-                                    data-state=w.state.as_str() data-task=w.task_id.map(|t| t.to_string()).unwrap_or_default()>
-                                    <td class="px-3 py-2 font-mono">{w.id.clone()}</td>
-                                    <td class="px-3 py-2">{w.kind.as_str()}</td>
-                                    <td class="px-3 py-2">
-                                        <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(w.state)) data-testid="worker-state">
-                                            {w.state.as_str()}
-                                        </span>
-                                    </td>
-                                    <td class="px-3 py-2">
-                                        {w.task_id.map(|t| view! { <a class="text-indigo-700 underline" href=format!("/tasks?id={t}")>{t}</a> })}
-                                    </td>
-                                    <td class="px-3 py-2 font-mono">{w.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
-                                    <td class="px-3 py-2 tabular-nums" data-testid="worker-heartbeat-age">{age}</td>
-                                    <td class="px-3 py-2 tabular-nums">{format!("{} / {}", w.tasks_done, w.tasks_abandoned)}</td>
-                                    <td class="px-3 py-2">
-                                        {controllable.then(|| view! {
-                                            <div class="flex gap-2">
-                                                <ActionForm action=control>
-                                                    <input type="hidden" name="id" value=pause_id/>
-                                                    <input type="hidden" name="action" value="pause"/>
-                                                    <button type="submit" class="rounded bg-amber-500 px-2 py-0.5 text-xs font-medium text-white hover:bg-amber-600" data-testid="worker-pause">"Pause"</button>
-                                                </ActionForm>
-                                                <ActionForm action=control>
-                                                    <input type="hidden" name="id" value=kill_id/>
-                                                    <input type="hidden" name="action" value="kill"/>
-                                                    <button type="submit" class="rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="worker-kill">"Kill"</button>
-                                                </ActionForm>
-                                            </div>
-                                        })}
-                                    </td>
-                                </tr>
-                            }
-                        })
-                        .collect_view()}
-                </tbody>
-            </table>
-        </div>
+        <DataTable testid="workers-table" headers=vec!["worker", "kind", "state", "task", "token", "heartbeat age", "done / abandoned", "controls"]>
+            {view
+                .workers
+                .into_iter()
+                .map(|w| {
+                    let controllable = w.kind == WorkerKind::Simulated
+                        && w.instance_id.as_deref() == Some(here.as_str())
+                        && matches!(w.state, WorkerState::Idle | WorkerState::Working | WorkerState::Paused);
+                    let age = w
+                        .heartbeat_age_ms
+                        .filter(|_| w.state == WorkerState::Working || w.state == WorkerState::Paused)
+                        .map(|ms| format!("{:.1} s", ms as f64 / 1000.0))
+                        .unwrap_or_default();
+                    let (pause_id, kill_id) = (w.id.clone(), w.id.clone());
+                    view! {
+                        <tr class="border-t border-slate-100" data-testid="worker-row" data-worker=w.id.clone()
+                            data-state=w.state.as_str() data-task=w.task_id.map(|t| t.to_string()).unwrap_or_default()>
+                            <td class="px-3 py-2 font-mono">{w.id.clone()}</td>
+                            <td class="px-3 py-2">{w.kind.as_str()}</td>
+                            <td class="px-3 py-2">
+                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(w.state)) data-testid="worker-state">
+                                    {w.state.as_str()}
+                                </span>
+                            </td>
+                            <td class="px-3 py-2">
+                                {w.task_id.map(|t| view! { <a class="text-indigo-700 underline" href=format!("/tasks?id={t}")>{t}</a> })}
+                            </td>
+                            <td class="px-3 py-2 font-mono">{w.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
+                            <td class="px-3 py-2 tabular-nums" data-testid="worker-heartbeat-age">{age}</td>
+                            <td class="px-3 py-2 tabular-nums">{format!("{} / {}", w.tasks_done, w.tasks_abandoned)}</td>
+                            <td class="px-3 py-2">
+                                {controllable.then(|| view! {
+                                    <div class="flex gap-2">
+                                        <ActionForm action=control>
+                                            <input type="hidden" name="id" value=pause_id/>
+                                            <input type="hidden" name="action" value="pause"/>
+                                            <button type="submit" class="rounded bg-amber-500 px-2 py-0.5 text-xs font-medium text-white hover:bg-amber-600" data-testid="worker-pause">"Pause"</button>
+                                        </ActionForm>
+                                        <ActionForm action=control>
+                                            <input type="hidden" name="id" value=kill_id/>
+                                            <input type="hidden" name="action" value="kill"/>
+                                            <button type="submit" class="rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="worker-kill">"Kill"</button>
+                                        </ActionForm>
+                                    </div>
+                                })}
+                            </td>
+                        </tr>
+                    }
+                })
+                .collect_view()}
+        </DataTable>
     }
 }
