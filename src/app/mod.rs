@@ -8,7 +8,7 @@ mod tasks;
 mod workers;
 
 pub use instances::{
-    GeneratorPanel, InstancesPage, get_generator_status, get_instances, set_generator,
+    GeneratorPanel, InstancesPage, SetGenerator, get_generator_status, get_instances, set_generator,
 };
 pub use leases::{LeasesPage, get_lease_detail, get_leases};
 pub use tasks::{TasksPage, get_task_detail, get_tasks};

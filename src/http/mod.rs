@@ -5,6 +5,7 @@ pub mod extract;
 pub mod generator;
 pub mod instances;
 pub mod leases;
+pub mod origin;
 pub mod tasks;
 pub mod workers;
 

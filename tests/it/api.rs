@@ -51,13 +51,30 @@ impl Api {
     }
 
     pub async fn raw(&self, method: Method, uri: &str, body: Body) -> (StatusCode, Value) {
-        let req = Request::builder()
+        self.send_with(method, uri, &[], body).await
+    }
+
+    /// Sends a request with extra headers (e.g. `Origin`).
+    pub async fn send_with(
+        &self,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder()
             .method(method)
             .uri(uri)
-            .header("content-type", "application/json")
-            .body(body)
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
             .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {

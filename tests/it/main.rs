@@ -10,6 +10,7 @@ mod lease_client;
 mod lease_race;
 mod lease_store;
 mod rest_leases;
+mod rest_origin;
 mod rest_tasks;
 mod rest_workers;
 mod singleton;
