@@ -33,6 +33,21 @@ pub enum AppError {
     ServerFn(String),
 }
 
+/// Parses a row id from a path or a lookup box: a positive integer that
+/// fits a `serial` column.
+pub fn parse_id(raw: &str) -> Result<i32, AppError> {
+    raw.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| AppError::BadRequest(format!("id must be a positive integer, got {raw:?}")))
+}
+
+/// Refuses ids that no row can have (server functions get them already typed).
+pub fn check_id(id: i32) -> Result<i32, AppError> {
+    parse_id(&id.to_string())
+}
+
 impl leptos::server_fn::error::FromServerFnError for AppError {
     type Encoder = leptos::server_fn::codec::JsonEncoding;
 

@@ -1,4 +1,4 @@
-import { test, expect, type APIRequestContext } from "@playwright/test";
+import { test, expect, type APIRequestContext, type Page } from "@playwright/test";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL
 // (see .ci/test); this test spawns the workers it needs.
@@ -27,23 +27,29 @@ async function drain(request: APIRequestContext) {
   throw new Error("other tests' tasks did not drain within 15 s");
 }
 
-test("kill a busy worker and see its task taken over by another worker", async ({ page, request }) => {
-  await request.delete("/api/generator/stop");
-  await drain(request);
-  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 30 } } });
+/**
+ * Enqueues a task of `seconds`, spawns one worker from the page and waits
+ * until it is working on that task; returns the task and the worker's row.
+ */
+async function spawnBusyWorker(page: Page, request: APIRequestContext, seconds: number) {
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: seconds } } });
   expect(created.status()).toBe(201);
   const task = await created.json();
-
   await page.goto("/workers");
   const rows = page.getByTestId("worker-row");
   const before = await rows.count();
   await page.getByTestId("worker-spawn").click();
   await expect(rows).toHaveCount(before + 1);
-
-  // The new worker claims our task.
   const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
   await expect(busy).toHaveCount(1, { timeout: 5_000 });
-  const busyId = await busy.getAttribute("data-worker");
+  return { task, busy, busyId: (await busy.getAttribute("data-worker"))!, rows, before };
+}
+
+test("kill a busy worker and see its task taken over by another worker", async ({ page, request }) => {
+  await request.delete("/api/generator/stop");
+  await drain(request);
+  // The new worker claims our task.
+  const { task, busy, busyId, rows, before } = await spawnBusyWorker(page, request, 30);
   const claimed = await (await request.get(`/api/tasks/${task.id}`)).json();
   expect(claimed.processor).toBe(busyId);
 
@@ -80,17 +86,7 @@ test("kill a busy worker and see its task taken over by another worker", async (
 
 test("a paused worker's late completion is refused by its fencing token", async ({ page, request }) => {
   await drain(request);
-  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 6 } } });
-  const task = await created.json();
-
-  await page.goto("/workers");
-  const rows = page.getByTestId("worker-row");
-  const before = await rows.count();
-  await page.getByTestId("worker-spawn").click();
-  await expect(rows).toHaveCount(before + 1);
-  const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
-  await expect(busy).toHaveCount(1, { timeout: 5_000 });
-  const pausedId = await busy.getAttribute("data-worker");
+  const { task, busy, busyId: pausedId } = await spawnBusyWorker(page, request, 6);
   await busy.getByTestId("worker-pause").click();
   const paused = page.locator(`[data-testid="worker-row"][data-worker="${pausedId}"]`);
   await expect(paused).toHaveAttribute("data-state", "paused");
@@ -107,7 +103,7 @@ test("a paused worker's late completion is refused by its fencing token", async 
   await page.goto(`/tasks?id=${task.id}`);
   const refused = page.getByTestId("task-detail").locator('[data-kind="stale_write_refused"]');
   await expect(refused).toHaveCount(1, { timeout: 10_000 });
-  await expect(refused).toContainText(pausedId!);
+  await expect(refused).toContainText(pausedId);
   const after = await (await request.get(`/api/tasks/${task.id}`)).json();
   expect(after.processor).toBe(done.processor);
   expect(after.task_output).toEqual(done.task_output);

@@ -2,7 +2,9 @@
 //! refresh timer, filter pills, the lookup form, id parsing and the
 //! ownership history list.
 
+#[cfg(feature = "ssr")]
 use crate::error::AppError;
+pub use crate::error::{check_id, parse_id};
 use crate::lease::LeaseEvent;
 use leptos::prelude::*;
 use leptos_router::components::Form;
@@ -42,26 +44,6 @@ pub fn refresh_tick() -> RwSignal<u64> {
     let tick = RwSignal::new(0_u64);
     every(Duration::from_secs(1), move || tick.update(|t| *t += 1));
     tick
-}
-
-/// Parses an id typed by a person.
-pub fn parse_id(raw: &str) -> Result<i32, AppError> {
-    raw.trim()
-        .parse::<i32>()
-        .ok()
-        .and_then(|id| check_id(id).ok())
-        .ok_or_else(|| AppError::BadRequest(format!("id must be a positive integer, got {raw:?}")))
-}
-
-/// Refuses ids that no row can have (server functions get them raw).
-pub fn check_id(id: i32) -> Result<i32, AppError> {
-    if id > 0 {
-        Ok(id)
-    } else {
-        Err(AppError::BadRequest(format!(
-            "id must be a positive integer, got {id}"
-        )))
-    }
 }
 
 /// Pills that set `?{param}=<value>` on `path`, one per value; the selected

@@ -2,7 +2,7 @@
 //! bad query string or a bad id answer 400 with `{error}`, an oversized body
 //! 413, never axum's plain-text rejections.
 
-use crate::error::AppError;
+use crate::error::{AppError, parse_id};
 use crate::http::MAX_BODY_BYTES;
 use crate::lease::Holder;
 use axum::body::Bytes;
@@ -57,6 +57,14 @@ where
     }
 }
 
+/// The one parameter of a route's path, as sent.
+async fn path_segment<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<String, AppError> {
+    Path::<String>::from_request_parts(parts, state)
+        .await
+        .map(|Path(raw)| raw)
+        .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))
+}
+
 /// A positive 32-bit row id from the path.
 pub struct Id(pub i32);
 
@@ -67,20 +75,7 @@ where
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(raw) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
-        parse_id(&raw).map(Id)
-    }
-}
-
-/// Parses a row id: a positive integer that fits the `serial` column.
-pub fn parse_id(raw: &str) -> Result<i32, AppError> {
-    match raw.trim().parse::<i32>() {
-        Ok(id) if id > 0 => Ok(id),
-        _ => Err(AppError::BadRequest(format!(
-            "id must be a positive integer, got {raw:?}"
-        ))),
+        parse_id(&path_segment(parts, state).await?).map(Id)
     }
 }
 
@@ -95,10 +90,7 @@ where
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(raw) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
-        Holder::parse(raw)
+        Holder::parse(path_segment(parts, state).await?)
             .map(WorkerId)
             .map_err(|e| AppError::BadRequest(format!("worker id: {e}")))
     }

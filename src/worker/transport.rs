@@ -298,6 +298,25 @@ impl Http {
         Ok((status, value))
     }
 
+    /// PUTs `body` to `/api/tasks/{task_id}/{op}`: the JSON answer on
+    /// success, the mapped refusal otherwise.
+    async fn task_write(
+        &self,
+        task_id: i32,
+        op: &str,
+        body: &Value,
+    ) -> Result<Value, TransportError> {
+        let id = task_id.to_string();
+        let (status, answer) = self
+            .call(reqwest::Method::PUT, &["api", "tasks", &id, op], body)
+            .await?;
+        if status.is_success() {
+            Ok(answer)
+        } else {
+            Err(Self::refusal(status, &answer))
+        }
+    }
+
     /// Maps a non-success answer: 409 and 404 mean the claim is lost.
     fn refusal(status: reqwest::StatusCode, body: &Value) -> TransportError {
         let why = body["error"].as_str().unwrap_or("no error message");
@@ -348,19 +367,14 @@ impl Transport for Http {
         task_id: i32,
         token: i64,
     ) -> Result<Option<Duration>, TransportError> {
-        let id = task_id.to_string();
-        let (status, body) = self
-            .call(
-                reqwest::Method::PUT,
-                &["api", "tasks", &id, "heartbeat"],
+        let body = self
+            .task_write(
+                task_id,
+                "heartbeat",
                 &json!({ "processor": worker, "fencing_token": token }),
             )
             .await?;
-        if status.is_success() {
-            Ok(ms(body["heartbeat_in_ms"].as_i64()))
-        } else {
-            Err(Self::refusal(status, &body))
-        }
+        Ok(ms(body["heartbeat_in_ms"].as_i64()))
     }
 
     async fn complete(
@@ -370,19 +384,13 @@ impl Transport for Http {
         token: i64,
         output: &Value,
     ) -> Result<(), TransportError> {
-        let id = task_id.to_string();
-        let (status, body) = self
-            .call(
-                reqwest::Method::PUT,
-                &["api", "tasks", &id, "complete"],
-                &json!({ "processor": worker, "fencing_token": token, "task_output": output }),
-            )
-            .await?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(Self::refusal(status, &body))
-        }
+        self.task_write(
+            task_id,
+            "complete",
+            &json!({ "processor": worker, "fencing_token": token, "task_output": output }),
+        )
+        .await?;
+        Ok(())
     }
 
     async fn fail(
@@ -392,19 +400,13 @@ impl Transport for Http {
         token: i64,
         error: &str,
     ) -> Result<(), TransportError> {
-        let id = task_id.to_string();
-        let (status, body) = self
-            .call(
-                reqwest::Method::PUT,
-                &["api", "tasks", &id, "fail"],
-                &json!({ "processor": worker, "fencing_token": token, "error": error }),
-            )
-            .await?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(Self::refusal(status, &body))
-        }
+        self.task_write(
+            task_id,
+            "fail",
+            &json!({ "processor": worker, "fencing_token": token, "error": error }),
+        )
+        .await?;
+        Ok(())
     }
 
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
