@@ -9,6 +9,7 @@ use crate::generator::{Generator, GeneratorConfig, GeneratorHandle};
 use crate::http;
 use crate::instance::{self, Registration};
 use crate::lease::Holder;
+use crate::live::LiveHub;
 use crate::settings::Settings;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
@@ -35,6 +36,8 @@ pub struct AppState {
     pub generator: Option<GeneratorHandle>,
     /// This instance's simulated workers.
     pub fleet: Fleet,
+    /// The fan-out of database changes to this instance's browsers.
+    pub live: LiveHub,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -88,6 +91,7 @@ pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos_options.clone();
     Router::new()
+        .merge(crate::live::events_route())
         .merge(http::api_router())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
@@ -122,7 +126,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         instance_id.clone(),
         FleetConfig::from_settings(&settings),
     );
+    let live = LiveHub::start(db.pool.clone());
     let state = AppState {
+        live: live.clone(),
         leptos_options: leptos_options(&settings),
         pool: db.pool.clone(),
         settings: Arc::new(settings.clone()),
@@ -137,7 +143,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     tracing::info!(instance = %instance_id, workers = settings.workers, "leasekeeper listening on http://{}", settings.site_addr);
     let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Open event streams would hold the graceful shutdown forever.
+            live.shutdown();
+        })
         .await
         .context("serving HTTP");
     tracing::info!("shutting down");

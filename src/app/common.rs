@@ -1,5 +1,5 @@
 //! Pieces every dashboard page shares: the pool for server functions, the
-//! refresh timer, filter pills, the lookup form, id parsing and the
+//! live-update context (change counter, connection state, browser clock), filter pills, the lookup form, id parsing and the
 //! ownership history list.
 
 #[cfg(feature = "ssr")]
@@ -39,11 +39,249 @@ pub fn every(period: Duration, f: impl Fn() + Clone + 'static) {
     });
 }
 
-/// A signal that counts seconds once hydrated; resources keyed on it refetch.
-pub fn refresh_tick() -> RwSignal<u64> {
-    let tick = RwSignal::new(0_u64);
-    every(Duration::from_secs(1), move || tick.update(|t| *t += 1));
-    tick
+/// How a browser learns of changes: the header shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiveState {
+    /// Not connected yet (and, without JavaScript, never: reload to refresh).
+    Connecting,
+    /// The server's event stream is open; changes arrive as they commit.
+    Live,
+    /// The stream dropped; the browser reconnects and meanwhile refetches
+    /// every [`FALLBACK_POLL`].
+    Polling,
+}
+
+impl LiveState {
+    /// The state's name, for `data-state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LiveState::Connecting => "connecting",
+            LiveState::Live => "live",
+            LiveState::Polling => "polling",
+        }
+    }
+}
+
+/// How often pages refetch while the event stream is down.
+pub const FALLBACK_POLL: Duration = Duration::from_secs(5);
+
+/// The live-update context every page reads: a change counter that moves
+/// when the server announces a change, the connection state, and the
+/// browser's clock (milliseconds since the epoch, 0 before hydration) for
+/// countdowns and local times.
+#[derive(Clone, Copy, Debug)]
+pub struct Live {
+    /// Moves on every announced change (and every fallback poll).
+    pub changes: RwSignal<u64>,
+    /// The event stream's state.
+    pub state: RwSignal<LiveState>,
+    /// The browser's clock, updated four times a second; 0 on the server.
+    pub clock: RwSignal<f64>,
+}
+
+/// Creates the live context and, in the browser, opens the event stream.
+/// Called once, by the app.
+pub fn provide_live() -> Live {
+    let live = Live {
+        changes: RwSignal::new(0),
+        state: RwSignal::new(LiveState::Connecting),
+        clock: RwSignal::new(0.0),
+    };
+    provide_context(live);
+    Effect::new(move |_| {
+        #[cfg(feature = "hydrate")]
+        {
+            stream::connect(live);
+            let tick = move || live.clock.set(js_sys::Date::now());
+            tick();
+            every(Duration::from_millis(250), tick);
+        }
+    });
+    every(FALLBACK_POLL, move || {
+        if live.state.get_untracked() != LiveState::Live {
+            live.changes.update(|c| *c += 1);
+        }
+    });
+    live
+}
+
+/// The browser side of `GET /api/events`.
+#[cfg(feature = "hydrate")]
+mod stream {
+    use super::{Live, LiveState};
+    use leptos::prelude::*;
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen::closure::Closure;
+
+    /// How long to wait before reopening a stream the browser gave up on.
+    const REOPEN_AFTER_MS: i32 = 3_000;
+
+    /// Opens the stream; the browser reconnects by itself after a network
+    /// error, and we reopen it when it gives up (an HTTP error answer).
+    pub fn connect(live: Live) {
+        let Ok(source) = web_sys::EventSource::new("/api/events") else {
+            live.state.set(LiveState::Polling);
+            return;
+        };
+        // `ready` comes first on every (re)connection: refetch whatever was
+        // missed while disconnected.
+        let on_ready = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
+            live.state.set(LiveState::Live);
+            live.changes.update(|c| *c += 1);
+        });
+        let on_change = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
+            live.changes.update(|c| *c += 1);
+        });
+        let source_for_error = source.clone();
+        let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
+            live.state.set(LiveState::Polling);
+            if source_for_error.ready_state() == web_sys::EventSource::CLOSED {
+                let reopen = Closure::once_into_js(move || connect(live));
+                if let Some(window) = web_sys::window() {
+                    let _ = window.set_timeout_with_callback_and_timeout_and_arguments_0(
+                        reopen.unchecked_ref(),
+                        REOPEN_AFTER_MS,
+                    );
+                }
+            }
+        });
+        let _ = source.add_event_listener_with_callback("ready", on_ready.as_ref().unchecked_ref());
+        let _ =
+            source.add_event_listener_with_callback("change", on_change.as_ref().unchecked_ref());
+        source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        // The stream lives as long as the page: the closures must too.
+        on_ready.forget();
+        on_change.forget();
+        on_error.forget();
+    }
+}
+
+/// A signal that moves whenever the server announces a change (or, while
+/// the stream is down, every [`FALLBACK_POLL`]); resources keyed on it
+/// refetch. Constant on the server.
+pub fn refresh_tick() -> Signal<u64> {
+    match use_context::<Live>() {
+        Some(live) => live.changes.into(),
+        None => Signal::stored(0),
+    }
+}
+
+/// `ms` (a time left, by the database clock when the page data was read)
+/// counting down by the browser's clock from the moment it is first seen
+/// in the browser; constant on the server.
+pub fn remaining(ms: i64) -> Signal<i64> {
+    let Some(live) = use_context::<Live>() else {
+        return Signal::stored(ms);
+    };
+    let seen_at = StoredValue::new(None::<f64>);
+    Signal::derive(move || {
+        let now = live.clock.get();
+        if now == 0.0 {
+            return ms;
+        }
+        let start = seen_at.get_value().unwrap_or_else(|| {
+            seen_at.set_value(Some(now));
+            now
+        });
+        ms - (now - start) as i64
+    })
+}
+
+/// "in 4.2 s" / "4.2 s ago" for a time `ms` milliseconds away.
+pub fn relative(ms: i64) -> String {
+    let secs = ms.abs() as f64 / 1000.0;
+    let amount = if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else if secs < 3600.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3600.0)
+    };
+    if ms >= 0 {
+        format!("in {amount}")
+    } else {
+        format!("{amount} ago")
+    }
+}
+
+/// The header's live indicator.
+#[component]
+pub fn LiveBadge() -> impl IntoView {
+    let state = use_context::<Live>()
+        .map(|l| l.state)
+        .unwrap_or_else(|| RwSignal::new(LiveState::Connecting));
+    let text = move || match state.get() {
+        LiveState::Connecting => "not live: reload to refresh".to_string(),
+        LiveState::Live => "live".to_string(),
+        LiveState::Polling => format!(
+            "reconnecting; refreshing every {} s",
+            FALLBACK_POLL.as_secs()
+        ),
+    };
+    let class = move || match state.get() {
+        LiveState::Live => "bg-emerald-100 text-emerald-800",
+        LiveState::Polling => "bg-amber-100 text-amber-800",
+        LiveState::Connecting => "bg-slate-100 text-slate-600",
+    };
+    view! {
+        <span
+            class=move || format!("rounded-full px-2 py-0.5 text-xs {}", class())
+            data-testid="live-status"
+            data-state=move || state.get().as_str()
+            role="status"
+        >
+            {text}
+        </span>
+    }
+}
+
+/// A time shown in the viewer's local time zone once hydrated (UTC in the
+/// server's HTML), with the UTC instant in `datetime` and the tooltip.
+#[component]
+pub fn LocalTime(
+    at: chrono::DateTime<chrono::Utc>,
+    #[prop(optional)] testid: &'static str,
+) -> impl IntoView {
+    let utc = at.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string();
+    let iso = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let clock = use_context::<Live>().map(|l| l.clock);
+    let utc_text = utc.clone();
+    let text = move || {
+        let hydrated = clock.map(|c| c.get() > 0.0).unwrap_or(false);
+        if hydrated {
+            local_text(at).unwrap_or_else(|| utc_text.clone())
+        } else {
+            utc_text.clone()
+        }
+    };
+    view! {
+        <time datetime=iso title=utc class="tabular-nums" data-testid=(!testid.is_empty()).then_some(testid)>
+            {text}
+        </time>
+    }
+}
+
+/// `at` in the browser's time zone, `YYYY-MM-DD HH:MM:SS.mmm`.
+#[cfg(feature = "hydrate")]
+fn local_text(at: chrono::DateTime<chrono::Utc>) -> Option<String> {
+    let d = js_sys::Date::new(&wasm_bindgen::JsValue::from_f64(
+        at.timestamp_millis() as f64
+    ));
+    Some(format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}",
+        d.get_full_year(),
+        d.get_month() + 1,
+        d.get_date(),
+        d.get_hours(),
+        d.get_minutes(),
+        d.get_seconds(),
+        d.get_milliseconds()
+    ))
+}
+
+#[cfg(not(feature = "hydrate"))]
+fn local_text(_at: chrono::DateTime<chrono::Utc>) -> Option<String> {
+    None
 }
 
 /// Pills that set `?{param}=<value>` on `path`, one per value; the selected
@@ -146,7 +384,7 @@ pub fn HistoryList(history: Vec<LeaseEvent>) -> impl IntoView {
                     };
                     view! {
                         <li class="flex flex-wrap gap-x-4 py-1" data-testid="history-event" data-kind=event.kind.clone()>
-                            <span class="w-44 tabular-nums text-slate-500">{event.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()}</span>
+                            <span class="w-52 text-slate-500"><LocalTime at=event.at/></span>
                             <span class="w-36 font-medium">{event.kind.clone()}</span>
                             <span class="w-16 font-mono">{event.fencing_token.map(|t| format!("#{t}")).unwrap_or_default()}</span>
                             <span class="font-mono">{who}</span>

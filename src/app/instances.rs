@@ -2,7 +2,7 @@
 //! fencing token, time to expiry, start and stop buttons that work from any
 //! instance) and every instance with whether it is alive.
 
-use super::common::{DataTable, Notice, refresh_tick};
+use super::common::{DataTable, LocalTime, Notice, refresh_tick, relative, remaining};
 use crate::error::AppError;
 use crate::generator::GeneratorStatus;
 use crate::instance::Instance;
@@ -68,7 +68,7 @@ pub fn InstancesPage() -> impl IntoView {
                     }),
                     Ok(list) => Either::Right(Either::Left(view! { <InstanceTable instances=list/> })),
                     Err(e) => Either::Right(Either::Right(view! {
-                        <Notice kind="error" testid="instances-error" text=format!("Cannot load instances: {e}. The page retries every second.")/>
+                        <Notice kind="error" testid="instances-error" text=format!("Cannot load instances: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
                 }
             })}
@@ -97,7 +97,7 @@ fn InstanceTable(instances: Vec<Instance>) -> impl IntoView {
                             </td>
                             <td class="px-3 py-2 tabular-nums">{format!("{:.1} s ago", i.last_seen_ms_ago as f64 / 1000.0)}</td>
                             <td class="px-3 py-2">{i.holds_generator.then_some("holds the generator")}</td>
-                            <td class="px-3 py-2 tabular-nums text-slate-500">{i.started_at.format("%Y-%m-%d %H:%M:%S").to_string()}</td>
+                            <td class="px-3 py-2 tabular-nums text-slate-500"><LocalTime at=i.started_at/></td>
                         </tr>
                     }
                 })
@@ -159,10 +159,12 @@ pub fn GeneratorPanel() -> impl IntoView {
 
 #[component]
 fn GeneratorFacts(status: GeneratorStatus) -> impl IntoView {
-    let expiry = status
-        .expires_in_ms
-        .map(|ms| format!("expires in {:.1} s", ms as f64 / 1000.0))
-        .unwrap_or_else(|| "—".to_string());
+    let left = status.expires_in_ms.map(remaining);
+    let expiry = move || match left {
+        Some(left) if left.get() > 0 => format!("expires {}", relative(left.get())),
+        Some(left) => format!("expired {}", relative(left.get())),
+        None => "—".to_string(),
+    };
     view! {
         <dl class="mt-3 grid grid-cols-2 gap-x-6 gap-y-1 text-sm sm:grid-cols-5">
             <div><dt class="text-slate-500">"desired"</dt>

@@ -6,7 +6,8 @@
 //! shared. Once hydrated it refreshes itself every second.
 
 use super::common::{
-    DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick,
+    DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick, relative,
+    remaining,
 };
 use crate::error::AppError;
 use crate::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
@@ -34,14 +35,21 @@ pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> 
     Ok(store::detail(&mut *super::common::pool()?.acquire().await?, id).await?)
 }
 
-/// Human text for how long a lease has left (or how long ago it ended).
-pub fn expiry_text(lease: &Lease) -> String {
-    let secs = lease.expires_in_ms as f64 / 1000.0;
-    match lease.state {
+/// Human text for how long a lease in `state` has left, `ms` from now (or
+/// how long ago it ended).
+pub fn expiry_text(state: LeaseState, ms: i64) -> String {
+    match state {
         LeaseState::Released => "released".to_string(),
-        LeaseState::Active => format!("expires in {secs:.1} s"),
-        LeaseState::Expired => format!("expired {:.0} s ago", -secs),
+        LeaseState::Active | LeaseState::Expired if ms > 0 => format!("expires {}", relative(ms)),
+        LeaseState::Active | LeaseState::Expired => format!("expired {}", relative(ms)),
     }
+}
+
+/// A lease's expiry, counting down in the browser.
+#[component]
+fn Expiry(state: LeaseState, ms: i64, testid: &'static str) -> impl IntoView {
+    let left = remaining(ms);
+    view! { <span class="tabular-nums" data-testid=testid>{move || expiry_text(state, left.get())}</span> }
 }
 
 fn state_badge(state: LeaseState) -> &'static str {
@@ -122,7 +130,7 @@ pub fn LeasesPage() -> impl IntoView {
                     }),
                     Ok(list) => EitherOf3::B(view! { <LeaseTable leases=list/> }),
                     Err(e) => EitherOf3::C(view! {
-                        <Notice kind="error" testid="leases-error" text=format!("Cannot load leases: {e}. The page retries every second.")/>
+                        <Notice kind="error" testid="leases-error" text=format!("Cannot load leases: {e}. The page retries on the next change, and every few seconds.")/>
                     }),
                 }
             })}
@@ -137,7 +145,6 @@ fn LeaseTable(leases: Vec<Lease>) -> impl IntoView {
             {leases
                 .into_iter()
                 .map(|lease| {
-                    let expiry = expiry_text(&lease);
                     view! {
                         <tr
                             class="border-t border-slate-100"
@@ -158,7 +165,7 @@ fn LeaseTable(leases: Vec<Lease>) -> impl IntoView {
                                     {lease.state.as_str()}
                                 </span>
                             </td>
-                            <td class="px-3 py-2 tabular-nums" data-testid="lease-expiry">{expiry}</td>
+                            <td class="px-3 py-2"><Expiry state=lease.state ms=lease.expires_in_ms testid="lease-expiry"/></td>
                             <td class="px-3 py-2 tabular-nums">{lease.renew_count}</td>
                         </tr>
                     }
@@ -178,7 +185,7 @@ fn LeaseDetailView(detail: LeaseDetail) -> impl IntoView {
                 <span>"holder " <b class="font-mono" data-testid="detail-holder">{lease.holder.clone().unwrap_or_default()}</b></span>
                 <span>"token " <b class="font-mono" data-testid="detail-token">{lease.fencing_token}</b></span>
                 <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state))>{lease.state.as_str()}</span>
-                <span class="tabular-nums">{expiry_text(&lease)}</span>
+                <Expiry state=lease.state ms=lease.expires_in_ms testid="detail-expiry"/>
             </div>
             <HistoryList history=detail.history/>
         </section>

@@ -43,21 +43,23 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
+    common::provide_live();
     view! {
         <Stylesheet id="leptos" href="/pkg/leasekeeper.css"/>
         <Title text="leasekeeper"/>
         <Router>
             <header class="border-b border-slate-200 bg-white">
-                <div class="mx-auto flex max-w-6xl items-center gap-6 px-4 py-3">
+                <div class="mx-auto flex max-w-6xl flex-wrap items-center gap-x-6 gap-y-2 px-4 py-3">
                     <a href="/" class="text-lg font-semibold tracking-tight" data-testid="brand">
                         "leasekeeper"
                     </a>
-                    <nav class="flex gap-4 text-sm text-slate-600">
+                    <nav class="flex flex-wrap gap-x-4 gap-y-1 text-sm text-slate-600">
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
                     </nav>
+                    <span class="ml-auto"><common::LiveBadge/></span>
                 </div>
             </header>
             <main class="mx-auto max-w-6xl px-4 py-6">

@@ -4,10 +4,11 @@
 //! id with attempts, last error and the task lease's history.
 
 use super::common::{
-    DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick,
+    DataTable, FilterPills, HistoryList, LocalTime, LookupForm, Notice, parse_id, refresh_tick,
+    remaining,
 };
 use crate::error::AppError;
-use crate::queue::{Task, TaskDetail, TaskPage, TaskStatus};
+use crate::queue::{TaskDetail, TaskPage, TaskStatus};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -36,16 +37,14 @@ pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
     let Some(task) = store::get(&mut conn, id).await? else {
         return Ok(None);
     };
-    let history = leases::history(&mut conn, &Task::resource_name(id), 50).await?;
+    let history = leases::history(&mut conn, &crate::queue::Task::resource_name(id), 50).await?;
     Ok(Some(TaskDetail { task, history }))
 }
 
-/// The heartbeat countdown: text, colour class, and whether the task is late.
-pub fn heartbeat_view(task: &Task, ttl_ms: i64) -> (String, &'static str, bool) {
-    let Some(ms) = task
-        .heartbeat_in_ms
-        .filter(|_| task.status == TaskStatus::Started)
-    else {
+/// The heartbeat countdown for `ms` left (`None`: the task is not started):
+/// text, colour class, and whether the task is late.
+pub fn heartbeat_view(ms: Option<i64>, ttl_ms: i64) -> (String, &'static str, bool) {
+    let Some(ms) = ms else {
         return ("—".to_string(), "text-slate-400", false);
     };
     if ms <= 0 {
@@ -143,7 +142,7 @@ pub fn TasksPage() -> impl IntoView {
                     }),
                     Ok(page) => Either::Right(Either::Left(view! { <TaskTable page/> })),
                     Err(e) => Either::Right(Either::Right(view! {
-                        <Notice kind="error" testid="tasks-error" text=format!("Cannot load tasks: {e}. The page retries every second.")/>
+                        <Notice kind="error" testid="tasks-error" text=format!("Cannot load tasks: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
                 }
             })}
@@ -160,7 +159,11 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
                 .tasks
                 .into_iter()
                 .map(|task| {
-                    let (beat, beat_class, late) = heartbeat_view(&task, ttl_ms);
+                    let left = task
+                        .heartbeat_in_ms
+                        .filter(|_| task.status == TaskStatus::Started)
+                        .map(remaining);
+                    let beat = move || heartbeat_view(left.map(|l| l.get()), ttl_ms);
                     view! {
                         <tr class="border-t border-slate-100" data-testid="task-row" data-task-id=task.id data-status=task.status.as_str()>
                             <td class="px-3 py-2">
@@ -175,8 +178,8 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
                             <td class="px-3 py-2 font-mono" data-testid="task-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
                             <td class="px-3 py-2 tabular-nums">{format!("{}/{}", task.attempts, task.max_attempts)}</td>
                             <td class="px-3 py-2">
-                                <span class=format!("rounded px-2 py-0.5 text-xs tabular-nums {beat_class}") data-testid="task-heartbeat" data-late=late.to_string()>
-                                    {beat}
+                                <span class=move || format!("rounded px-2 py-0.5 text-xs tabular-nums {}", beat().1) data-testid="task-heartbeat" data-late=move || beat().2.to_string()>
+                                    {move || beat().0}
                                 </span>
                             </td>
                             <td class="max-w-xs truncate px-3 py-2 font-mono text-xs text-slate-600">{task.task_data.to_string()}</td>
@@ -206,7 +209,7 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
                 <div><dt class="inline text-slate-500">"data "</dt><dd class="inline font-mono">{task.task_data.to_string()}</dd></div>
                 <div><dt class="inline text-slate-500">"output "</dt><dd class="inline font-mono">{task.task_output.as_ref().map(|o| o.to_string()).unwrap_or_default()}</dd></div>
                 <div><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
-                <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums">{task.created_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()}</dd></div>
+                <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums"><LocalTime at=task.created_at/></dd></div>
             </dl>
             <HistoryList history=detail.history/>
         </section>

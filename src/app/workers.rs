@@ -115,7 +115,7 @@ pub fn WorkersPage() -> impl IntoView {
                     }),
                     Ok(v) => Either::Right(Either::Left(view! { <WorkerTable view=v control/> })),
                     Err(e) => Either::Right(Either::Right(view! {
-                        <Notice kind="error" testid="workers-error" text=format!("Cannot load workers: {e}. The page retries every second.")/>
+                        <Notice kind="error" testid="workers-error" text=format!("Cannot load workers: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
                 }
             })}

@@ -78,6 +78,7 @@ pub async fn insert_task(
     task_data: Value,
     max_attempts: i32,
 ) -> Result<Option<Task>, TaskError> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::TASKS);
     let mut task_data = task_data;
     if let Value::Object(map) = &mut task_data {
         map.insert("generator".into(), json!(holder.as_str()));

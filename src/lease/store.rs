@@ -110,6 +110,7 @@ pub async fn acquire(
     holder: &Holder,
     ttl: Duration,
 ) -> Result<Acquired, LeaseError> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
     let ttl_ms = ttl_ms(ttl)?;
     for attempt in 0.. {
         match try_acquire(&mut *conn, resource, holder, ttl_ms).await {
@@ -195,6 +196,7 @@ pub async fn renew(
     token: Option<i64>,
     ttl: Option<Duration>,
 ) -> Result<Lease, LeaseError> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
     let ttl_ms = ttl.map(ttl_ms).transpose()?;
     // Race prevented: a renew racing a takeover of the same lease. UPDATE
     // locks the row and re-checks holder, token, release and expiry on the
@@ -231,6 +233,7 @@ pub async fn release(
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
     // expires_at is truncated, not rounded, to the column's milliseconds, so
     // a released lease is free at once (rounding up could leave it "live"
     // for half a millisecond).
@@ -263,6 +266,7 @@ pub async fn delete(
     resource: &Resource,
     holder: &Holder,
 ) -> Result<Lease, LeaseError> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
     // Race prevented: deleting a lease that was just taken over by someone
     // else. DELETE re-checks `holder` on the newest row version, so a row
     // whose holder changed under us is left alone.

@@ -107,6 +107,8 @@ pub async fn enqueue(
     max_attempts: i32,
     delay: Option<Duration>,
 ) -> Result<Task, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
     if !(1..=1000).contains(&max_attempts) {
         return Err(TaskError::BadInput(
             "max_attempts must be between 1 and 1000".into(),
@@ -145,6 +147,8 @@ pub async fn claim_next(
     processor: &Holder,
     ttl: Duration,
 ) -> Result<Option<Task>, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
     let mut tx = conn.begin().await?;
     let mut passed_over: Vec<i32> = Vec::new();
     for _ in 0..CLAIM_CANDIDATES {
@@ -295,6 +299,8 @@ pub async fn heartbeat(
     token: i64,
     ttl: Duration,
 ) -> Result<Task, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
     let mut tx = conn.begin().await?;
     // Race prevented: a heartbeat from a processor whose claim expired,
     // racing the takeover by another worker. The UPDATE locks the task row
@@ -341,6 +347,8 @@ pub async fn complete(
     token: i64,
     output: Option<&Value>,
 ) -> Result<Task, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
     let mut tx = conn.begin().await?;
     // Race prevented: a paused processor waking up and completing a task
     // that was taken over meanwhile (the "stale completion"). The UPDATE
@@ -380,6 +388,8 @@ pub async fn fail(
     error: &str,
     policy: RetryPolicy,
 ) -> Result<Task, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
     let mut tx = conn.begin().await?;
     // Race prevented: a late failure report from a processor that lost the
     // claim, which would otherwise reset a task another worker now holds.

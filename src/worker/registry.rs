@@ -47,6 +47,7 @@ pub async fn record(
     report: &Report,
     lease_ttl: Duration,
 ) -> Result<Option<WorkerInfo>, sqlx::Error> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
     // Race prevented: a report a killed worker had already sent landing
     // after the fleet marked it crashed. Only a fresh run may revive a
     // crashed or stopped row; an http process may never take over the row
@@ -89,6 +90,7 @@ pub async fn mark(
     id: &str,
     state: WorkerState,
 ) -> Result<(), sqlx::Error> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
     sqlx::query("UPDATE workers SET state = $2, last_seen_at = now() WHERE id = $1")
         .bind(id)
         .bind(state)

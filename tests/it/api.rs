@@ -19,6 +19,8 @@ pub struct Api {
     pub db: TestDb,
     /// The instance's simulated workers (none until spawned).
     pub fleet: Fleet,
+    /// The instance's live hub, detached: tests publish to it by hand.
+    pub live: leasekeeper::live::LiveHub,
 }
 
 impl Api {
@@ -35,6 +37,7 @@ impl Api {
                 ..FleetConfig::from_settings(&settings)
             },
         );
+        let live = leasekeeper::live::LiveHub::detached();
         let state = AppState {
             leptos_options: leptos_options(&settings),
             pool: db.pool.clone(),
@@ -42,12 +45,20 @@ impl Api {
             instance_id,
             fleet: fleet.clone(),
             generator: None,
+            live: live.clone(),
         };
         Api {
             app: router(state),
             db,
             fleet,
+            live,
         }
+    }
+
+    /// Sends a request and hands back the streaming response.
+    pub async fn open(&self, uri: &str) -> axum::response::Response {
+        let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        self.app.clone().oneshot(req).await.unwrap()
     }
 
     pub async fn raw(&self, method: Method, uri: &str, body: Body) -> (StatusCode, Value) {

@@ -1,0 +1,254 @@
+//! The server side of live updates: the batched announcer, the one `LISTEN`
+//! connection per instance, and the server-sent events stream to browsers.
+
+use super::Topics;
+use crate::server::AppState;
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use std::convert::Infallible;
+use std::sync::LazyLock;
+use std::time::Duration;
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The PostgreSQL channel every instance announces changes on and listens to.
+pub const CHANNEL: &str = "leasekeeper_changes";
+
+/// How long the announcer gathers changes before one `NOTIFY`.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(10);
+
+/// The shortest gap between two events sent to one browser: a page refetches
+/// what it shows on each event, so under a storm of changes it refetches at
+/// most this often (and at once after a quiet spell).
+const BROWSER_MIN_GAP: Duration = Duration::from_millis(100);
+
+/// Changes made by this process, waiting for the announcer(s).
+static MADE_HERE: LazyLock<broadcast::Sender<Topics>> =
+    LazyLock::new(|| broadcast::channel(4096).0);
+
+/// Records that this process just committed a change to `topics`. Cheap and
+/// non-blocking; the [`Announcer`] sends it on within [`BATCH_WINDOW`]. Call
+/// it after the commit: a browser that refetches on the announcement must
+/// see the change.
+pub fn announce(topics: Topics) {
+    // An error only means no announcer runs (a test, a CLI command).
+    let _ = MADE_HERE.send(topics);
+}
+
+/// Announces `topics` when dropped: `let _announced =
+/// live::announce_on_return(...)` at the top of a store function announces
+/// after its last statement (its commit), whichever way it returns.
+#[must_use = "announces when dropped; bind it to a named variable"]
+pub struct AnnounceOnReturn(Topics);
+
+impl Drop for AnnounceOnReturn {
+    fn drop(&mut self) {
+        announce(self.0);
+    }
+}
+
+/// See [`AnnounceOnReturn`].
+pub fn announce_on_return(topics: Topics) -> AnnounceOnReturn {
+    AnnounceOnReturn(topics)
+}
+
+/// Sends what [`announce`] collected as one `NOTIFY` per batch.
+pub struct Announcer;
+
+impl Announcer {
+    /// Runs until `stop` is cancelled.
+    pub fn spawn(pool: PgPool, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let mut made = MADE_HERE.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let first = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    got = made.recv() => got,
+                };
+                let mut topics = match first {
+                    Ok(t) => t,
+                    Err(RecvError::Lagged(_)) => Topics::ALL,
+                    Err(RecvError::Closed) => return,
+                };
+                let until = Instant::now() + BATCH_WINDOW;
+                while let Ok(got) = tokio::time::timeout_at(until, made.recv()).await {
+                    match got {
+                        Ok(t) => topics |= t,
+                        Err(RecvError::Lagged(_)) => topics = Topics::ALL,
+                        Err(RecvError::Closed) => break,
+                    }
+                }
+                // Its own statement, outside any write transaction: it has no
+                // transaction id, so its commit flushes no WAL while holding
+                // the notify queue lock (see the module documentation).
+                if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(CHANNEL)
+                    .bind(topics.to_names())
+                    .execute(&pool)
+                    .await
+                {
+                    tracing::debug!(error = %e, "cannot announce a change; browsers catch up on the next one");
+                }
+            }
+        })
+    }
+}
+
+/// This instance's fan-out of announcements to its browsers.
+#[derive(Clone, Debug)]
+pub struct LiveHub {
+    changes: broadcast::Sender<Topics>,
+    stop: CancellationToken,
+}
+
+impl LiveHub {
+    /// A hub with nothing feeding it (tests drive it with [`LiveHub::publish`]).
+    pub fn detached() -> Self {
+        LiveHub {
+            changes: broadcast::channel(1024).0,
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Starts the `LISTEN` connection and the announcer; both stop with
+    /// [`LiveHub::shutdown`].
+    pub fn start(pool: PgPool) -> Self {
+        let hub = LiveHub::detached();
+        Announcer::spawn(pool.clone(), hub.stop.clone());
+        tokio::spawn(listen(pool, hub.clone()));
+        hub
+    }
+
+    /// Hands `topics` to every browser of this instance.
+    pub fn publish(&self, topics: Topics) {
+        let _ = self.changes.send(topics);
+    }
+
+    /// A receiver of every change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Topics> {
+        self.changes.subscribe()
+    }
+
+    /// Ends the listener, the announcer and every open event stream (so a
+    /// graceful shutdown does not wait for browsers to hang up).
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// The one `LISTEN` connection of this instance. After a connection loss it
+/// reconnects and tells every browser that everything may have changed.
+async fn listen(pool: PgPool, hub: LiveHub) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let mut listener = tokio::select! {
+            _ = hub.stop.cancelled() => return,
+            got = connected => match got {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for changes; retrying in {backoff:?}");
+                    tokio::select! {
+                        _ = hub.stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+        };
+        backoff = Duration::from_millis(250);
+        // Whatever happened while we were not listening is unknown.
+        hub.publish(Topics::ALL);
+        loop {
+            let got = tokio::select! {
+                _ = hub.stop.cancelled() => return,
+                got = listener.try_recv() => got,
+            };
+            match got {
+                Ok(Some(n)) => hub.publish(Topics::from_names(n.payload())),
+                // Connection lost: the next try_recv reconnects; changes in
+                // between are lost, so refresh everything.
+                Ok(None) => hub.publish(Topics::ALL),
+                Err(e) => {
+                    tracing::warn!(error = %e, "lost the change listener; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    /// Comma-separated topic names; all when absent.
+    topics: Option<String>,
+}
+
+/// `GET /api/events`: a server-sent events stream with one `change` event
+/// (data: the changed topics, comma-separated) per batch of changes, at most
+/// one per [`BROWSER_MIN_GAP`]; `ready` first, so a client knows it is
+/// connected and can refetch what it might have missed.
+async fn events(
+    State(state): State<AppState>,
+    Query(query): Query<EventsQuery>,
+) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    let wanted = query
+        .topics
+        .as_deref()
+        .map(Topics::from_names)
+        .filter(|t| !t.is_empty())
+        .unwrap_or(Topics::ALL);
+    let hub = state.live.clone();
+    let rx = hub.subscribe();
+    let ready = Event::default().event("ready").data(wanted.to_names());
+    let changes = futures::stream::unfold(
+        (rx, hub.stop.clone(), Instant::now() - BROWSER_MIN_GAP),
+        move |(mut rx, stop, last_sent)| async move {
+            loop {
+                let first = tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    got = rx.recv() => got,
+                };
+                let mut topics = match first {
+                    Ok(t) => t,
+                    Err(RecvError::Lagged(_)) => Topics::ALL,
+                    Err(RecvError::Closed) => return None,
+                };
+                // Gather until the gap since the last event has passed.
+                let until = last_sent + BROWSER_MIN_GAP;
+                loop {
+                    match tokio::time::timeout_at(until, rx.recv()).await {
+                        Ok(Ok(t)) => topics |= t,
+                        Ok(Err(RecvError::Lagged(_))) => topics = Topics::ALL,
+                        Ok(Err(RecvError::Closed)) | Err(_) => break,
+                    }
+                }
+                let relevant = topics & wanted;
+                if relevant.is_empty() {
+                    continue;
+                }
+                let event = Event::default().event("change").data(relevant.to_names());
+                return Some((Ok(event), (rx, stop, Instant::now())));
+            }
+        },
+    );
+    let stream =
+        futures::StreamExt::chain(futures::stream::once(async move { Ok(ready) }), changes);
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// The route of the event stream.
+pub fn events_route() -> Router<AppState> {
+    Router::new().route("/api/events", get(events))
+}
