@@ -22,7 +22,10 @@ pub enum AppError {
     /// The body is larger than the server accepts.
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
-    /// The request is not allowed (wrong origin or missing admin token).
+    /// The request needs the admin token and did not carry it.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The request is not allowed (wrong origin).
     #[error("{0}")]
     Forbidden(String),
     /// Something failed on the server; the details are in its log only.
@@ -71,6 +74,7 @@ mod server {
                 AppError::NotFound(_) => StatusCode::NOT_FOUND,
                 AppError::Conflict(_) => StatusCode::CONFLICT,
                 AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
                 AppError::Forbidden(_) => StatusCode::FORBIDDEN,
                 AppError::Internal | AppError::ServerFn(_) => StatusCode::INTERNAL_SERVER_ERROR,
             }

@@ -54,6 +54,15 @@ pub struct SettingArgs {
     /// Attempts before a task is marked failed.
     #[arg(long, global = true, env = "LEASEKEEPER_MAX_ATTEMPTS")]
     pub max_attempts: Option<String>,
+    /// Token the dashboard's controls and the operator API require; without
+    /// it they are open to anyone who can reach the server.
+    #[arg(
+        long,
+        global = true,
+        env = "LEASEKEEPER_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
 }
 
 /// The resolved, validated settings.
@@ -83,6 +92,8 @@ pub struct Settings {
     pub stall_probability: f64,
     /// Attempts before a task is marked failed.
     pub max_attempts: u32,
+    /// The operator token, when controls require one.
+    pub admin_token: Option<String>,
 }
 
 /// A setting that could not be used. The message is one line and names the
@@ -159,6 +170,12 @@ const STALL_PROBABILITY: Key = Key {
     env: "LEASEKEEPER_STALL_PROBABILITY",
     flag: "stall-probability",
 };
+const ADMIN_TOKEN: Key = Key {
+    file: "admin_token",
+    env: "LEASEKEEPER_ADMIN_TOKEN",
+    flag: "admin-token",
+};
+
 const MAX_ATTEMPTS: Key = Key {
     file: "max_attempts",
     env: "LEASEKEEPER_MAX_ATTEMPTS",
@@ -420,6 +437,23 @@ impl Settings {
                     Ok(n)
                 }
             })?,
+            admin_token: match src
+                .raw(&ADMIN_TOKEN, &args.admin_token)
+                .filter(|t| !t.is_empty())
+            {
+                None => None,
+                Some(t)
+                    if t.len() < 16
+                        || t.len() > 256
+                        || t.chars().any(|c| !c.is_ascii_graphic()) =>
+                {
+                    return Err(SettingsError(format!(
+                        "{}: must be 16 to 256 printable ASCII characters without spaces",
+                        ADMIN_TOKEN.describe()
+                    )));
+                }
+                Some(t) => Some(t),
+            },
         })
     }
 }
@@ -449,6 +483,9 @@ impl Settings {
             (STALL_PROBABILITY.env, self.stall_probability.to_string()),
             (MAX_ATTEMPTS.env, self.max_attempts.to_string()),
         ]
+        .into_iter()
+        .chain(self.admin_token.clone().map(|t| (ADMIN_TOKEN.env, t)))
+        .collect()
     }
 }
 

@@ -23,6 +23,17 @@ pub fn pool() -> Result<sqlx::PgPool, AppError> {
     state().map(|state| state.pool)
 }
 
+/// The server's state, inside a server function that changes something:
+/// 401 unless the request may take operator actions (see [`crate::ops`]).
+#[cfg(feature = "ssr")]
+pub async fn operator_state() -> Result<crate::server::AppState, AppError> {
+    let state = state()?;
+    let headers: axum::http::HeaderMap =
+        leptos_axum::extract().await.map_err(AppError::internal)?;
+    crate::ops::authorize(&state.settings, &headers)?;
+    Ok(state)
+}
+
 /// The resolved settings, inside a server function.
 #[cfg(feature = "ssr")]
 pub fn settings() -> Result<std::sync::Arc<crate::settings::Settings>, AppError> {

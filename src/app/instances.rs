@@ -30,7 +30,7 @@ pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> 
             )));
         }
     };
-    let state = super::common::state()?;
+    let state = super::common::operator_state().await?;
     let mut conn = state.pool.acquire().await?;
     Ok(crate::generator::request(
         &mut conn,
@@ -49,24 +49,43 @@ pub async fn get_instances() -> Result<Vec<Instance>, AppError> {
     Ok(crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?)
 }
 
+/// Kills instance `id` like a crash (through the instance serving this, if
+/// it is another one).
+#[server(prefix = "/sfn")]
+pub async fn kill_instance(id: String) -> Result<String, AppError> {
+    let state = super::common::operator_state().await?;
+    crate::ops::kill_instance(&state, &id).await
+}
+
 /// The instances page.
 #[component]
 pub fn InstancesPage() -> impl IntoView {
     let tick = refresh_tick();
-    let instances = Resource::new(move || tick.get(), |_| get_instances());
+    let kill = ServerAction::<KillInstance>::new();
+    let instances = Resource::new(
+        move || (tick.get(), kill.version().get()),
+        |_| get_instances(),
+    );
+    let outcome = move || {
+        kill.value().get().map(|r| match r {
+            Ok(msg) => view! { <p class="mt-3 text-sm text-slate-700" data-testid="instance-action-result">{msg}</p> }.into_any(),
+            Err(e) => view! { <Notice kind="error" testid="instance-action-error" text=e.to_string()/> }.into_any(),
+        })
+    };
     view! {
         <GeneratorPanel/>
         <h2 class="mt-8 text-xl font-semibold">"Instances"</h2>
         <p class="text-sm text-slate-600">
-            "Every leasekeeper process on this database. An instance is alive while it heartbeats; a killed one drops out after two missed heartbeats."
+            "Every leasekeeper process on this database. An instance is alive while it heartbeats; a killed one drops out after two missed heartbeats. Kill = crash: its leases are not released, so they run out and other instances take over."
         </p>
+        {outcome}
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading instances…"</p> }>
             {move || Suspend::new(async move {
                 match instances.await {
                     Ok(list) if list.is_empty() => Either::Left(view! {
                         <Notice kind="empty" testid="instances-empty" text="No instance has registered yet.".to_string()/>
                     }),
-                    Ok(list) => Either::Right(Either::Left(view! { <InstanceTable instances=list/> })),
+                    Ok(list) => Either::Right(Either::Left(view! { <InstanceTable instances=list kill/> })),
                     Err(e) => Either::Right(Either::Right(view! {
                         <Notice kind="error" testid="instances-error" text=format!("Cannot load instances: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
@@ -77,12 +96,13 @@ pub fn InstancesPage() -> impl IntoView {
 }
 
 #[component]
-fn InstanceTable(instances: Vec<Instance>) -> impl IntoView {
+fn InstanceTable(instances: Vec<Instance>, kill: ServerAction<KillInstance>) -> impl IntoView {
     view! {
-        <DataTable testid="instances-table" headers=vec!["instance", "address", "alive", "last seen", "generator", "started"]>
+        <DataTable testid="instances-table" headers=vec!["instance", "address", "alive", "last seen", "generator", "started", "controls"]>
             {instances
                 .into_iter()
                 .map(|i| {
+                    let kill_id = i.id.clone();
                     let alive_class = if i.alive { "bg-emerald-100 text-emerald-800" } else { "bg-red-100 text-red-800" };
                     view! {
                         <tr class="border-t border-slate-100" data-testid="instance-row" data-instance=i.id.clone() data-alive=i.alive.to_string()>
@@ -95,9 +115,17 @@ fn InstanceTable(instances: Vec<Instance>) -> impl IntoView {
                                     {if i.alive { "alive" } else if i.stopped_at.is_some() { "stopped" } else { "dead" }}
                                 </span>
                             </td>
-                            <td class="px-3 py-2 tabular-nums">{format!("{:.1} s ago", i.last_seen_ms_ago as f64 / 1000.0)}</td>
+                            <td class="px-3 py-2 tabular-nums" data-testid="instance-last-seen">{relative(-i.last_seen_ms_ago)}</td>
                             <td class="px-3 py-2">{i.holds_generator.then_some("holds the generator")}</td>
                             <td class="px-3 py-2 tabular-nums text-slate-500"><LocalTime at=i.started_at/></td>
+                            <td class="px-3 py-2">
+                                {i.alive.then(|| view! {
+                                    <ActionForm action=kill>
+                                        <input type="hidden" name="id" value=kill_id/>
+                                        <button type="submit" class="rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="instance-kill">"Kill"</button>
+                                    </ActionForm>
+                                })}
+                            </td>
                         </tr>
                     }
                 })

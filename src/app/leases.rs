@@ -35,6 +35,20 @@ pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> 
     Ok(store::detail(&mut *super::common::pool()?.acquire().await?, id).await?)
 }
 
+/// Ends term `token` of lease `id` now, whoever holds it (an operator action).
+#[server(prefix = "/sfn")]
+pub async fn force_release_lease(id: i32, token: i64) -> Result<String, AppError> {
+    super::common::check_id(id)?;
+    let state = super::common::operator_state().await?;
+    let mut conn = state.pool.acquire().await?;
+    let lease = crate::ops::force_release(&mut conn, id, token, &state.instance_id).await?;
+    Ok(format!(
+        "released term #{token} of {} (held by {}); the next holder gets a higher token",
+        lease.resource,
+        lease.holder.unwrap_or_default()
+    ))
+}
+
 /// Human text for how long a lease in `state` has left, `ms` from now (or
 /// how long ago it ended).
 pub fn expiry_text(state: LeaseState, ms: i64) -> String {
@@ -73,11 +87,15 @@ pub fn LeasesPage() -> impl IntoView {
     });
     let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
     let tick = refresh_tick();
+    let release = ServerAction::<ForceReleaseLease>::new();
 
-    let leases = Resource::new(move || (filter.get(), tick.get()), |(f, _)| get_leases(f));
+    let leases = Resource::new(
+        move || (filter.get(), tick.get(), release.version().get()),
+        |(f, _, _)| get_leases(f),
+    );
     let detail = Resource::new(
-        move || (lookup.get(), tick.get()),
-        |(raw, _)| async move {
+        move || (lookup.get(), tick.get(), release.version().get()),
+        |(raw, _, _)| async move {
             let Some(raw) = raw else { return Ok(None) };
             let id = parse_id(&raw)?;
             get_lease_detail(id).await.map(|d| d.ok_or(id)).map(Some)
@@ -89,7 +107,7 @@ pub fn LeasesPage() -> impl IntoView {
             <div>
                 <h1 class="text-2xl font-semibold">"Leases"</h1>
                 <p class="text-sm text-slate-600">
-                    "Who owns what, until when, with which fencing token. Judged by the database clock; refreshed every second."
+                    "Who owns what, until when, with which fencing token. Judged by the database clock; updated live as leases change."
                 </p>
             </div>
             <LookupForm path="/leases" param="state" keep=Signal::derive(move || filter.get().as_str()) prefix="lease" placeholder="Lease id"/>
@@ -108,7 +126,7 @@ pub fn LeasesPage() -> impl IntoView {
             {move || Suspend::new(async move {
                 match detail.await {
                     Ok(None) => EitherOf3::A(()),
-                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <LeaseDetailView detail=d/> }),
+                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <LeaseDetailView detail=d release/> }),
                     Ok(Some(Err(id))) => EitherOf3::C(view! {
                         <Notice kind="warn" testid="lease-detail-missing" text=format!(
                             "No lease with id {id}. It may have been deleted; clear the lookup to see all leases."
@@ -176,8 +194,15 @@ fn LeaseTable(leases: Vec<Lease>) -> impl IntoView {
 }
 
 #[component]
-fn LeaseDetailView(detail: LeaseDetail) -> impl IntoView {
+fn LeaseDetailView(detail: LeaseDetail, release: ServerAction<ForceReleaseLease>) -> impl IntoView {
     let lease = detail.lease;
+    let live = lease.state == LeaseState::Active;
+    let outcome = move || {
+        release.value().get().map(|r| match r {
+            Ok(msg) => view! { <p class="mt-2 text-sm text-slate-700" data-testid="lease-action-result">{msg}</p> }.into_any(),
+            Err(e) => view! { <Notice kind="error" testid="lease-action-error" text=e.to_string()/> }.into_any(),
+        })
+    };
     view! {
         <section class="mt-4 rounded border border-indigo-200 bg-white p-4" data-testid="lease-detail">
             <div class="flex flex-wrap items-baseline gap-x-6 gap-y-1">
@@ -186,7 +211,18 @@ fn LeaseDetailView(detail: LeaseDetail) -> impl IntoView {
                 <span>"token " <b class="font-mono" data-testid="detail-token">{lease.fencing_token}</b></span>
                 <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(lease.state))>{lease.state.as_str()}</span>
                 <Expiry state=lease.state ms=lease.expires_in_ms testid="detail-expiry"/>
+                {live.then(|| view! {
+                    <ActionForm action=release>
+                        <input type="hidden" name="id" value=lease.id/>
+                        <input type="hidden" name="token" value=lease.fencing_token/>
+                        <button type="submit" class="rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="lease-force-release"
+                            title="End this term now, whoever holds it; the holder's next renewal fails and it steps down">
+                            "Force release"
+                        </button>
+                    </ActionForm>
+                })}
             </div>
+            {outcome}
             <HistoryList history=detail.history/>
         </section>
     }

@@ -1,18 +1,25 @@
 //! The dashboard: HTML shell, router and pages, shared by the server (which
 //! renders them) and the browser (which hydrates them).
 
+mod access;
 pub mod common;
 mod instances;
 mod leases;
 mod tasks;
 mod workers;
 
+pub use access::{Access, get_access, sign_in, sign_out};
 pub use instances::{
-    GeneratorPanel, InstancesPage, SetGenerator, get_generator_status, get_instances, set_generator,
+    GeneratorPanel, InstancesPage, KillInstance, SetGenerator, get_generator_status, get_instances,
+    kill_instance, set_generator,
 };
-pub use leases::{LeasesPage, get_lease_detail, get_leases};
+pub use leases::{
+    ForceReleaseLease, LeasesPage, force_release_lease, get_lease_detail, get_leases,
+};
 pub use tasks::{TasksPage, get_task_detail, get_tasks};
-pub use workers::{WorkersPage, control_worker, get_workers, spawn_worker};
+pub use workers::{
+    ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
+};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
@@ -59,7 +66,7 @@ pub fn App() -> impl IntoView {
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
                     </nav>
-                    <span class="ml-auto"><common::LiveBadge/></span>
+                    <span class="ml-auto flex items-center gap-3"><access::AccessBadge/><common::LiveBadge/></span>
                 </div>
             </header>
             <main class="mx-auto max-w-6xl px-4 py-6">
@@ -71,6 +78,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("instances") view=InstancesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("signin") view=access::SignInPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

@@ -35,30 +35,18 @@ pub async fn get_workers() -> Result<WorkersView, AppError> {
 /// Spawns a simulated worker on this instance.
 #[server(prefix = "/sfn")]
 pub async fn spawn_worker() -> Result<String, AppError> {
-    let state = super::common::state()?;
-    let worker = state.fleet.spawn().await?;
+    let state = super::common::operator_state().await?;
+    let worker = crate::ops::spawn_worker(&state).await?;
     Ok(format!("spawned {}", worker.id))
 }
 
-/// Pauses (`"pause"`) or kills (`"kill"`) simulated worker `id` of this instance.
+/// Pauses (`"pause"`) or kills (`"kill"`) simulated worker `id`, of this
+/// instance or (through it) of another.
 #[server(prefix = "/sfn")]
 pub async fn control_worker(id: String, action: String) -> Result<String, AppError> {
-    let state = super::common::state()?;
-    match action.as_str() {
-        "pause" => {
-            let frozen = state.fleet.pause(&id)?;
-            Ok(format!("paused {id} for {:.1} s", frozen.as_secs_f64()))
-        }
-        "kill" => {
-            state.fleet.kill(&id).await?;
-            Ok(format!(
-                "killed {id}: its lease must run out before another worker takes its task"
-            ))
-        }
-        other => Err(AppError::BadRequest(format!(
-            "action must be pause or kill, got {other:?}"
-        ))),
-    }
+    let action = crate::ops::WorkerAction::parse(&action)?;
+    let state = super::common::operator_state().await?;
+    crate::ops::control_worker(&state, &id, action).await
 }
 
 fn state_badge(state: WorkerState) -> &'static str {
@@ -127,13 +115,12 @@ pub fn WorkersPage() -> impl IntoView {
 fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl IntoView {
     let here = view.instance_id;
     view! {
-        <DataTable testid="workers-table" headers=vec!["worker", "kind", "state", "task", "token", "heartbeat age", "done / abandoned", "controls"]>
+        <DataTable testid="workers-table" headers=vec!["worker", "kind", "instance", "state", "task", "token", "heartbeat age", "done / abandoned", "controls"]>
             {view
                 .workers
                 .into_iter()
                 .map(|w| {
                     let controllable = w.kind == WorkerKind::Simulated
-                        && w.instance_id.as_deref() == Some(here.as_str())
                         && matches!(w.state, WorkerState::Idle | WorkerState::Working | WorkerState::Paused);
                     let age = w
                         .heartbeat_age_ms
@@ -146,6 +133,10 @@ fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl 
                             data-state=w.state.as_str() data-task=w.task_id.map(|t| t.to_string()).unwrap_or_default()>
                             <td class="px-3 py-2 font-mono">{w.id.clone()}</td>
                             <td class="px-3 py-2">{w.kind.as_str()}</td>
+                            <td class="px-3 py-2 font-mono text-xs" data-testid="worker-instance">
+                                {w.instance_id.clone().unwrap_or_default()}
+                                {(w.instance_id.as_deref() == Some(here.as_str())).then_some(" (this one)")}
+                            </td>
                             <td class="px-3 py-2">
                                 <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(w.state)) data-testid="worker-state">
                                     {w.state.as_str()}

@@ -39,11 +39,14 @@ pub async fn set_desired(
         Desired::Running => "generator_start",
         Desired::Stopped => "generator_stop",
     };
-    sqlx::query("INSERT INTO lease_events (resource, kind, detail) VALUES ($1, 'operator', $2)")
-        .bind(RESOURCE)
-        .bind(json!({"action": action, "by": by, "previous": previous.as_str()}))
-        .execute(&mut *tx)
-        .await?;
+    crate::lease::store::record_operator_action(
+        &mut tx,
+        RESOURCE,
+        by,
+        action,
+        json!({"previous": previous.as_str()}),
+    )
+    .await?;
     tx.commit().await?;
     Ok(previous)
 }

@@ -1,7 +1,9 @@
-//! `/api/generator`: the generator's status, and start/stop from any instance.
+//! `/api/generator`: the generator's status, and start/stop from any
+//! instance (operator actions: the admin token when one is set).
 
 use crate::error::AppError;
 use crate::generator::{self, Desired, GeneratorStatus};
+use crate::ops::Operator;
 use crate::server::AppState;
 use axum::extract::State;
 use axum::routing::{delete, get, post};
@@ -30,10 +32,10 @@ async fn set(s: &AppState, desired: Desired) -> Result<Json<GeneratorStatus>, Ap
     Ok(Json(status))
 }
 
-async fn start(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
+async fn start(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorStatus>, AppError> {
     set(&s, Desired::Running).await
 }
 
-async fn stop(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
+async fn stop(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorStatus>, AppError> {
     set(&s, Desired::Stopped).await
 }

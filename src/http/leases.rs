@@ -23,6 +23,10 @@ pub fn routes() -> Router<AppState> {
         .route("/api/leases/renew", put(renew))
         .route("/api/leases/release", delete(release))
         .route("/api/leases/{id}", get(get_one).delete(delete_one))
+        .route(
+            "/api/leases/{id}/force-release",
+            axum::routing::post(force_release),
+        )
 }
 
 /// `?after=ID&limit=N` on list routes.
@@ -181,4 +185,25 @@ async fn delete_one(
     )
     .await?;
     Ok(Json(lease))
+}
+
+/// The body of a force-release: the term the operator means to end.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForceReleaseBody {
+    fencing_token: i64,
+}
+
+/// `POST /api/leases/{id}/force-release {"fencing_token": N}`: an operator
+/// ends term N of lease `id`, whoever holds it (409 when that term is over).
+async fn force_release(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    Id(id): Id,
+    JsonBody(body): JsonBody<ForceReleaseBody>,
+) -> Result<Json<Lease>, AppError> {
+    let mut conn = s.pool.acquire().await?;
+    Ok(Json(
+        crate::ops::force_release(&mut conn, id, body.fencing_token, &s.instance_id).await?,
+    ))
 }

@@ -4,6 +4,7 @@
 
 use super::extract::{JsonBody, WorkerId};
 use crate::error::AppError;
+use crate::ops::{self, Operator, WorkerAction};
 use crate::server::AppState;
 use crate::worker::transport::Report;
 use crate::worker::{WorkerInfo, WorkerKind, registry};
@@ -41,8 +42,11 @@ async fn get_one(
     Ok(Json(fetch(&s, id.as_str()).await?))
 }
 
-async fn spawn(State(s): State<AppState>) -> Result<(StatusCode, Json<WorkerInfo>), AppError> {
-    Ok((StatusCode::CREATED, Json(s.fleet.spawn().await?)))
+async fn spawn(
+    State(s): State<AppState>,
+    _: Operator,
+) -> Result<(StatusCode, Json<WorkerInfo>), AppError> {
+    Ok((StatusCode::CREATED, Json(ops::spawn_worker(&s).await?)))
 }
 
 /// The answer to pause and kill: what was done, and the worker's row as the
@@ -54,24 +58,27 @@ pub struct Done {
     worker: WorkerInfo,
 }
 
-async fn pause(State(s): State<AppState>, WorkerId(id): WorkerId) -> Result<Json<Done>, AppError> {
-    let duration = s.fleet.pause(id.as_str())?;
-    Ok(Json(Done {
-        message: format!(
-            "worker {id} paused for {:.1} s: no ticks, no heartbeats; then it tries to complete its task",
-            duration.as_secs_f64()
-        ),
-        worker: fetch(&s, id.as_str()).await?,
-    }))
+async fn pause(
+    State(s): State<AppState>,
+    _: Operator,
+    WorkerId(id): WorkerId,
+) -> Result<Json<Done>, AppError> {
+    control(&s, id.as_str(), WorkerAction::Pause).await
 }
 
-async fn kill(State(s): State<AppState>, WorkerId(id): WorkerId) -> Result<Json<Done>, AppError> {
-    s.fleet.kill(id.as_str()).await?;
+async fn kill(
+    State(s): State<AppState>,
+    _: Operator,
+    WorkerId(id): WorkerId,
+) -> Result<Json<Done>, AppError> {
+    control(&s, id.as_str(), WorkerAction::Kill).await
+}
+
+async fn control(s: &AppState, id: &str, action: WorkerAction) -> Result<Json<Done>, AppError> {
+    let message = ops::control_worker(s, id, action).await?;
     Ok(Json(Done {
-        message: format!(
-            "worker {id} killed: nothing completed or released; its task's lease must run out"
-        ),
-        worker: fetch(&s, id.as_str()).await?,
+        message,
+        worker: fetch(s, id).await?,
     }))
 }
 

@@ -285,6 +285,35 @@ pub async fn delete(
     })
 }
 
+/// Writes an operator action (a kill, a force-release, a generator switch)
+/// to `lease_events` as an `operator` row about `resource`: `by` is the
+/// instance that carried it out, `detail` gets `action` and `by` added.
+/// Call it in the transaction of the action, so the audit trail has exactly
+/// the actions that happened.
+pub async fn record_operator_action(
+    conn: &mut PgConnection,
+    resource: &str,
+    by: &str,
+    action: &str,
+    detail: serde_json::Value,
+) -> sqlx::Result<()> {
+    let mut detail = match detail {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    detail.insert("action".into(), action.into());
+    detail.insert("by".into(), by.into());
+    sqlx::query(
+        "INSERT INTO lease_events (resource, holder, kind, detail) VALUES ($1, $2, 'operator', $3)",
+    )
+    .bind(resource)
+    .bind(by)
+    .bind(serde_json::Value::Object(detail))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 fn no_live_lease(resource: &Resource, holder: &Holder) -> LeaseError {
     LeaseError::NotFound(format!("{holder} holds no live lease on {resource}"))
 }

@@ -25,9 +25,15 @@ pub struct Api {
 
 impl Api {
     pub async fn new() -> Self {
+        Api::with_settings(|_| {}).await
+    }
+
+    /// An API whose settings `adjust` changed first (e.g. an admin token).
+    pub async fn with_settings(adjust: impl FnOnce(&mut Settings)) -> Self {
         let db = TestDb::new().await;
-        let settings =
+        let mut settings =
             Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
+        adjust(&mut settings);
         let instance_id: Arc<str> = Arc::from("i-test");
         let fleet = Fleet::new(
             db.pool.clone(),

@@ -10,6 +10,7 @@ mod lease_client;
 mod lease_race;
 mod lease_store;
 mod live;
+mod operator;
 mod rest_leases;
 mod rest_origin;
 mod rest_tasks;

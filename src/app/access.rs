@@ -1,0 +1,128 @@
+//! Who may use the controls: with an admin token set, the header says
+//! "read-only" and links to a sign-in form that stores the token in an
+//! `HttpOnly`, `SameSite=Strict` cookie. The form works without JavaScript.
+
+use crate::error::AppError;
+use leptos::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Whether controls need a token, and whether this browser presented it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Access {
+    /// An admin token is configured.
+    pub token_required: bool,
+    /// This request may use the controls.
+    pub operator: bool,
+}
+
+/// This browser's access.
+#[server(prefix = "/sfn")]
+pub async fn get_access() -> Result<Access, AppError> {
+    let state = super::common::state()?;
+    let headers: axum::http::HeaderMap =
+        leptos_axum::extract().await.map_err(AppError::internal)?;
+    Ok(Access {
+        token_required: state.settings.admin_token.is_some(),
+        operator: crate::ops::is_operator(&state.settings, &headers),
+    })
+}
+
+/// Checks `token` and, when right, keeps it in this browser's cookie.
+#[server(prefix = "/sfn")]
+pub async fn sign_in(token: String) -> Result<(), AppError> {
+    let state = super::common::state()?;
+    let mut headers = axum::http::HeaderMap::new();
+    let bearer = axum::http::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+        .map_err(|_| AppError::Unauthorized("that is not the admin token".into()))?;
+    headers.insert(axum::http::header::AUTHORIZATION, bearer);
+    if state.settings.admin_token.is_none() {
+        return Err(AppError::BadRequest(
+            "no admin token is set on this server: the controls are open".into(),
+        ));
+    }
+    if !crate::ops::is_operator(&state.settings, &headers) {
+        return Err(AppError::Unauthorized("that is not the admin token".into()));
+    }
+    set_cookie(&format!(
+        "{}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=86400",
+        crate::ops::ADMIN_COOKIE,
+        token.trim()
+    ));
+    leptos_axum::redirect("/");
+    Ok(())
+}
+
+/// Forgets the token in this browser.
+#[server(prefix = "/sfn")]
+pub async fn sign_out() -> Result<(), AppError> {
+    set_cookie(&format!(
+        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+        crate::ops::ADMIN_COOKIE
+    ));
+    leptos_axum::redirect("/");
+    Ok(())
+}
+
+#[cfg(feature = "ssr")]
+fn set_cookie(value: &str) {
+    if let (Some(resp), Ok(v)) = (
+        use_context::<leptos_axum::ResponseOptions>(),
+        axum::http::HeaderValue::from_str(value),
+    ) {
+        resp.append_header(axum::http::header::SET_COOKIE, v);
+    }
+}
+
+/// The header's access indicator: nothing when controls are open.
+#[component]
+pub fn AccessBadge() -> impl IntoView {
+    let access = Resource::new(|| (), |_| get_access());
+    let sign_out = ServerAction::<SignOut>::new();
+    view! {
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                match access.await {
+                    Ok(Access { token_required: false, .. }) => None,
+                    Ok(Access { operator: true, .. }) => Some(view! {
+                        <ActionForm action=sign_out attr:class="inline">
+                            <span class="text-xs text-emerald-800" data-testid="access-state" data-access="operator">"operator "</span>
+                            <button type="submit" class="text-xs text-indigo-700 underline" data-testid="sign-out">"sign out"</button>
+                        </ActionForm>
+                    }.into_any()),
+                    Ok(_) => Some(view! {
+                        <span class="text-xs" data-testid="access-state" data-access="read-only">
+                            "read-only · "
+                            <a class="text-indigo-700 underline" href="/signin" data-testid="sign-in-link">"sign in to use controls"</a>
+                        </span>
+                    }.into_any()),
+                    Err(_) => None,
+                }
+            })}
+        </Transition>
+    }
+}
+
+/// `/signin`: the admin token form.
+#[component]
+pub fn SignInPage() -> impl IntoView {
+    let action = ServerAction::<SignIn>::new();
+    view! {
+        <section class="mx-auto max-w-md rounded border border-slate-200 bg-white p-6" data-testid="sign-in">
+            <h1 class="text-xl font-semibold">"Sign in"</h1>
+            <p class="mt-1 text-sm text-slate-600">
+                "This server's controls need its admin token (LEASEKEEPER_ADMIN_TOKEN). Everything stays readable without it."
+            </p>
+            <ActionForm action=action attr:class="mt-4 flex flex-col gap-2">
+                <label for="admin-token" class="text-sm font-medium">"Admin token"</label>
+                <input id="admin-token" name="token" type="password" autocomplete="current-password" required
+                    class="rounded border border-slate-300 px-2 py-1" data-testid="sign-in-token"/>
+                <button type="submit" class="self-start rounded bg-indigo-600 px-3 py-1 text-sm font-medium text-white hover:bg-indigo-700" data-testid="sign-in-submit">
+                    "Sign in"
+                </button>
+            </ActionForm>
+            {move || action.value().get().and_then(|r| r.err()).map(|e| view! {
+                <super::common::Notice kind="error" testid="sign-in-error" text=e.to_string()/>
+            })}
+        </section>
+    }
+}

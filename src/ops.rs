@@ -1,0 +1,416 @@
+//! Operator actions and who may take them.
+//!
+//! Controls (start/stop the generator, spawn/pause/kill workers, kill an
+//! instance, force-release a lease) are open when no admin token is set.
+//! With `LEASEKEEPER_ADMIN_TOKEN` set they need it, as
+//! `Authorization: Bearer <token>` (programs) or the `leasekeeper_admin`
+//! cookie the dashboard's sign-in form sets (browsers; `HttpOnly`,
+//! `SameSite=Strict`); everything stays readable without it. Every action
+//! taken is written to `lease_events` as an `operator` row.
+
+use crate::error::AppError;
+use crate::lease::Lease;
+use crate::lease::store::{LEASE_COLUMNS, record_operator_action};
+use crate::server::AppState;
+use crate::settings::Settings;
+use axum::extract::FromRequestParts;
+use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+
+/// The cookie that carries the admin token from the dashboard's sign-in.
+pub const ADMIN_COOKIE: &str = "leasekeeper_admin";
+
+/// The token a request presents: a bearer token, else the admin cookie.
+fn presented_token(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    bearer.or_else(|| {
+        headers
+            .get_all(axum::http::header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(name, _)| *name == ADMIN_COOKIE)
+            .map(|(_, value)| value)
+    })
+}
+
+/// Compares in time independent of where the strings differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// Whether a request with `headers` may take operator actions.
+pub fn is_operator(settings: &Settings, headers: &HeaderMap) -> bool {
+    match &settings.admin_token {
+        None => true,
+        Some(want) => presented_token(headers).is_some_and(|got| same_secret(got, want)),
+    }
+}
+
+/// 401 unless a request with `headers` may take operator actions.
+pub fn authorize(settings: &Settings, headers: &HeaderMap) -> Result<(), AppError> {
+    if is_operator(settings, headers) {
+        Ok(())
+    } else {
+        Err(AppError::Unauthorized(
+            "this control needs the admin token (LEASEKEEPER_ADMIN_TOKEN): sign in on the dashboard, \
+             or send Authorization: Bearer <token>"
+                .into(),
+        ))
+    }
+}
+
+/// A REST extractor: the request may take operator actions.
+pub struct Operator;
+
+impl FromRequestParts<AppState> for Operator {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
+        authorize(&state.settings, &parts.headers).map(|()| Operator)
+    }
+}
+
+/// Ends the term of lease `id` whose fencing token is `token` now, whoever
+/// holds it, and records who did it. A task lease's claim ends with it, so
+/// another worker may take the task over at once and the old processor's
+/// writes are refused.
+pub async fn force_release(
+    conn: &mut PgConnection,
+    id: i32,
+    token: i64,
+    by: &str,
+) -> Result<Lease, AppError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::LEASES | crate::live::Topics::TASKS);
+    let mut tx = conn.begin().await?;
+    // Race prevented: releasing a term other than the one the operator saw.
+    // The token in the WHERE (re-checked on the newest row version after any
+    // concurrent renew or takeover commits) makes a release of term #7 a
+    // no-op once #8 has begun; the holder's own renew, racing this, either
+    // commits first (and we still end its term, same token) or finds the
+    // lease released and steps down.
+    let released: Option<Lease> = sqlx::query_as(&format!(
+        "UPDATE leases
+            SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+          WHERE id = $1 AND fencing_token = $2
+            AND released_at IS NULL AND expires_at > now()
+         RETURNING {LEASE_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(lease) = released else {
+        return Err(AppError::Conflict(format!(
+            "lease {id} has no live term with token {token} (it ended, or another term began); nothing released"
+        )));
+    };
+    if let Some(task_id) = lease
+        .resource
+        .strip_prefix("task:")
+        .and_then(|n| n.parse::<i32>().ok())
+    {
+        // Race prevented: the processor heartbeating its claim while the
+        // operator ends it. Same token check as above; after this commits
+        // the claim is late, so its heartbeat and completion are refused.
+        sqlx::query(
+            "UPDATE tasks SET must_heartbeat_before = now() - interval '1 millisecond'
+              WHERE id = $1 AND status = 'started' AND fencing_token = $2",
+        )
+        .bind(task_id)
+        .bind(token)
+        .execute(&mut *tx)
+        .await?;
+    }
+    record_operator_action(
+        &mut tx,
+        &lease.resource,
+        by,
+        "force_release",
+        json!({"lease_id": id, "fencing_token": token, "holder": lease.holder}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(lease)
+}
+
+/// Which operator action on a worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerAction {
+    /// Freeze it past the TTL, then let it try to complete.
+    Pause,
+    /// Crash it: nothing released, nothing completed.
+    Kill,
+}
+
+impl WorkerAction {
+    /// Parses `pause` or `kill`.
+    pub fn parse(raw: &str) -> Result<WorkerAction, AppError> {
+        match raw {
+            "pause" => Ok(WorkerAction::Pause),
+            "kill" => Ok(WorkerAction::Kill),
+            other => Err(AppError::BadRequest(format!(
+                "action must be pause or kill, got {other:?}"
+            ))),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            WorkerAction::Pause => "pause",
+            WorkerAction::Kill => "kill",
+        }
+    }
+}
+
+/// Spawns a simulated worker on this instance, recorded as an operator action.
+pub async fn spawn_worker(state: &AppState) -> Result<crate::worker::WorkerInfo, AppError> {
+    let worker = state.fleet.spawn().await?;
+    let mut conn = state.pool.acquire().await?;
+    record_operator_action(
+        &mut conn,
+        &format!("worker:{}", worker.id),
+        &state.instance_id,
+        "spawn_worker",
+        json!({}),
+    )
+    .await?;
+    Ok(worker)
+}
+
+/// Pauses or kills simulated worker `id`: here when this instance runs it,
+/// else through the instance that does (any instance's dashboard controls
+/// every instance's workers). Answers what was done.
+pub async fn control_worker(
+    state: &AppState,
+    id: &str,
+    action: WorkerAction,
+) -> Result<String, AppError> {
+    if !state.fleet.running().iter().any(|w| w == id) {
+        let worker = crate::worker::registry::get(
+            &mut *state.pool.acquire().await?,
+            id,
+            state.settings.lease_ttl,
+        )
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))?;
+        let owner = match (worker.kind, worker.instance_id.as_deref()) {
+            (crate::worker::WorkerKind::Simulated, Some(owner)) if owner != &*state.instance_id => {
+                owner
+            }
+            (crate::worker::WorkerKind::Http, _) => {
+                return Err(AppError::Conflict(format!(
+                    "worker {id} is a separate `leasekeeper worker` process: stop it where it runs"
+                )));
+            }
+            _ => {
+                return Err(AppError::Conflict(format!(
+                    "worker {id} is not running (state {}); nothing to {}",
+                    worker.state.as_str(),
+                    action.as_str()
+                )));
+            }
+        };
+        return forward(
+            state,
+            owner,
+            &format!("/api/workers/{}/{}", urlencode(id), action.as_str()),
+        )
+        .await;
+    }
+    let message = match action {
+        WorkerAction::Pause => {
+            let frozen = state.fleet.pause(id)?;
+            format!(
+                "worker {id} paused for {:.1} s: no ticks, no heartbeats; then it tries to complete its task",
+                frozen.as_secs_f64()
+            )
+        }
+        WorkerAction::Kill => {
+            state.fleet.kill(id).await?;
+            format!(
+                "worker {id} killed: nothing completed or released; its task's lease must run out"
+            )
+        }
+    };
+    let mut conn = state.pool.acquire().await?;
+    record_operator_action(
+        &mut conn,
+        &format!("worker:{id}"),
+        &state.instance_id,
+        &format!("{}_worker", action.as_str()),
+        json!({}),
+    )
+    .await?;
+    Ok(message)
+}
+
+/// Kills instance `id` like a crash: no lease released, no goodbye, so its
+/// generator lease and its workers' task leases must expire and be taken
+/// over. This instance exits shortly after answering; another instance is
+/// reached through its address.
+pub async fn kill_instance(state: &AppState, id: &str) -> Result<String, AppError> {
+    if id != &*state.instance_id {
+        let mut conn = state.pool.acquire().await?;
+        let known: Option<(String, bool)> =
+            sqlx::query_as("SELECT address, stopped_at IS NULL FROM instances WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?;
+        return match known {
+            None => Err(AppError::NotFound(format!("no instance with id {id}"))),
+            Some((_, false)) => Err(AppError::Conflict(format!(
+                "instance {id} has already stopped"
+            ))),
+            Some(_) => forward(state, id, &format!("/api/instances/{}/kill", urlencode(id))).await,
+        };
+    }
+    let mut conn = state.pool.acquire().await?;
+    record_operator_action(
+        &mut conn,
+        &format!("instance:{id}"),
+        id,
+        "kill_instance",
+        json!({}),
+    )
+    .await?;
+    tracing::warn!(instance = %id, "killed by an operator: exiting now without releasing anything");
+    // Answer first, then die the way a crash does: exit without running the
+    // graceful shutdown (no lease released, instance not marked stopped).
+    tokio::spawn(async {
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        std::process::exit(137);
+    });
+    Ok(format!(
+        "instance {id} killed: its leases stay held until they expire, then others take over"
+    ))
+}
+
+/// Percent-encodes a path segment (ids are plain, but never trust that).
+fn urlencode(raw: &str) -> String {
+    raw.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// POSTs `path` to instance `owner` (looked up in `instances`) with this
+/// instance's admin token, and answers its `message`.
+async fn forward(state: &AppState, owner: &str, path: &str) -> Result<String, AppError> {
+    let address: Option<String> =
+        sqlx::query_scalar("SELECT address FROM instances WHERE id = $1 AND stopped_at IS NULL")
+            .bind(owner)
+            .fetch_optional(&mut *state.pool.acquire().await?)
+            .await?;
+    let address =
+        address.ok_or_else(|| AppError::Conflict(format!("instance {owner} is not running")))?;
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(AppError::internal)?;
+    let mut req = client.post(format!("http://{address}{path}"));
+    if let Some(token) = &state.settings.admin_token {
+        req = req.bearer_auth(token);
+    }
+    let resp = req.send().await.map_err(|e| {
+        AppError::Conflict(format!(
+            "instance {owner} did not answer at {address} ({e}); it may already be dead"
+        ))
+    })?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    let text = |key: &str| body.get(key).and_then(|m| m.as_str()).map(str::to_string);
+    if status.is_success() {
+        Ok(text("message").unwrap_or_else(|| format!("done by instance {owner}")))
+    } else {
+        let msg = format!(
+            "instance {owner} refused: {}",
+            text("error").unwrap_or_else(|| status.to_string())
+        );
+        Err(match status.as_u16() {
+            401 => AppError::Unauthorized(msg),
+            404 => AppError::NotFound(msg),
+            _ => AppError::Conflict(msg),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn settings(token: Option<&str>) -> Settings {
+        let mut s = Settings::resolve(
+            None,
+            std::path::Path::new("none"),
+            &crate::settings::SettingArgs::default(),
+        )
+        .unwrap();
+        s.admin_token = token.map(str::to_string);
+        s
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    const TOKEN: &str = "correct-horse-battery-staple";
+
+    #[test]
+    fn without_a_token_everyone_is_an_operator() {
+        assert!(is_operator(&settings(None), &headers(&[])));
+    }
+
+    #[test]
+    fn with_a_token_only_its_bearer_or_cookie_is() {
+        let s = settings(Some(TOKEN));
+        assert!(!is_operator(&s, &headers(&[])));
+        assert!(is_operator(
+            &s,
+            &headers(&[("authorization", &format!("Bearer {TOKEN}"))])
+        ));
+        assert!(!is_operator(
+            &s,
+            &headers(&[("authorization", "Bearer correct-horse-battery-stapl")])
+        ));
+        assert!(!is_operator(&s, &headers(&[("authorization", TOKEN)])));
+        assert!(is_operator(
+            &s,
+            &headers(&[("cookie", &format!("a=1; {ADMIN_COOKIE}={TOKEN}; b=2"))])
+        ));
+        assert!(!is_operator(
+            &s,
+            &headers(&[("cookie", &format!("x{ADMIN_COOKIE}={TOKEN}"))])
+        ));
+        assert!(authorize(&s, &headers(&[])).is_err());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "abcd"));
+        assert!(!same_secret("", "a"));
+    }
+}
