@@ -46,6 +46,29 @@ pub enum Command {
         #[arg(long, default_value_t = 3010)]
         base_port: u16,
     },
+    /// Measure speed targets against baselines run alongside (build with
+    /// --release for figures worth comparing).
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+}
+
+/// The benchmarks.
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum BenchWhat {
+    /// Push latency (commit to page data, idle and under 1,000 workers'
+    /// worth of events) and server-side render time of the tasks page with
+    /// 1,000 and 1,000,000 tasks.
+    Dashboard {
+        /// Fewer samples: well under a minute.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
 }
 
 /// Actions on the embedded cluster.

@@ -15,6 +15,8 @@ pub mod queue;
 pub mod worker;
 
 #[cfg(feature = "ssr")]
+pub mod bench;
+#[cfg(feature = "ssr")]
 pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod cluster;

@@ -26,6 +26,12 @@ async fn main() -> std::process::ExitCode {
             instances,
             base_port,
         } => leasekeeper::cluster::run(settings, instances, base_port).await,
+        Command::Bench { what } => match what {
+            leasekeeper::cli::BenchWhat::Dashboard { quick, json } => {
+                leasekeeper::bench::dashboard(settings, leasekeeper::bench::Options { quick, json })
+                    .await
+            }
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

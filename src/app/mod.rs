@@ -16,7 +16,7 @@ pub use instances::{
 pub use leases::{
     ForceReleaseLease, LeasesPage, force_release_lease, get_lease_detail, get_leases,
 };
-pub use tasks::{TasksPage, get_task_detail, get_tasks};
+pub use tasks::{GetTasks, TasksPage, get_task_detail, get_tasks};
 pub use workers::{
     ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
 };

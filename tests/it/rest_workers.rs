@@ -48,14 +48,14 @@ async fn spawn_list_pause_and_kill_a_simulated_worker() {
     assert_eq!(killed["worker"]["state"], "crashed");
     assert_eq!(killed["worker"]["alive"], false);
 
-    // Gone from this instance now: both levers answer 404, saying why.
+    // Not running any more: both levers answer 409, saying why.
     for action in ["pause", "kill"] {
         let (s, err) = api
             .post(&format!("/api/workers/i-test-w1/{action}"), json!({}))
             .await;
-        assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
+        assert_eq!(s, StatusCode::CONFLICT, "{err}");
         assert!(
-            error_of(&err).contains("not a running simulated worker of this instance"),
+            error_of(&err).contains("is not running (state crashed)"),
             "{err}"
         );
     }
@@ -63,7 +63,7 @@ async fn spawn_list_pause_and_kill_a_simulated_worker() {
 }
 
 #[tokio::test]
-async fn another_instances_worker_or_a_bad_id_cannot_be_touched() {
+async fn a_worker_of_a_dead_instance_or_a_bad_id_cannot_be_touched() {
     let api = Api::new().await;
     sqlx::query(
         "INSERT INTO workers (id, instance_id, kind, state) VALUES ('other-w1', 'other', 'simulated', 'idle')",
@@ -71,9 +71,16 @@ async fn another_instances_worker_or_a_bad_id_cannot_be_touched() {
     .execute(&api.db.pool)
     .await
     .unwrap();
+    // Another instance's worker is killed through that instance; one that
+    // is not running cannot be reached.
     let (s, err) = api.post("/api/workers/other-w1/kill", json!({})).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    assert!(
+        error_of(&err).contains("instance other is not running"),
+        "{err}"
+    );
+    let (s, err) = api.post("/api/workers/nobody/kill", json!({})).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
-    assert!(error_of(&err).contains("i-test"), "{err}");
     let (s, w) = api.get("/api/workers/other-w1").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(w["state"], "idle", "untouched");

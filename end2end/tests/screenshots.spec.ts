@@ -1,0 +1,34 @@
+import { test } from "@playwright/test";
+import path from "node:path";
+
+// Not a test: refreshes the README's screenshots from a running dashboard.
+//   SCREENSHOTS=1 LEPTOS_SITE_ADDR=127.0.0.1:3010 npx playwright test tests/screenshots.spec.ts
+// (run against `leasekeeper cluster` with the generator started, so the
+// pages have something to show). Skipped unless SCREENSHOTS is set.
+
+const docs = path.resolve(__dirname, "..", "..", "docs");
+const pages: [string, string][] = [
+  ["overview", "/"],
+  ["leases", "/leases?id=1"],
+  ["tasks", "/tasks"],
+  ["workers", "/workers"],
+  ["instances", "/instances"],
+];
+
+test.skip(!process.env.SCREENSHOTS, "set SCREENSHOTS=1 to refresh docs/*.png");
+
+for (const [name, url] of pages) {
+  test(`screenshot ${name}`, async ({ page }) => {
+    await page.setViewportSize({ width: 1280, height: 900 });
+    await page.goto(url);
+    await page.waitForTimeout(1_500); // hydrated, live, a few updates in
+    await page.screenshot({ path: path.join(docs, `dashboard-${name}.png`), fullPage: true });
+  });
+}
+
+test("screenshot on a phone", async ({ page }) => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto("/tasks");
+  await page.waitForTimeout(1_500);
+  await page.screenshot({ path: path.join(docs, "dashboard-phone.png") });
+});
