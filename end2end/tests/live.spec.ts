@@ -110,7 +110,7 @@ test("kill instance C from A's dashboard: it exits like a crash and shows dead",
   }
 });
 
-test("kill B's busy worker from A's workers page", async ({ page, request }) => {
+test("kill B's worker from A's workers page, through B", async ({ page, request }) => {
   const spawned = await request.post(`${b.url}/api/workers`);
   expect(spawned.status()).toBe(201);
   const worker = await spawned.json();

@@ -30,7 +30,14 @@ pub async fn operator_state() -> Result<crate::server::AppState, AppError> {
     let state = state()?;
     let headers: axum::http::HeaderMap =
         leptos_axum::extract().await.map_err(AppError::internal)?;
-    crate::ops::authorize(&state.settings, &headers)?;
+    if let Err(e) = crate::ops::authorize(&state.settings, &headers) {
+        // A refusal, not a failure: 401, not the 500 a server function's
+        // error answers by default.
+        if let Some(resp) = use_context::<leptos_axum::ResponseOptions>() {
+            resp.set_status(e.status());
+        }
+        return Err(e);
+    }
     Ok(state)
 }
 
