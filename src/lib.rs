@@ -10,6 +10,7 @@ pub mod error;
 pub mod generator;
 pub mod instance;
 pub mod lease;
+pub mod overview;
 pub mod queue;
 pub mod worker;
 

@@ -4,6 +4,7 @@
 pub mod common;
 mod instances;
 mod leases;
+mod overview;
 mod tasks;
 mod workers;
 
@@ -11,6 +12,7 @@ pub use instances::{
     GeneratorPanel, InstancesPage, SetGenerator, get_generator_status, get_instances, set_generator,
 };
 pub use leases::{LeasesPage, get_lease_detail, get_leases};
+pub use overview::{OverviewPage, get_overview};
 pub use tasks::{TasksPage, get_task_detail, get_tasks};
 pub use workers::{WorkersPage, control_worker, get_workers, spawn_worker};
 
@@ -53,6 +55,7 @@ pub fn App() -> impl IntoView {
                         "leasekeeper"
                     </a>
                     <nav class="flex gap-4 text-sm text-slate-600">
+                        <a href="/" class="hover:text-slate-900" data-testid="nav-overview">"Overview"</a>
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
@@ -64,7 +67,7 @@ pub fn App() -> impl IntoView {
                 <Routes fallback=|| view! { <NotFound/> }>
                     // Async: the server waits for the data and sends whole
                     // HTML, so pages work before (and without) hydration.
-                    <Route path=StaticSegment("") view=LeasesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("") view=OverviewPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>

@@ -42,6 +42,7 @@ impl Api {
             instance_id,
             fleet: fleet.clone(),
             generator: None,
+            overview: Default::default(),
         };
         Api {
             app: router(state),

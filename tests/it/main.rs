@@ -9,6 +9,7 @@ mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
+mod overview;
 mod rest_leases;
 mod rest_origin;
 mod rest_tasks;
