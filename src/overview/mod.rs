@@ -229,7 +229,10 @@ mod tests {
         ring.record(T0 + 2_000, 150, 7);
         ring.record(T0 + 10_000, 160, 7);
         let chart = ring.snapshot(T0 + 10_000);
-        assert_eq!(chart.buckets.len(), (THROUGHPUT_SECS / BUCKET_SECS) as usize);
+        assert_eq!(
+            chart.buckets.len(),
+            (THROUGHPUT_SECS / BUCKET_SECS) as usize
+        );
         let nonzero: Vec<_> = chart
             .buckets
             .iter()
@@ -239,7 +242,10 @@ mod tests {
         assert_eq!((nonzero[0].completed, nonzero[0].failed), (50, 2));
         assert_eq!((nonzero[1].completed, nonzero[1].failed), (10, 0));
         assert_eq!(nonzero[1].start_ms, bucket_start(T0 + 10_000));
-        assert_eq!(chart.buckets.last().unwrap().start_ms, bucket_start(T0 + 10_000));
+        assert_eq!(
+            chart.buckets.last().unwrap().start_ms,
+            bucket_start(T0 + 10_000)
+        );
         assert!(chart.sampling);
     }
 
@@ -250,9 +256,19 @@ mod tests {
         assert!(!ring.snapshot(T0).sampling);
         ring.record(T0 + 1_000, 10, 3);
         let chart = ring.snapshot(T0 + 1_000);
-        assert!(chart.buckets.iter().all(|b| b.completed == 0 && b.failed == 0));
+        assert!(
+            chart
+                .buckets
+                .iter()
+                .all(|b| b.completed == 0 && b.failed == 0)
+        );
         ring.record(T0 + 2_000, 12, 3);
-        let total: i64 = ring.snapshot(T0 + 2_000).buckets.iter().map(|b| b.completed).sum();
+        let total: i64 = ring
+            .snapshot(T0 + 2_000)
+            .buckets
+            .iter()
+            .map(|b| b.completed)
+            .sum();
         assert_eq!(total, 2);
     }
 

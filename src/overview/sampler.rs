@@ -74,7 +74,9 @@ impl Sampler {
 
     fn memory(&self) -> MutexGuard<'_, Memory> {
         // A panic while holding the lock leaves plain numbers behind: usable.
-        self.memory.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.memory
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The throughput chart ending at `now_ms` (database clock).
@@ -105,7 +107,12 @@ fn merge(previous: Option<SplitBrain>, mut found: SplitBrain) -> SplitBrain {
         let recent = horizon.is_none_or(|h| old.at > h);
         let again = found.overlaps.iter().any(|o| {
             (&o.resource, o.fencing_token, o.other_token, &o.source)
-                == (&old.resource, old.fencing_token, old.other_token, &old.source)
+                == (
+                    &old.resource,
+                    old.fencing_token,
+                    old.other_token,
+                    &old.source,
+                )
         });
         if recent && !again {
             found.overlaps.push(old);

@@ -45,9 +45,13 @@ pub async fn check(
     // only make the batch smaller).
     // `cut`: whether an event older than the batch still lies within the
     // window (then the check covers less than the window, and says so).
-    let (events_checked, oldest, cut, checked_at): (i64, Option<DateTime<Utc>>, bool, DateTime<Utc>) =
-        sqlx::query_as(
-            "WITH bound AS (SELECT coalesce(max(id), 0) - $2 AS id FROM lease_events)
+    let (events_checked, oldest, cut, checked_at): (
+        i64,
+        Option<DateTime<Utc>>,
+        bool,
+        DateTime<Utc>,
+    ) = sqlx::query_as(
+        "WITH bound AS (SELECT coalesce(max(id), 0) - $2 AS id FROM lease_events)
              SELECT count(*), min(at),
                     coalesce((SELECT e.at > now() - make_interval(secs => $1)
                                 FROM lease_events e WHERE e.id <= (SELECT id FROM bound)
@@ -56,11 +60,11 @@ pub async fn check(
                FROM lease_events
               WHERE id > (SELECT id FROM bound)
                 AND at > now() - make_interval(secs => $1)",
-        )
-        .bind(window_secs)
-        .bind(max_events)
-        .fetch_one(&mut *conn)
-        .await?;
+    )
+    .bind(window_secs)
+    .bind(max_events)
+    .fetch_one(&mut *conn)
+    .await?;
     let covered_secs = match oldest {
         Some(oldest) if cut => (checked_at - oldest).num_seconds(),
         _ => window.as_secs() as i64,

@@ -51,9 +51,9 @@ async fn insert_tasks(pool: &PgPool, n: i32, max_attempts: i32) {
     .unwrap();
 }
 
-/// 16 claimers, each on its own connection (so on many counter shards),
-/// claim 500 tasks; every fifth attempt fails (back to pending, or failed
-/// after its second attempt), the rest complete. Some claims are left
+/// 16 concurrent claimers claim 500 tasks; every fifth attempt fails (back
+/// to pending, or failed after its second attempt), the rest complete.
+/// Then some claims are left
 /// started and some late. The counter table must match count(*) exactly,
 /// also after deleting tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -61,48 +61,16 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
     let db = TestDb::with_connections(24).await;
     insert_tasks(&db.pool, 500, 2).await;
     assert_eq!(cheap_counts(&db.pool).await.tasks_pending, 500);
-    let policy = RetryPolicy {
-        base: Duration::from_millis(1),
-        max: Duration::from_millis(1),
-    };
     let barrier = Arc::new(Barrier::new(16));
-    let mut claimers = Vec::new();
-    for w in 0..16 {
-        let pool = db.pool.clone();
-        let barrier = barrier.clone();
-        claimers.push(tokio::spawn(async move {
-            let mut conn = pool.acquire().await.unwrap();
-            let me = holder(&format!("w{w}"));
-            barrier.wait().await;
-            let mut idle_rounds = 0;
-            let mut n = 0;
-            while idle_rounds < 20 {
-                let Some(task) = store::claim_next(&mut conn, &me, TTL).await.unwrap() else {
-                    // Failed attempts come back after a millisecond's backoff.
-                    idle_rounds += 1;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                };
-                idle_rounds = 0;
-                n += 1;
-                let token = task.fencing_token.unwrap();
-                if n % 5 == 0 {
-                    store::fail(&mut conn, task.id, &me, token, "boom", policy)
-                        .await
-                        .unwrap();
-                } else {
-                    store::complete(&mut conn, task.id, &me, token, None)
-                        .await
-                        .unwrap();
-                }
-            }
-        }));
-    }
+    let claimers = spawn_claimers(&db.pool, Some(5), barrier);
     for c in claimers {
         c.await.unwrap();
     }
     let real = real_counts(&db.pool).await;
-    assert!(real.tasks_processed > 300 && real.tasks_failed > 0, "{real:?}");
+    assert!(
+        real.tasks_processed > 300 && real.tasks_failed > 0,
+        "{real:?}"
+    );
     assert_eq!(cheap_counts(&db.pool).await, real);
 
     // Started, late, enqueued one by one, and deleted tasks are counted too.
@@ -114,7 +82,9 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
             .unwrap()
             .unwrap();
     }
-    store::enqueue(&mut conn, &json!({}), 3, None).await.unwrap();
+    store::enqueue(&mut conn, &json!({}), 3, None)
+        .await
+        .unwrap();
     sqlx::query(
         "UPDATE tasks SET must_heartbeat_before = now() - interval '1 s'
           WHERE id IN (SELECT id FROM tasks WHERE status = 'started' ORDER BY id LIMIT 2)",
@@ -129,7 +99,10 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
     let real = real_counts(&db.pool).await;
     let cheap = cheap_counts(&db.pool).await;
     assert_eq!(cheap, real);
-    assert!(cheap.tasks_late >= 1 && cheap.leases_active >= 1, "{cheap:?}");
+    assert!(
+        cheap.tasks_late >= 1 && cheap.leases_active >= 1,
+        "{cheap:?}"
+    );
 }
 
 /// Appends an event to `lease_events` by hand, `at_ms`/`expires_ms` relative to now.
@@ -176,7 +149,9 @@ async fn a_clean_history_shows_no_split_brain() {
     // Real terms through the lease store: acquire, renew, release,
     // reacquire by another holder, and a takeover after expiry.
     let r = resource("job:clean");
-    leases::acquire(&mut conn, &r, &holder("a"), TTL).await.unwrap();
+    leases::acquire(&mut conn, &r, &holder("a"), TTL)
+        .await
+        .unwrap();
     leases::renew(&mut conn, &r, &holder("a"), None, None)
         .await
         .unwrap();
@@ -187,7 +162,9 @@ async fn a_clean_history_shows_no_split_brain() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
-    leases::acquire(&mut conn, &r, &holder("c"), TTL).await.unwrap();
+    leases::acquire(&mut conn, &r, &holder("c"), TTL)
+        .await
+        .unwrap();
     // Hand-made history: a takeover just after the old term ran out, and a
     // reacquire after a release.
     event(&db.pool, "job:x", "a", 1, "acquired", -10_000, -3_000).await;
@@ -256,7 +233,10 @@ async fn overlapping_terms_are_flagged() {
     let narrow = split_brain::check(&mut conn, Duration::from_millis(500), 1000)
         .await
         .unwrap();
-    assert!(narrow.overlaps.iter().all(|o| o.source == "tasks"), "{narrow:?}");
+    assert!(
+        narrow.overlaps.iter().all(|o| o.source == "tasks"),
+        "{narrow:?}"
+    );
 }
 
 #[tokio::test]
@@ -277,7 +257,12 @@ async fn rest_overview_counts_enqueued_tasks() {
     let (_, after) = api.get("/api/overview").await;
     assert_eq!(after["counts"]["tasks_pending"], 3);
     assert_eq!(after["answered_by"], "i-test");
-    assert!(after["split_brain"]["overlaps"].as_array().unwrap().is_empty());
+    assert!(
+        after["split_brain"]["overlaps"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(after["throughput"]["buckets"].as_array().unwrap().len(), 30);
 }
 
@@ -318,10 +303,18 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
     .execute(&db.pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE tasks").execute(&db.pool).await.unwrap();
+    sqlx::query("ANALYZE tasks")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let counts = cheap_counts(&db.pool).await;
     assert_eq!(
-        (counts.tasks_failed, counts.tasks_started, counts.tasks_pending, counts.tasks_processed),
+        (
+            counts.tasks_failed,
+            counts.tasks_started,
+            counts.tasks_pending,
+            counts.tasks_processed
+        ),
         (1000, 100, 1000, 997_900),
         "the statement-level insert trigger counted the bulk insert"
     );
@@ -362,31 +355,69 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
                     .iter()
                     .map(|n| n["Rows Removed by Filter"].as_i64().unwrap_or(0))
                     .sum();
-                assert!(removed <= 10_000, "{what}: read {removed} rows only to drop them: {plan:#}");
+                assert!(
+                    removed <= 10_000,
+                    "{what}: read {removed} rows only to drop them: {plan:#}"
+                );
             }
         }
     }
+}
+
+/// 16 claimers, each on its own connection (so on many counter shards),
+/// released together by `barrier`, claiming until nothing is left. Every
+/// `fail_every`-th attempt of a claimer fails (back to pending after a
+/// millisecond, or failed after its last attempt), the rest complete.
+fn spawn_claimers(
+    pool: &PgPool,
+    fail_every: Option<u32>,
+    barrier: Arc<Barrier>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let policy = RetryPolicy {
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+    };
+    (0..16)
+        .map(|w| {
+            let pool = pool.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                let me = holder(&format!("w{w}"));
+                barrier.wait().await;
+                // Failed attempts come back after their backoff: look again
+                // a few times before deciding the queue is empty.
+                let patience = if fail_every.is_some() { 20 } else { 1 };
+                let (mut idle_rounds, mut n) = (0, 0);
+                while idle_rounds < patience {
+                    let Some(task) = store::claim_next(&mut conn, &me, TTL).await.unwrap() else {
+                        idle_rounds += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    idle_rounds = 0;
+                    n += 1;
+                    let token = task.fencing_token.unwrap();
+                    if fail_every.is_some_and(|every| n % every == 0) {
+                        store::fail(&mut conn, task.id, &me, token, "boom", policy)
+                            .await
+                            .unwrap();
+                    } else {
+                        store::complete(&mut conn, task.id, &me, token, None)
+                            .await
+                            .unwrap();
+                    }
+                }
+            })
+        })
+        .collect()
 }
 
 /// Claims and completes `n` tasks with 16 concurrent claimers; tasks/s.
 async fn claim_complete_rate(db: &TestDb, n: i32) -> f64 {
     insert_tasks(&db.pool, n, 3).await;
     let barrier = Arc::new(Barrier::new(17));
-    let mut claimers = Vec::new();
-    for w in 0..16 {
-        let pool = db.pool.clone();
-        let barrier = barrier.clone();
-        claimers.push(tokio::spawn(async move {
-            let mut conn = pool.acquire().await.unwrap();
-            let me = holder(&format!("bench{w}"));
-            barrier.wait().await;
-            while let Some(task) = store::claim_next(&mut conn, &me, TTL).await.unwrap() {
-                store::complete(&mut conn, task.id, &me, task.fencing_token.unwrap(), None)
-                    .await
-                    .unwrap();
-            }
-        }));
-    }
+    let claimers = spawn_claimers(&db.pool, None, barrier.clone());
     barrier.wait().await;
     let started = Instant::now();
     for c in claimers {
@@ -414,7 +445,11 @@ async fn counter_trigger_cost() {
             }
             let rate = claim_complete_rate(&db, 2000).await;
             println!("round {round}: triggers {triggers}: {rate:.0} tasks/s");
-            if triggers { with.push(rate) } else { without.push(rate) }
+            if triggers {
+                with.push(rate)
+            } else {
+                without.push(rate)
+            }
         }
     }
     with.sort_by(f64::total_cmp);
@@ -424,5 +459,8 @@ async fn counter_trigger_cost() {
         "median with trigger {:.0}/s, without {:.0}/s: ratio {ratio:.3}",
         with[2], without[2]
     );
-    assert!(ratio >= 0.9, "the counter trigger costs more than 10 %: {ratio:.3}");
+    assert!(
+        ratio >= 0.9,
+        "the counter trigger costs more than 10 %: {ratio:.3}"
+    );
 }
