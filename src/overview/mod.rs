@@ -2,7 +2,7 @@
 //!
 //! - **Counts** by task status come from `task_counts`, a sharded counter
 //!   table kept by triggers on `tasks` (migration `…000006_task_counts`):
-//!   summing at most 64 rows instead of counting a million. "late" is a
+//!   summing 16 rows instead of counting a million. "late" is a
 //!   capped count over the small partial index of started tasks.
 //! - **Throughput** (completed and failed per [`BUCKET_SECS`] over the last
 //!   [`THROUGHPUT_SECS`]) is sampled in memory by each instance

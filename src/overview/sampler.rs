@@ -50,7 +50,7 @@ impl Sampler {
                     _ = this.stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if let Err(e) = this.sample(&pool, n % checks_every == 0).await {
+                if let Err(e) = this.sample(&pool, n.is_multiple_of(checks_every)).await {
                     tracing::warn!(error = %e, "overview sampler: cannot read the counters");
                 }
                 n += 1;

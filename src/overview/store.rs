@@ -6,17 +6,16 @@ use crate::server::AppState;
 use crate::worker::WorkerState;
 use sqlx::PgConnection;
 
-/// Counts by state. Task counts are sums over `task_counts` (at most 64
-/// rows); "late" is counted over the partial index of started tasks and
+/// Counts by state. Task counts are sums over `task_counts` (16 rows); "late" is counted over the partial index of started tasks and
 /// stops at [`LATE_CAP`]; active leases are a range scan of
 /// `leases_expires_at_idx` (released and expired leases lie before now()).
 /// One statement, so all counts come from one snapshot.
 pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
     sqlx::query_as(
-        "SELECT coalesce(sum(n) FILTER (WHERE status = 'pending'), 0)::bigint   AS tasks_pending,
-                coalesce(sum(n) FILTER (WHERE status = 'started'), 0)::bigint   AS tasks_started,
-                coalesce(sum(n) FILTER (WHERE status = 'processed'), 0)::bigint AS tasks_processed,
-                coalesce(sum(n) FILTER (WHERE status = 'failed'), 0)::bigint    AS tasks_failed,
+        "SELECT coalesce(sum(pending), 0)::bigint   AS tasks_pending,
+                coalesce(sum(started), 0)::bigint   AS tasks_started,
+                coalesce(sum(processed), 0)::bigint AS tasks_processed,
+                coalesce(sum(failed), 0)::bigint    AS tasks_failed,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks
                                         WHERE status = 'started' AND must_heartbeat_before <= now()
                                         LIMIT $1) late) AS tasks_late,
@@ -34,9 +33,8 @@ pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
 pub async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
     sqlx::query_as(
         "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
-                coalesce(sum(n) FILTER (WHERE status = 'processed'), 0)::bigint,
-                coalesce(sum(n) FILTER (WHERE status = 'failed'), 0)::bigint
-           FROM task_counts WHERE status IN ('processed', 'failed')",
+                coalesce(sum(processed), 0)::bigint, coalesce(sum(failed), 0)::bigint
+           FROM task_counts",
     )
     .fetch_one(&mut *conn)
     .await

@@ -34,7 +34,7 @@ async fn real_counts(pool: &PgPool) -> Counts {
 }
 
 async fn cheap_counts(pool: &PgPool) -> Counts {
-    overview::counts(&mut *pool.acquire().await.unwrap())
+    overview::counts(&mut pool.acquire().await.unwrap())
         .await
         .unwrap()
 }
@@ -134,7 +134,7 @@ async fn event(
 
 async fn check(pool: &PgPool) -> leasekeeper::overview::SplitBrain {
     split_brain::check(
-        &mut *pool.acquire().await.unwrap(),
+        &mut pool.acquire().await.unwrap(),
         split_brain::WINDOW,
         split_brain::MAX_EVENTS,
     )
