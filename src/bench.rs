@@ -118,6 +118,7 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
         instance_id,
         generator: None,
         live: live.clone(),
+        overview: crate::overview::sampler::Sampler::spawn(pool.clone()),
     };
     let stop = CancellationToken::new();
     let server = {

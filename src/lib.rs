@@ -11,6 +11,7 @@ pub mod generator;
 pub mod instance;
 pub mod lease;
 pub mod live;
+pub mod overview;
 pub mod queue;
 pub mod worker;
 

@@ -38,6 +38,8 @@ pub struct AppState {
     pub fleet: Fleet,
     /// The fan-out of database changes to this instance's browsers.
     pub live: LiveHub,
+    /// The overview's throughput sampler and split-brain check.
+    pub overview: crate::overview::sampler::Sampler,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -135,7 +137,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         instance_id: instance_id.clone(),
         generator: Some(generator.handle()),
         fleet: fleet.clone(),
+        overview: crate::overview::sampler::Sampler::spawn(db.pool.clone()),
     };
+    let overview = state.overview.clone();
     for _ in 0..settings.workers {
         if let Err(e) = fleet.spawn().await {
             tracing::warn!(error = %e, "cannot start a simulated worker");
@@ -151,6 +155,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .context("serving HTTP");
     tracing::info!("shutting down");
+    overview.stop();
     // Workers give their tasks back before the database goes away.
     fleet.shutdown(std::time::Duration::from_secs(5)).await;
     // Release the generator lease if held, so another instance takes over

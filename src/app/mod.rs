@@ -5,6 +5,7 @@ mod access;
 pub mod common;
 mod instances;
 mod leases;
+mod overview;
 mod tasks;
 mod workers;
 
@@ -20,6 +21,7 @@ pub use tasks::{GetTasks, TasksPage, get_task_detail, get_tasks};
 pub use workers::{
     ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
 };
+pub use overview::{OverviewPage, get_overview};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
@@ -61,6 +63,7 @@ pub fn App() -> impl IntoView {
                         "leasekeeper"
                     </a>
                     <nav class="flex flex-wrap gap-x-4 gap-y-1 text-sm text-slate-600">
+                        <a href="/" class="hover:text-slate-900" data-testid="nav-overview">"Overview"</a>
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
@@ -73,7 +76,7 @@ pub fn App() -> impl IntoView {
                 <Routes fallback=|| view! { <NotFound/> }>
                     // Async: the server waits for the data and sends whole
                     // HTML, so pages work before (and without) hydration.
-                    <Route path=StaticSegment("") view=LeasesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("") view=OverviewPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>

@@ -6,6 +6,7 @@ pub mod generator;
 pub mod instances;
 pub mod leases;
 pub mod origin;
+pub mod overview;
 pub mod tasks;
 pub mod workers;
 
@@ -27,6 +28,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(workers::routes())
         .merge(generator::routes())
         .merge(instances::routes())
+        .merge(overview::routes())
         .route("/api", any(no_such_route))
         .route("/api/{*rest}", any(no_such_route))
         .method_not_allowed_fallback(method_not_allowed)

@@ -127,3 +127,19 @@ pub async fn list(
     .fetch_all(&mut *conn)
     .await
 }
+
+/// The alive workers (at most [`LIST_LIMIT`]), newest first; `alive` judged
+/// with `lease_ttl`. For the overview, which counts them and says what each holds.
+pub async fn list_alive(
+    conn: &mut PgConnection,
+    lease_ttl: Duration,
+) -> Result<Vec<WorkerInfo>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT * FROM (SELECT {WORKER_COLUMNS} FROM workers) w
+          WHERE alive ORDER BY started_at DESC, id LIMIT $2"
+    ))
+    .bind(millis(alive_window(lease_ttl)))
+    .bind(LIST_LIMIT)
+    .fetch_all(&mut *conn)
+    .await
+}

@@ -52,6 +52,7 @@ impl Api {
             fleet: fleet.clone(),
             generator: None,
             live: live.clone(),
+            overview: Default::default(),
         };
         Api {
             app: router(state),

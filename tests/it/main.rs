@@ -11,6 +11,7 @@ mod lease_race;
 mod lease_store;
 mod live;
 mod operator;
+mod overview;
 mod rest_leases;
 mod rest_origin;
 mod rest_tasks;

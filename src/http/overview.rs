@@ -1,0 +1,17 @@
+//! `/api/overview`: counts, throughput and the split-brain check as JSON.
+
+use crate::error::AppError;
+use crate::overview::{Overview, store};
+use crate::server::AppState;
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+
+/// The overview route.
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/api/overview", get(overview))
+}
+
+async fn overview(State(s): State<AppState>) -> Result<Json<Overview>, AppError> {
+    Ok(Json(store::read(&s).await?))
+}

@@ -1,0 +1,76 @@
+//! The overview's reads: counts that stay cheap with a million tasks, and
+//! the whole [`Overview`] assembled for the page and the REST route.
+
+use super::{Counts, LATE_CAP, Overview};
+use crate::server::AppState;
+use crate::worker::WorkerState;
+use sqlx::PgConnection;
+
+/// Counts by state. Task counts are sums over `task_counts` (16 rows); "late" is counted over the partial index of started tasks and
+/// stops at [`LATE_CAP`]; active leases are a range scan of
+/// `leases_expires_at_idx` (released and expired leases lie before now()).
+/// One statement, so all counts come from one snapshot.
+pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
+    sqlx::query_as(
+        "SELECT coalesce(sum(pending), 0)::bigint   AS tasks_pending,
+                coalesce(sum(started), 0)::bigint   AS tasks_started,
+                coalesce(sum(processed), 0)::bigint AS tasks_processed,
+                coalesce(sum(failed), 0)::bigint    AS tasks_failed,
+                (SELECT count(*) FROM (SELECT 1 FROM tasks
+                                        WHERE status = 'started' AND must_heartbeat_before <= now()
+                                        LIMIT $1) late) AS tasks_late,
+                (SELECT count(*) FROM leases
+                  WHERE expires_at > now() AND released_at IS NULL) AS leases_active
+           FROM task_counts",
+    )
+    .bind(LATE_CAP)
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// The totals of processed and failed tasks, with the database time in
+/// milliseconds: what the throughput sampler reads every second.
+pub async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
+                coalesce(sum(processed), 0)::bigint, coalesce(sum(failed), 0)::bigint
+           FROM task_counts",
+    )
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// Everything the overview shows, as `state`'s instance sees it: counts,
+/// instances and workers read now; throughput and the split-brain result
+/// from the instance's sampler (the check runs here when the sampler has
+/// none yet). The REST route and the page's server function both call this.
+pub async fn read(state: &AppState) -> sqlx::Result<Overview> {
+    use super::split_brain::{MAX_EVENTS, WINDOW, check};
+    let mut conn = state.pool.acquire().await?;
+    let counts = counts(&mut conn).await?;
+    let alive_window = crate::instance::alive_window(state.settings.renew_interval);
+    let instances = crate::instance::store::list(&mut conn, alive_window).await?;
+    let workers = crate::worker::registry::list_alive(&mut conn, state.settings.lease_ttl).await?;
+    let now_ms: i64 = sqlx::query_scalar("SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint")
+        .fetch_one(&mut *conn)
+        .await?;
+    let split_brain = match state.overview.split_brain() {
+        Some(known) => known,
+        None => check(&mut conn, WINDOW, MAX_EVENTS).await?,
+    };
+    let busy = workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Working && w.task_id.is_some())
+        .count();
+    Ok(Overview {
+        counts,
+        instances_alive: instances.iter().filter(|i| i.alive).count() as i64,
+        workers_alive: workers.len() as i64,
+        workers_busy: busy as i64,
+        instances,
+        workers,
+        throughput: state.overview.throughput(now_ms),
+        split_brain,
+        answered_by: state.instance_id.to_string(),
+    })
+}
