@@ -106,6 +106,7 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
     settings.site_addr = addr;
     let instance_id: Arc<str> = Arc::from("i-bench");
     let live = LiveHub::start(pool.clone());
+    let sampler = crate::overview::sampler::Sampler::spawn(pool.clone());
     let state = AppState {
         leptos_options: leptos_options(&settings),
         pool: pool.clone(),
@@ -118,7 +119,7 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
         instance_id,
         generator: None,
         live: live.clone(),
-        overview: crate::overview::sampler::Sampler::spawn(pool.clone()),
+        overview: sampler.clone(),
     };
     let stop = CancellationToken::new();
     let server = {
@@ -162,28 +163,42 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
 
     step("render /tasks with 1,000 tasks (baseline)");
     fill_tasks(&pool, 1_000).await?;
-    let small = render_times(&http, &format!("{base}/tasks"), renders).await?;
+    let small = render_times(
+        &http,
+        &format!("{base}/tasks"),
+        "data-testid=\"task-row\"",
+        renders,
+    )
+    .await?;
     results.push(("ssr_tasks_1k_p50_ms", small.percentile(50.0)));
     results.push(("ssr_tasks_1k_p95_ms", small.percentile(95.0)));
 
     step("insert tasks up to 1,000,000");
     fill_tasks(&pool, 1_000_000).await?;
-    for (key50, key95, path) in [
-        ("ssr_tasks_1m_p50_ms", "ssr_tasks_1m_p95_ms", "/tasks"),
+    let row = "data-testid=\"task-row\"";
+    for (key50, key95, path, expect) in [
+        ("ssr_tasks_1m_p50_ms", "ssr_tasks_1m_p95_ms", "/tasks", row),
         (
             "ssr_tasks_1m_pending_p50_ms",
             "ssr_tasks_1m_pending_p95_ms",
             "/tasks?status=pending",
+            row,
         ),
         (
             "ssr_tasks_1m_failed_p50_ms",
             "ssr_tasks_1m_failed_p95_ms",
             "/tasks?status=failed",
+            row,
         ),
-        ("ssr_overview_1m_p50_ms", "ssr_overview_1m_p95_ms", "/"),
+        (
+            "ssr_overview_1m_p50_ms",
+            "ssr_overview_1m_p95_ms",
+            "/",
+            "data-testid=\"count-pending\"",
+        ),
     ] {
         step(&format!("render {path} with 1,000,000 tasks"));
-        let t = render_times(&http, &format!("{base}{path}"), renders).await?;
+        let t = render_times(&http, &format!("{base}{path}"), expect, renders).await?;
         results.push((key50, t.percentile(50.0)));
         results.push((key95, t.percentile(95.0)));
     }
@@ -195,6 +210,7 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
     results.push(("ssr_p95_1m_vs_1k", ratio(big95, small.percentile(95.0))));
 
     live.shutdown();
+    sampler.stop();
     stop.cancel();
     server.await??;
     Ok(results)
@@ -331,13 +347,38 @@ async fn page_task_ids(http: &reqwest::Client, base: &str) -> Result<Vec<i64>> {
         .unwrap_or_default())
 }
 
+/// What a page on the event stream saw: when each refetch finished, and
+/// the task ids it showed.
+type Refetched = (Instant, Vec<i64>);
+
+/// Plays the hydrated tasks page: on every `change` event, refetch its data
+/// (one at a time, as the page's resource does) and publish what it shows.
+async fn play_page(
+    http: reqwest::Client,
+    base: String,
+    seen: tokio::sync::broadcast::Sender<Refetched>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let mut events = EventStream::open(&http, &base).await?;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            got = events.next("change") => got?,
+        }
+        let ids = page_task_ids(&http, &base).await?;
+        let _ = seen.send((Instant::now(), ids));
+    }
+}
+
 async fn push_latency(
     http: &reqwest::Client,
     base: &str,
     pool: &PgPool,
     probes: usize,
 ) -> Result<Samples> {
-    let mut events = EventStream::open(http, base).await?;
+    let (tx, mut seen) = tokio::sync::broadcast::channel::<Refetched>(1024);
+    let stop = CancellationToken::new();
+    let page = tokio::spawn(play_page(http.clone(), base.to_string(), tx, stop.clone()));
     let mut samples = Vec::with_capacity(probes);
     for _ in 0..probes {
         let id = {
@@ -352,21 +393,34 @@ async fn push_latency(
             .id as i64
         };
         let committed = Instant::now();
-        // Like the page: on each change event, refetch; done when it shows.
-        loop {
-            events.next("change").await?;
-            if page_task_ids(http, base).await?.contains(&id) {
-                break;
+        let shown_at = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match seen.recv().await {
+                    Ok((at, ids)) if at >= committed && ids.contains(&id) => return Ok(at),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(e) => return Err(anyhow::anyhow!("the page stopped: {e}")),
+                }
             }
-        }
-        samples.push(committed.elapsed().as_secs_f64() * 1000.0);
+        })
+        .await
+        .context("a change did not reach the page within 10 s")??;
+        samples.push(shown_at.duration_since(committed).as_secs_f64() * 1000.0);
         let pause = 50 + rand::random::<u64>() % 100;
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+    stop.cancel();
+    page.await??;
     Ok(Samples(samples))
 }
 
-async fn render_times(http: &reqwest::Client, url: &str, n: usize) -> Result<Samples> {
+/// Times `n` whole-page GETs of `url`; each page must contain `expect`
+/// (proof that the data was rendered, not just the shell).
+async fn render_times(
+    http: &reqwest::Client,
+    url: &str,
+    expect: &str,
+    n: usize,
+) -> Result<Samples> {
     let mut samples = Vec::with_capacity(n);
     for i in 0..n + 5 {
         let started = Instant::now();
@@ -378,8 +432,8 @@ async fn render_times(http: &reqwest::Client, url: &str, n: usize) -> Result<Sam
             .text()
             .await?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
-        if !body.contains("</html>") {
-            bail!("{url} did not render a whole page");
+        if !body.contains("</html>") || !body.contains(expect) {
+            bail!("{url} did not render a whole page with {expect:?}");
         }
         if i >= 5 {
             samples.push(ms); // the first five warm caches and the pool

@@ -246,6 +246,11 @@ pub async fn control_worker(
         }
     };
     let mut conn = state.pool.acquire().await?;
+    if action == WorkerAction::Kill {
+        // Start the failover stopwatch on whatever it held (its leases stay
+        // live: a kill releases nothing).
+        crate::lease::stopwatch::record_kill(&mut conn, "worker", id, &[id.to_string()]).await?;
+    }
     record_operator_action(
         &mut conn,
         &format!("worker:{id}"),
@@ -278,6 +283,16 @@ pub async fn kill_instance(state: &AppState, id: &str) -> Result<String, AppErro
         };
     }
     let mut conn = state.pool.acquire().await?;
+    // The stopwatch starts on the generator lease and every task lease of
+    // this instance's workers.
+    let mut holders: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM workers WHERE instance_id = $1 AND state IN ('idle', 'working', 'paused')",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?;
+    holders.push(id.to_string());
+    crate::lease::stopwatch::record_kill(&mut conn, "instance", id, &holders).await?;
     record_operator_action(
         &mut conn,
         &format!("instance:{id}"),

@@ -72,9 +72,29 @@ test("kill a busy worker and see its task taken over by another worker", async (
   await expect(rescuer).toHaveAttribute("data-state", "working");
   await expect(rescuer).toHaveAttribute("data-task", String(task.id));
 
-  // The task page shows the takeover in the lease history.
+  // The stopwatch timed it: from the kill to the takeover, within the
+  // bound TTL + renew interval.
+  const watch = page.locator(`[data-testid="stopwatch-row"][data-resource="task:${task.id}"]`);
+  await expect(watch).toHaveAttribute("data-state", "taken_over");
+  const elapsed = Number(await watch.getByTestId("stopwatch-elapsed").getAttribute("data-ms"));
+  const bound = Number(await watch.getByTestId("stopwatch-bound").getAttribute("data-ms"));
+  expect(elapsed).toBeGreaterThan(0);
+  expect(elapsed).toBeLessThanOrEqual(bound);
+
+  // The task page shows the takeover in the lease history, and the timeline
+  // draws two terms: the killed worker's, ended by the takeover, and the
+  // rescuer's, still held, with the next token.
   await page.goto(`/tasks?id=${task.id}`);
   await expect(page.getByTestId("task-detail").locator('[data-kind="taken_over"]')).toHaveCount(1);
+  const timeline = page.locator(`[data-testid="timeline"][data-resource="task:${task.id}"]`);
+  const terms = timeline.getByTestId("timeline-term");
+  await expect(terms).toHaveCount(2);
+  await expect(terms.nth(0)).toHaveAttribute("data-holder", busyId);
+  await expect(terms.nth(0)).toHaveAttribute("data-end", "taken_over");
+  await expect(terms.nth(1)).toHaveAttribute("data-holder", taken.processor);
+  await expect(terms.nth(1)).toHaveAttribute("data-token", String(claimed.fencing_token + 1));
+  await expect(timeline.getByTestId("timeline-takeover")).toHaveCount(1);
+  await expect(timeline.getByTestId("timeline-gap").first()).toBeAttached();
 
   // Leave nothing running for other tests.
   await page.goto("/workers");

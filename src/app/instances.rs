@@ -92,6 +92,7 @@ pub fn InstancesPage() -> impl IntoView {
                 }
             })}
         </Transition>
+        <super::failover::Stopwatch/>
     }
 }
 
@@ -178,6 +179,7 @@ pub fn GeneratorPanel() -> impl IntoView {
                     }
                 })}
             </Transition>
+            <super::failover::OwnershipTimeline resource=crate::generator::RESOURCE/>
             {move || action.value().get().and_then(|r| r.err()).map(|e| view! {
                 <Notice kind="error" testid="generator-action-error" text=e.to_string()/>
             })}

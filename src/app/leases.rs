@@ -223,6 +223,7 @@ fn LeaseDetailView(detail: LeaseDetail, release: ServerAction<ForceReleaseLease>
                 })}
             </div>
             {outcome}
+            <super::failover::OwnershipTimeline resource=lease.resource.clone()/>
             <HistoryList history=detail.history/>
         </section>
     }

@@ -3,6 +3,7 @@
 
 mod access;
 pub mod common;
+mod failover;
 mod instances;
 mod leases;
 mod overview;
@@ -10,6 +11,7 @@ mod tasks;
 mod workers;
 
 pub use access::{Access, get_access, sign_in, sign_out};
+pub use failover::{OwnershipTimeline, Stopwatch, StopwatchView, get_failovers, get_timeline};
 pub use instances::{
     GeneratorPanel, InstancesPage, KillInstance, SetGenerator, get_generator_status, get_instances,
     kill_instance, set_generator,
@@ -17,11 +19,11 @@ pub use instances::{
 pub use leases::{
     ForceReleaseLease, LeasesPage, force_release_lease, get_lease_detail, get_leases,
 };
+pub use overview::{OverviewPage, get_overview};
 pub use tasks::{GetTasks, TasksPage, get_task_detail, get_tasks};
 pub use workers::{
     ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
 };
-pub use overview::{OverviewPage, get_overview};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};

@@ -33,13 +33,12 @@ pub fn OverviewPage() -> impl IntoView {
                 match overview.await {
                     Ok(o) => Either::Left(view! { <OverviewBody overview=o/> }),
                     Err(e) => Either::Right(view! {
-                        <Notice kind="error" testid="overview-error" text=format!("Cannot load the overview: {e}. The page retries every second.")/>
+                        <Notice kind="error" testid="overview-error" text=format!("Cannot load the overview: {e}. The page retries on the next change, and every few seconds.")/>
                     }),
                 }
             })}
         </Transition>
-        // The failover stopwatch (from the ownership-timeline work) goes
-        // here: <Stopwatch/>.
+        <super::failover::Stopwatch/>
         <div class="mt-6">
             <GeneratorPanel/>
         </div>

@@ -211,6 +211,7 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
                 <div><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
                 <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums"><LocalTime at=task.created_at/></dd></div>
             </dl>
+            <super::failover::OwnershipTimeline resource=crate::queue::Task::resource_name(task.id)/>
             <HistoryList history=detail.history/>
         </section>
     }

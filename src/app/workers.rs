@@ -108,6 +108,7 @@ pub fn WorkersPage() -> impl IntoView {
                 }
             })}
         </Transition>
+        <super::failover::Stopwatch/>
     }
 }
 

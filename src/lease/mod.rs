@@ -7,11 +7,14 @@
 //! ([`singleton`]).
 
 pub mod names;
+pub mod timeline;
 
 #[cfg(feature = "ssr")]
 pub mod client;
 #[cfg(feature = "ssr")]
 pub mod singleton;
+#[cfg(feature = "ssr")]
+pub mod stopwatch;
 #[cfg(feature = "ssr")]
 pub mod store;
 
@@ -160,4 +163,34 @@ pub struct LeaseDetail {
     pub lease: Lease,
     /// Its most recent events, newest first.
     pub history: Vec<LeaseEvent>,
+}
+
+/// One failover, as the stopwatch shows it: from a kill (or, for a silent
+/// death, the old holder's last sign of life) to the first term with a
+/// higher fencing token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+pub struct Failover {
+    /// `killed` (from the dashboard) or `found_dead`.
+    pub cause: String,
+    /// The killed worker or instance (for a silent death, the old holder).
+    pub subject: Option<String>,
+    /// The lease that had to fail over.
+    pub resource: String,
+    /// Who held it.
+    pub old_holder: Option<String>,
+    /// The term that was cut short.
+    pub old_token: Option<i64>,
+    /// When the stopwatch started.
+    pub started_at: DateTime<Utc>,
+    /// When another holder's term began, if it has.
+    pub taken_at: Option<DateTime<Utc>>,
+    /// Who took over.
+    pub new_holder: Option<String>,
+    /// The new term's token.
+    pub new_token: Option<i64>,
+    /// Start to takeover, when taken over.
+    pub elapsed_ms: Option<i64>,
+    /// Start to now (database clock), for the running stopwatch.
+    pub since_ms: i64,
 }

@@ -17,6 +17,7 @@ mod rest_origin;
 mod rest_tasks;
 mod rest_workers;
 mod singleton;
+mod stopwatch;
 mod task_store;
 mod terms;
 mod workers;

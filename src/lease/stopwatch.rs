@@ -1,0 +1,75 @@
+//! The failover stopwatch's store: a dashboard kill records, by the
+//! database clock, every lease the victim held; each is then timed until
+//! another holder's term (a higher fencing token) begins. Takeovers nobody
+//! caused from the dashboard (a crash, a `kill -9`) are timed too, from the
+//! old holder's last sign of life (its last acquisition or renewal).
+
+use super::Failover;
+use sqlx::PgConnection;
+
+/// Records that `subject` (a worker or an instance) was just killed, with
+/// every live lease held by any of `holders` (the worker's id; an instance's
+/// id and its workers' ids). Returns how many leases it held.
+pub async fn record_kill(
+    conn: &mut PgConnection,
+    subject_kind: &str,
+    subject: &str,
+    holders: &[String],
+) -> sqlx::Result<u64> {
+    // Only reads leases to decide nothing about ownership: it snapshots who
+    // held what at the kill. Run right after the kill, before the leases
+    // can expire, it sees every term the victim left behind.
+    let done = sqlx::query(
+        "INSERT INTO failover_kills (subject_kind, subject, resource, holder, fencing_token)
+         SELECT $1, $2, resource, holder, fencing_token FROM leases
+          WHERE holder = ANY($3) AND released_at IS NULL AND expires_at > now()",
+    )
+    .bind(subject_kind)
+    .bind(subject)
+    .bind(holders)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// The newest `limit` failovers: dashboard kills (taken over or still
+/// waiting) and, from the last ten minutes, takeovers after a silent death.
+pub async fn recent(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Failover>> {
+    sqlx::query_as(
+        "WITH killed AS (
+            SELECT 'killed' AS cause, k.subject, k.resource, k.holder AS old_holder,
+                   k.fencing_token AS old_token, k.killed_at AS started_at,
+                   t.at AS taken_at, t.holder AS new_holder, t.fencing_token AS new_token
+              FROM (SELECT * FROM failover_kills ORDER BY id DESC LIMIT $1) k
+              LEFT JOIN LATERAL (
+                    SELECT e.at, e.holder, e.fencing_token FROM lease_events e
+                     WHERE e.resource = k.resource AND e.fencing_token > k.fencing_token
+                       AND e.kind IN ('acquired', 'taken_over')
+                     ORDER BY e.id LIMIT 1) t ON true
+         ), silent AS (
+            SELECT 'found_dead' AS cause, e.previous_holder AS subject, e.resource,
+                   e.previous_holder AS old_holder, last.fencing_token AS old_token,
+                   last.at AS started_at, e.at AS taken_at, e.holder AS new_holder,
+                   e.fencing_token AS new_token
+              FROM lease_events e
+              JOIN LATERAL (
+                    SELECT p.at, p.fencing_token FROM lease_events p
+                     WHERE p.resource = e.resource AND p.id < e.id
+                       AND p.kind IN ('acquired', 'taken_over', 'renewed')
+                     ORDER BY p.id DESC LIMIT 1) last ON true
+             WHERE e.kind = 'taken_over' AND e.at > now() - interval '10 minutes'
+               AND NOT EXISTS (SELECT 1 FROM failover_kills k
+                                WHERE k.resource = e.resource AND k.fencing_token = last.fencing_token)
+             ORDER BY e.at DESC LIMIT $1
+         )
+         SELECT cause, subject, resource, old_holder, old_token, started_at, taken_at,
+                new_holder, new_token,
+                (EXTRACT(EPOCH FROM (taken_at - started_at)) * 1000)::bigint AS elapsed_ms,
+                (EXTRACT(EPOCH FROM (now() - started_at)) * 1000)::bigint AS since_ms
+           FROM (SELECT * FROM killed UNION ALL SELECT * FROM silent) f
+          ORDER BY started_at DESC LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+}

@@ -1,0 +1,128 @@
+//! The failover stopwatch: a kill records what the victim held; each lease
+//! is timed until a term with a higher token begins; silent deaths are
+//! timed from the old holder's last renewal.
+
+use crate::api::Api;
+use crate::common::{TestDb, holder, resource};
+use leasekeeper::lease::stopwatch::{recent, record_kill};
+use leasekeeper::lease::store as leases;
+use serde_json::json;
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn expire(db: &TestDb, name: &str) {
+    sqlx::query("UPDATE leases SET expires_at = now() - interval '1 ms' WHERE resource = $1")
+        .bind(name)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    for name in ["task:1", "task:2"] {
+        leases::acquire(&mut conn, &resource(name), &holder("w-dead"), TTL)
+            .await
+            .unwrap();
+    }
+    leases::acquire(&mut conn, &resource("task:3"), &holder("w-alive"), TTL)
+        .await
+        .unwrap();
+    let held = record_kill(&mut conn, "worker", "w-dead", &["w-dead".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(held, 2, "only the victim's live leases");
+
+    let waiting = recent(&mut conn, 10).await.unwrap();
+    assert_eq!(waiting.len(), 2);
+    assert!(
+        waiting
+            .iter()
+            .all(|f| f.cause == "killed" && f.taken_at.is_none() && f.elapsed_ms.is_none())
+    );
+
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    expire(&db, "task:1").await;
+    let taken = leases::acquire(&mut conn, &resource("task:1"), &holder("w-next"), TTL)
+        .await
+        .unwrap();
+    let rows = recent(&mut conn, 10).await.unwrap();
+    let one = rows.iter().find(|f| f.resource == "task:1").unwrap();
+    assert_eq!(one.new_holder.as_deref(), Some("w-next"));
+    assert_eq!(one.new_token, Some(taken.lease().fencing_token));
+    assert!(one.new_token > one.old_token);
+    assert!(one.elapsed_ms.unwrap() >= 50, "{one:?}");
+    let two = rows.iter().find(|f| f.resource == "task:2").unwrap();
+    assert!(
+        two.taken_at.is_none(),
+        "task:2 was never taken over: {two:?}"
+    );
+    // A takeover the dashboard caused is not counted again as a silent death.
+    assert_eq!(rows.iter().filter(|f| f.resource == "task:1").count(), 1);
+}
+
+#[tokio::test]
+async fn a_silent_death_is_timed_from_the_last_renewal() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let r = resource("singleton:generator");
+    leases::acquire(&mut conn, &r, &holder("i-a"), TTL)
+        .await
+        .unwrap();
+    leases::renew(&mut conn, &r, &holder("i-a"), None, Some(TTL))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    expire(&db, "singleton:generator").await;
+    leases::acquire(&mut conn, &r, &holder("i-b"), TTL)
+        .await
+        .unwrap();
+    let rows = recent(&mut conn, 10).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let f = &rows[0];
+    assert_eq!(f.cause, "found_dead");
+    assert_eq!(f.old_holder.as_deref(), Some("i-a"));
+    assert_eq!(f.new_holder.as_deref(), Some("i-b"));
+    assert_eq!((f.old_token, f.new_token), (Some(1), Some(2)));
+    assert!(f.elapsed_ms.unwrap() >= 30, "{f:?}");
+}
+
+#[tokio::test]
+async fn killing_a_busy_worker_through_the_api_starts_the_stopwatch() {
+    let api = Api::new().await;
+    let (_, task) = api
+        .post(
+            "/api/tasks",
+            json!({"task_data": {"sleep_duration_seconds": 30}}),
+        )
+        .await;
+    let (s, worker) = api.post("/api/workers", json!({})).await;
+    assert!(s.is_success(), "{worker}");
+    let id = worker["id"].as_str().unwrap().to_string();
+    // Wait for it to claim the task.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, t) = api.get(&format!("/api/tasks/{}", task["id"])).await;
+        if t["processor"] == id.as_str() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never claimed the task"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (s, body) = api
+        .post(&format!("/api/workers/{id}/kill"), json!({}))
+        .await;
+    assert!(s.is_success(), "{body}");
+    let mut conn = api.db.pool.acquire().await.unwrap();
+    let rows = recent(&mut conn, 10).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].resource, format!("task:{}", task["id"]));
+    assert_eq!(rows[0].subject.as_deref(), Some(id.as_str()));
+    api.fleet.shutdown(Duration::from_secs(5)).await;
+}
