@@ -30,6 +30,13 @@ pub async fn get_access() -> Result<Access, AppError> {
 /// Checks `token` and, when right, keeps it in this browser's cookie.
 #[server(prefix = "/sfn")]
 pub async fn sign_in(token: String) -> Result<(), AppError> {
+    check_and_remember(token)
+        .await
+        .map_err(super::common::refused)
+}
+
+#[cfg(feature = "ssr")]
+async fn check_and_remember(token: String) -> Result<(), AppError> {
     let state = super::common::state()?;
     let mut headers = axum::http::HeaderMap::new();
     let bearer = axum::http::HeaderValue::from_str(&format!("Bearer {}", token.trim()))

@@ -30,15 +30,18 @@ pub async fn operator_state() -> Result<crate::server::AppState, AppError> {
     let state = state()?;
     let headers: axum::http::HeaderMap =
         leptos_axum::extract().await.map_err(AppError::internal)?;
-    if let Err(e) = crate::ops::authorize(&state.settings, &headers) {
-        // A refusal, not a failure: 401, not the 500 a server function's
-        // error answers by default.
-        if let Some(resp) = use_context::<leptos_axum::ResponseOptions>() {
-            resp.set_status(e.status());
-        }
-        return Err(e);
-    }
+    crate::ops::authorize(&state.settings, &headers).map_err(refused)?;
     Ok(state)
+}
+
+/// Gives a server function's refusal its own status (401, 400, 409…)
+/// instead of the 500 a server function's error answers by default.
+#[cfg(feature = "ssr")]
+pub fn refused(e: AppError) -> AppError {
+    if let Some(resp) = use_context::<leptos_axum::ResponseOptions>() {
+        resp.set_status(e.status());
+    }
+    e
 }
 
 /// The resolved settings, inside a server function.

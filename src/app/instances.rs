@@ -54,7 +54,9 @@ pub async fn get_instances() -> Result<Vec<Instance>, AppError> {
 #[server(prefix = "/sfn")]
 pub async fn kill_instance(id: String) -> Result<String, AppError> {
     let state = super::common::operator_state().await?;
-    crate::ops::kill_instance(&state, &id).await
+    crate::ops::kill_instance(&state, &id)
+        .await
+        .map_err(super::common::refused)
 }
 
 /// The instances page.

@@ -41,7 +41,9 @@ pub async fn force_release_lease(id: i32, token: i64) -> Result<String, AppError
     super::common::check_id(id)?;
     let state = super::common::operator_state().await?;
     let mut conn = state.pool.acquire().await?;
-    let lease = crate::ops::force_release(&mut conn, id, token, &state.instance_id).await?;
+    let lease = crate::ops::force_release(&mut conn, id, token, &state.instance_id)
+        .await
+        .map_err(super::common::refused)?;
     Ok(format!(
         "released term #{token} of {} (held by {}); the next holder gets a higher token",
         lease.resource,

@@ -44,9 +44,11 @@ pub async fn spawn_worker() -> Result<String, AppError> {
 /// instance or (through it) of another.
 #[server(prefix = "/sfn")]
 pub async fn control_worker(id: String, action: String) -> Result<String, AppError> {
-    let action = crate::ops::WorkerAction::parse(&action)?;
+    let action = crate::ops::WorkerAction::parse(&action).map_err(super::common::refused)?;
     let state = super::common::operator_state().await?;
-    crate::ops::control_worker(&state, &id, action).await
+    crate::ops::control_worker(&state, &id, action)
+        .await
+        .map_err(super::common::refused)
 }
 
 fn state_badge(state: WorkerState) -> &'static str {
