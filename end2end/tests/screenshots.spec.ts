@@ -10,7 +10,7 @@ const docs = path.resolve(__dirname, "..", "..", "docs");
 const pages: [string, string][] = [
   ["overview", "/"],
   ["leases", "/leases?id=1"],
-  ["tasks", "/tasks"],
+  ["tasks", `/tasks?id=${process.env.SHOT_TASK ?? "1"}`],
   ["workers", "/workers"],
   ["instances", "/instances"],
 ];

@@ -172,7 +172,7 @@ pub fn Stopwatch() -> impl IntoView {
         <section class="mt-6 rounded border border-slate-200 bg-white p-4" data-testid="stopwatch">
             <h2 class="text-lg font-semibold">"Failover stopwatch"</h2>
             <p class="text-sm text-slate-600">
-                "From a kill (or a holder's last renewal, when it died unseen) to another holder's term with a higher fencing token."
+                "From a kill (or a holder's last renewal, when it went silent: crashed, stalled or paused) to another holder's term with a higher fencing token. The bound, TTL + renew interval, assumes a contender is free to claim at once; busy workers claim only between tasks, so a full queue can take longer."
             </p>
             <Transition fallback=|| view! { <p class="text-sm text-slate-500">"Loading…"</p> }>
                 {move || Suspend::new(async move {
@@ -206,7 +206,7 @@ fn StopwatchRows(view: StopwatchView) -> impl IntoView {
                 let who = if f.cause == "killed" {
                     format!("killed {}", f.subject.clone().unwrap_or_default())
                 } else {
-                    format!("{} found dead", f.old_holder.clone().unwrap_or_default())
+                    format!("{} went silent", f.old_holder.clone().unwrap_or_default())
                 };
                 let taken = f.new_holder.clone().map(|h| format!("→ {h} #{}", f.new_token.unwrap_or_default())).unwrap_or_default();
                 view! {
@@ -217,7 +217,7 @@ fn StopwatchRows(view: StopwatchView) -> impl IntoView {
                         <span class="font-mono text-slate-600">{taken}</span>
                         <span class=format!("tabular-nums {class}") data-testid="stopwatch-elapsed" data-ms=f.elapsed_ms.map(|m| m.to_string())>{elapsed}</span>
                         <span class="tabular-nums text-slate-500" data-testid="stopwatch-bound" data-ms=view.bound_ms>
-                            {format!("bound {bound_s:.1} s{}", if over { " — over!" } else { "" })}
+                            {format!("bound {bound_s:.1} s{}", if over { " — over: no contender claimed it sooner" } else { "" })}
                         </span>
                     </li>
                 }
