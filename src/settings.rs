@@ -574,6 +574,32 @@ mod tests {
     }
 
     #[test]
+    fn admin_token_is_checked_and_empty_means_unset() {
+        let with = |t: &str| {
+            resolve(
+                None,
+                SettingArgs {
+                    admin_token: Some(t.into()),
+                    ..SettingArgs::default()
+                },
+            )
+        };
+        let err = with("short").unwrap_err().to_string();
+        assert!(
+            err.contains("LEASEKEEPER_ADMIN_TOKEN") && err.contains("16 to 256"),
+            "{err}"
+        );
+        assert!(with("has a space in it, sixteen+").is_err());
+        assert_eq!(with("").unwrap().admin_token, None);
+        let ok = with("0123456789abcdef").unwrap();
+        assert_eq!(ok.admin_token.as_deref(), Some("0123456789abcdef"));
+        assert!(
+            ok.to_env()
+                .contains(&("LEASEKEEPER_ADMIN_TOKEN", "0123456789abcdef".to_string()))
+        );
+    }
+
+    #[test]
     fn to_env_round_trips_through_resolve() {
         let args = SettingArgs {
             lease_ttl_secs: Some("2.5".into()),
