@@ -8,22 +8,54 @@ use crate::lease::timeline::{TermEnd, Timeline};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
-/// `resource`'s timeline from its newest events, as of the database's now.
+/// Which resource a timeline is about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimelineOf {
+    /// A resource by name (`task:7`, `singleton:generator`).
+    Resource(String),
+    /// The resource of lease row `id`.
+    Lease(i32),
+}
+
+/// A timeline and the resource it is about.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimelineView {
+    /// The resource.
+    pub resource: String,
+    /// Its terms and marks.
+    pub timeline: Timeline,
+}
+
+/// The timeline of `of` from its newest events, as of the database's now;
+/// `None` for a lease id that does not exist.
 #[server(prefix = "/sfn")]
-pub async fn get_timeline(resource: String) -> Result<Timeline, AppError> {
-    if resource.is_empty() || resource.len() > 256 {
-        return Err(AppError::BadRequest(
-            "resource must be 1 to 256 characters".into(),
-        ));
-    }
+pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppError> {
     // The most events one timeline reads (newest first).
     const TIMELINE_EVENTS: i64 = 400;
     let mut conn = super::common::pool()?.acquire().await?;
+    let resource = match of {
+        TimelineOf::Resource(r) if r.is_empty() || r.len() > 256 => {
+            return Err(AppError::BadRequest(
+                "resource must be 1 to 256 characters".into(),
+            ));
+        }
+        TimelineOf::Resource(r) => r,
+        TimelineOf::Lease(id) => {
+            super::common::check_id(id)?;
+            match crate::lease::store::get(&mut conn, id).await? {
+                Some(lease) => lease.resource,
+                None => return Ok(None),
+            }
+        }
+    };
     let events = crate::lease::store::history(&mut conn, &resource, TIMELINE_EVENTS).await?;
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)
         .await?;
-    Ok(crate::lease::timeline::build(&events, now))
+    Ok(Some(TimelineView {
+        timeline: crate::lease::timeline::build(&events, now),
+        resource,
+    }))
 }
 
 const WIDTH: f64 = 1000.0;
@@ -32,27 +64,39 @@ const LANE: f64 = 30.0;
 
 /// A resource's ownership timeline: a lane per holder, a bar per term
 /// (token inside), renew ticks, shaded unowned gaps, takeover and expiry
-/// markers, refused stale writes in red. Updates live.
+/// markers, refused stale writes in red. Updates live; placed once per page
+/// (not inside a detail that re-renders) so an update redraws it in place.
 #[component]
-pub fn OwnershipTimeline(#[prop(into)] resource: String) -> impl IntoView {
+pub fn OwnershipTimeline(#[prop(into)] of: Signal<Option<TimelineOf>>) -> impl IntoView {
     let tick = refresh_tick();
-    let key = resource.clone();
-    let timeline = Resource::new(move || (key.clone(), tick.get()), |(r, _)| get_timeline(r));
+    let timeline = Resource::new(
+        move || (of.get(), tick.get()),
+        |(of, _)| async move {
+            match of {
+                None => Ok(None),
+                Some(of) => get_timeline(of).await,
+            }
+        },
+    );
     view! {
-        <section class="mt-3" data-testid="timeline" data-resource=resource.clone()>
-            <h3 class="text-sm font-semibold text-slate-700">"Ownership timeline"</h3>
-            <Transition fallback=|| view! { <p class="text-sm text-slate-500">"Loading…"</p> }>
-                {move || Suspend::new(async move {
-                    match timeline.await {
-                        Ok(t) if t.terms.is_empty() => view! {
-                            <Notice kind="empty" testid="timeline-empty" text="Nobody has held this resource yet.".to_string()/>
-                        }.into_any(),
-                        Ok(t) => view! { <TimelineSvg timeline=t/> }.into_any(),
-                        Err(e) => view! { <Notice kind="error" testid="timeline-error" text=e.to_string()/> }.into_any(),
-                    }
-                })}
-            </Transition>
-        </section>
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                match timeline.await {
+                    Ok(None) => ().into_any(),
+                    Ok(Some(v)) => view! {
+                        <section class="mt-3 rounded border border-slate-200 bg-white p-3" data-testid="timeline" data-resource=v.resource.clone()>
+                            <h3 class="text-sm font-semibold text-slate-700">{format!("Ownership timeline of {}", v.resource)}</h3>
+                            {if v.timeline.terms.is_empty() {
+                                view! { <Notice kind="empty" testid="timeline-empty" text="Nobody has held this resource yet.".to_string()/> }.into_any()
+                            } else {
+                                view! { <TimelineSvg timeline=v.timeline/> }.into_any()
+                            }}
+                        </section>
+                    }.into_any(),
+                    Err(e) => view! { <Notice kind="error" testid="timeline-error" text=e.to_string()/> }.into_any(),
+                }
+            })}
+        </Transition>
     }
 }
 

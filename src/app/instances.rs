@@ -181,7 +181,9 @@ pub fn GeneratorPanel() -> impl IntoView {
                     }
                 })}
             </Transition>
-            <super::failover::OwnershipTimeline resource=crate::generator::RESOURCE/>
+            <super::failover::OwnershipTimeline of=Signal::stored(Some(super::failover::TimelineOf::Resource(
+                crate::generator::RESOURCE.to_string(),
+            )))/>
             {move || action.value().get().and_then(|r| r.err()).map(|e| view! {
                 <Notice kind="error" testid="generator-action-error" text=e.to_string()/>
             })}

@@ -138,6 +138,9 @@ pub fn LeasesPage() -> impl IntoView {
                 }
             })}
         </Transition>
+        <super::failover::OwnershipTimeline of=Signal::derive(move || {
+            lookup.get().and_then(|raw| parse_id(&raw).ok()).map(super::failover::TimelineOf::Lease)
+        })/>
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading leases…"</p> }>
             {move || Suspend::new(async move {
@@ -225,7 +228,6 @@ fn LeaseDetailView(detail: LeaseDetail, release: ServerAction<ForceReleaseLease>
                 })}
             </div>
             {outcome}
-            <super::failover::OwnershipTimeline resource=lease.resource.clone()/>
             <HistoryList history=detail.history/>
         </section>
     }

@@ -11,7 +11,10 @@ mod tasks;
 mod workers;
 
 pub use access::{Access, get_access, sign_in, sign_out};
-pub use failover::{OwnershipTimeline, Stopwatch, StopwatchView, get_failovers, get_timeline};
+pub use failover::{
+    OwnershipTimeline, Stopwatch, StopwatchView, TimelineOf, TimelineView, get_failovers,
+    get_timeline,
+};
 pub use instances::{
     GeneratorPanel, InstancesPage, KillInstance, SetGenerator, get_generator_status, get_instances,
     kill_instance, set_generator,

@@ -130,6 +130,12 @@ pub fn TasksPage() -> impl IntoView {
                 }
             })}
         </Transition>
+        <super::failover::OwnershipTimeline of=Signal::derive(move || {
+            lookup
+                .get()
+                .and_then(|raw| parse_id(&raw).ok())
+                .map(|id| super::failover::TimelineOf::Resource(crate::queue::Task::resource_name(id)))
+        })/>
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading tasks…"</p> }>
             {move || Suspend::new(async move {
@@ -211,7 +217,6 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
                 <div><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
                 <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums"><LocalTime at=task.created_at/></dd></div>
             </dl>
-            <super::failover::OwnershipTimeline resource=crate::queue::Task::resource_name(task.id)/>
             <HistoryList history=detail.history/>
         </section>
     }
