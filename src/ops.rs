@@ -50,12 +50,18 @@ fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
+/// Whether `candidate` is the configured admin token (false when none is set).
+pub fn is_admin_token(settings: &Settings, candidate: &str) -> bool {
+    settings
+        .admin_token
+        .as_deref()
+        .is_some_and(|want| same_secret(candidate, want))
+}
+
 /// Whether a request with `headers` may take operator actions.
 pub fn is_operator(settings: &Settings, headers: &HeaderMap) -> bool {
-    match &settings.admin_token {
-        None => true,
-        Some(want) => presented_token(headers).is_some_and(|got| same_secret(got, want)),
-    }
+    settings.admin_token.is_none()
+        || presented_token(headers).is_some_and(|got| is_admin_token(settings, got))
 }
 
 /// 401 unless a request with `headers` may take operator actions.
@@ -223,12 +229,7 @@ pub async fn control_worker(
                 )));
             }
         };
-        return forward(
-            state,
-            owner,
-            &format!("/api/workers/{}/{}", urlencode(id), action.as_str()),
-        )
-        .await;
+        return forward(state, owner, &["api", "workers", id, action.as_str()]).await;
     }
     let message = match action {
         WorkerAction::Pause => {
@@ -269,17 +270,17 @@ pub async fn control_worker(
 pub async fn kill_instance(state: &AppState, id: &str) -> Result<String, AppError> {
     if id != &*state.instance_id {
         let mut conn = state.pool.acquire().await?;
-        let known: Option<(String, bool)> =
-            sqlx::query_as("SELECT address, stopped_at IS NULL FROM instances WHERE id = $1")
+        let running: Option<bool> =
+            sqlx::query_scalar("SELECT stopped_at IS NULL FROM instances WHERE id = $1")
                 .bind(id)
                 .fetch_optional(&mut *conn)
                 .await?;
-        return match known {
+        return match running {
             None => Err(AppError::NotFound(format!("no instance with id {id}"))),
-            Some((_, false)) => Err(AppError::Conflict(format!(
+            Some(false) => Err(AppError::Conflict(format!(
                 "instance {id} has already stopped"
             ))),
-            Some(_) => forward(state, id, &format!("/api/instances/{}/kill", urlencode(id))).await,
+            Some(true) => forward(state, id, &["api", "instances", id, "kill"]).await,
         };
     }
     let mut conn = state.pool.acquire().await?;
@@ -313,21 +314,10 @@ pub async fn kill_instance(state: &AppState, id: &str) -> Result<String, AppErro
     ))
 }
 
-/// Percent-encodes a path segment (ids are plain, but never trust that).
-fn urlencode(raw: &str) -> String {
-    raw.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// POSTs `path` to instance `owner` (looked up in `instances`) with this
-/// instance's admin token, and answers its `message`.
-async fn forward(state: &AppState, owner: &str, path: &str) -> Result<String, AppError> {
+/// POSTs the path made of `segments` (each percent-encoded) to instance
+/// `owner` (looked up in `instances`) with this instance's admin token, and
+/// answers its `message`.
+async fn forward(state: &AppState, owner: &str, segments: &[&str]) -> Result<String, AppError> {
     let address: Option<String> =
         sqlx::query_scalar("SELECT address FROM instances WHERE id = $1 AND stopped_at IS NULL")
             .bind(owner)
@@ -339,7 +329,16 @@ async fn forward(state: &AppState, owner: &str, path: &str) -> Result<String, Ap
         .timeout(std::time::Duration::from_secs(5))
         .build()
         .map_err(AppError::internal)?;
-    let mut req = client.post(format!("http://{address}{path}"));
+    let mut url = reqwest::Url::parse(&format!("http://{address}/")).map_err(|e| {
+        AppError::Conflict(format!(
+            "instance {owner} has an unusable address {address:?}: {e}"
+        ))
+    })?;
+    url.path_segments_mut()
+        .map_err(|()| AppError::internal("an http URL has path segments"))?
+        .pop_if_empty()
+        .extend(segments);
+    let mut req = client.post(url);
     if let Some(token) = &state.settings.admin_token {
         req = req.bearer_auth(token);
     }

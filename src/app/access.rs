@@ -30,24 +30,18 @@ pub async fn get_access() -> Result<Access, AppError> {
 /// Checks `token` and, when right, keeps it in this browser's cookie.
 #[server(prefix = "/sfn")]
 pub async fn sign_in(token: String) -> Result<(), AppError> {
-    check_and_remember(token)
-        .await
-        .map_err(super::common::refused)
+    check_and_remember(token).map_err(super::common::refused)
 }
 
 #[cfg(feature = "ssr")]
-async fn check_and_remember(token: String) -> Result<(), AppError> {
+fn check_and_remember(token: String) -> Result<(), AppError> {
     let state = super::common::state()?;
-    let mut headers = axum::http::HeaderMap::new();
-    let bearer = axum::http::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
-        .map_err(|_| AppError::Unauthorized("that is not the admin token".into()))?;
-    headers.insert(axum::http::header::AUTHORIZATION, bearer);
     if state.settings.admin_token.is_none() {
         return Err(AppError::BadRequest(
             "no admin token is set on this server: the controls are open".into(),
         ));
     }
-    if !crate::ops::is_operator(&state.settings, &headers) {
+    if !crate::ops::is_admin_token(&state.settings, token.trim()) {
         return Err(AppError::Unauthorized("that is not the admin token".into()));
     }
     set_cookie(&format!(

@@ -259,10 +259,7 @@ pub fn LiveBadge() -> impl IntoView {
 /// A time shown in the viewer's local time zone once hydrated (UTC in the
 /// server's HTML), with the UTC instant in `datetime` and the tooltip.
 #[component]
-pub fn LocalTime(
-    at: chrono::DateTime<chrono::Utc>,
-    #[prop(optional)] testid: &'static str,
-) -> impl IntoView {
+pub fn LocalTime(at: chrono::DateTime<chrono::Utc>) -> impl IntoView {
     let utc = at.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string();
     let iso = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let clock = use_context::<Live>().map(|l| l.clock);
@@ -276,7 +273,7 @@ pub fn LocalTime(
         }
     };
     view! {
-        <time datetime=iso title=utc class="tabular-nums" data-testid=(!testid.is_empty()).then_some(testid)>
+        <time datetime=iso title=utc class="tabular-nums">
             {text}
         </time>
     }
@@ -419,13 +416,32 @@ pub fn HistoryList(history: Vec<LeaseEvent>) -> impl IntoView {
 
 /// A boxed message for errors and empty states.
 #[component]
-pub fn Notice(kind: &'static str, testid: &'static str, text: String) -> impl IntoView {
+pub fn Notice(kind: &'static str, #[prop(into)] testid: String, text: String) -> impl IntoView {
     let class = match kind {
         "error" => "mt-4 rounded border border-red-300 bg-red-50 p-3 text-sm",
         "warn" => "mt-4 rounded border border-amber-300 bg-amber-50 p-3 text-sm",
         _ => "mt-6 rounded border border-dashed border-slate-300 p-6 text-center text-slate-600",
     };
     view! { <p class=class data-testid=testid>{text}</p> }
+}
+
+/// What the last control press did: its message, or its error.
+/// Testids: `<prefix>-action-result`, `<prefix>-action-error`.
+#[component]
+pub fn ActionOutcome(
+    #[prop(into)] last: Signal<Option<Result<String, crate::error::AppError>>>,
+    prefix: &'static str,
+) -> impl IntoView {
+    move || {
+        last.get().map(|r| match r {
+            Ok(msg) => view! {
+                <p class="mt-3 text-sm text-slate-700" data-testid=format!("{prefix}-action-result")>{msg}</p>
+            }
+            .into_any(),
+            Err(e) => view! { <Notice kind="error" testid=format!("{prefix}-action-error") text=e.to_string()/> }
+                .into_any(),
+        })
+    }
 }
 
 /// A bordered, scrollable table with a header row of `headers`; the rows

@@ -2,7 +2,9 @@
 //! fencing token, time to expiry, start and stop buttons that work from any
 //! instance) and every instance with whether it is alive.
 
-use super::common::{DataTable, LocalTime, Notice, refresh_tick, relative, remaining};
+use super::common::{
+    ActionOutcome, DataTable, LocalTime, Notice, refresh_tick, relative, remaining,
+};
 use crate::error::AppError;
 use crate::generator::GeneratorStatus;
 use crate::instance::Instance;
@@ -68,19 +70,13 @@ pub fn InstancesPage() -> impl IntoView {
         move || (tick.get(), kill.version().get()),
         |_| get_instances(),
     );
-    let outcome = move || {
-        kill.value().get().map(|r| match r {
-            Ok(msg) => view! { <p class="mt-3 text-sm text-slate-700" data-testid="instance-action-result">{msg}</p> }.into_any(),
-            Err(e) => view! { <Notice kind="error" testid="instance-action-error" text=e.to_string()/> }.into_any(),
-        })
-    };
     view! {
         <GeneratorPanel/>
         <h2 class="mt-8 text-xl font-semibold">"Instances"</h2>
         <p class="text-sm text-slate-600">
             "Every leasekeeper process on this database. An instance is alive while it heartbeats; a killed one drops out after two missed heartbeats. Kill = crash: its leases are not released, so they run out and other instances take over."
         </p>
-        {outcome}
+        <ActionOutcome last=kill.value() prefix="instance"/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading instances…"</p> }>
             {move || Suspend::new(async move {
                 match instances.await {

@@ -6,8 +6,8 @@
 //! shared. Once hydrated it refreshes itself every second.
 
 use super::common::{
-    DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick, relative,
-    remaining,
+    ActionOutcome, DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick,
+    relative, remaining,
 };
 use crate::error::AppError;
 use crate::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
@@ -202,12 +202,6 @@ fn LeaseTable(leases: Vec<Lease>) -> impl IntoView {
 fn LeaseDetailView(detail: LeaseDetail, release: ServerAction<ForceReleaseLease>) -> impl IntoView {
     let lease = detail.lease;
     let live = lease.state == LeaseState::Active;
-    let outcome = move || {
-        release.value().get().map(|r| match r {
-            Ok(msg) => view! { <p class="mt-2 text-sm text-slate-700" data-testid="lease-action-result">{msg}</p> }.into_any(),
-            Err(e) => view! { <Notice kind="error" testid="lease-action-error" text=e.to_string()/> }.into_any(),
-        })
-    };
     view! {
         <section class="mt-4 rounded border border-indigo-200 bg-white p-4" data-testid="lease-detail">
             <div class="flex flex-wrap items-baseline gap-x-6 gap-y-1">
@@ -227,7 +221,7 @@ fn LeaseDetailView(detail: LeaseDetail, release: ServerAction<ForceReleaseLease>
                     </ActionForm>
                 })}
             </div>
-            {outcome}
+            <ActionOutcome last=release.value() prefix="lease"/>
             <HistoryList history=detail.history/>
         </section>
     }

@@ -2,7 +2,7 @@
 //! token and heartbeat age, and buttons to spawn, pause and kill this
 //! instance's simulated workers (plain forms before hydration).
 
-use super::common::{DataTable, Notice, refresh_tick};
+use super::common::{ActionOutcome, DataTable, Notice, refresh_tick};
 use crate::error::AppError;
 use crate::worker::{WorkerInfo, WorkerKind, WorkerState};
 use leptos::either::Either;
@@ -71,17 +71,6 @@ pub fn WorkersPage() -> impl IntoView {
         move || (tick.get(), spawn.version().get(), control.version().get()),
         |_| get_workers(),
     );
-    let outcome = move || {
-        let last = control.value().get().or_else(|| spawn.value().get())?;
-        Some(match last {
-            Ok(msg) => Either::Left(
-                view! { <p class="mt-3 text-sm text-slate-700" data-testid="worker-action-result">{msg}</p> },
-            ),
-            Err(e) => Either::Right(
-                view! { <Notice kind="error" testid="worker-action-error" text=e.to_string()/> },
-            ),
-        })
-    };
     view! {
         <div class="flex flex-wrap items-end justify-between gap-4">
             <div>
@@ -96,7 +85,7 @@ pub fn WorkersPage() -> impl IntoView {
                 </button>
             </ActionForm>
         </div>
-        {outcome}
+        <ActionOutcome last=Signal::derive(move || control.value().get().or_else(|| spawn.value().get())) prefix="worker"/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading workers…"</p> }>
             {move || Suspend::new(async move {
                 match workers.await {

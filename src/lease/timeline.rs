@@ -210,7 +210,6 @@ pub fn build(events: &[LeaseEvent], now: DateTime<Utc>) -> Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Duration;
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
@@ -327,6 +326,5 @@ mod tests {
         assert!(empty.terms.is_empty());
         assert_eq!(empty.from, t(5));
         assert_eq!(empty.gaps(), Vec::<(DateTime<Utc>, DateTime<Utc>)>::new());
-        let _ = Duration::seconds(1);
     }
 }

@@ -27,6 +27,10 @@ async fn expect_topic(rx: &mut Receiver<Topics>, want: Topics, within: Duration)
     assert!(got.is_ok(), "no {want:?} announcement within {within:?}");
 }
 
+/// Proves the NOTIFY -> LISTEN path between two instances' pools. Every
+/// announcer in this process forwards every store's announcements, so this
+/// alone does not prove that `enqueue` announces; the two-instance
+/// Playwright tests do (the browser's fallback poll is 5 s, the budget 1 s).
 #[tokio::test]
 async fn a_task_enqueued_through_one_instance_reaches_the_other() {
     let db = TestDb::new().await;
