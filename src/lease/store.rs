@@ -87,7 +87,7 @@ impl Acquired {
     }
 }
 
-fn ttl_ms(ttl: Duration) -> Result<i64, LeaseError> {
+pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64, LeaseError> {
     if ttl.is_zero() || ttl > MAX_TTL {
         return Err(LeaseError::BadTtl);
     }
@@ -95,7 +95,7 @@ fn ttl_ms(ttl: Duration) -> Result<i64, LeaseError> {
     Ok(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1))
 }
 
-fn is_serialization_failure(err: &sqlx::Error) -> bool {
+pub(crate) fn is_serialization_failure(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("40001"))
 }
 

@@ -142,6 +142,12 @@ struct Candidate {
 /// taken over first, then pending ones in `scheduled_at` order. A late task
 /// that has used up its attempts is marked failed instead. `None` when
 /// nothing is claimable.
+///
+/// The common case is one statement, one round trip and one commit
+/// ([`claim_batch`] with a limit of one). Only when that statement found a
+/// candidate it could not claim (a late task out of attempts, or a task
+/// whose lease someone holds by hand) does the claim go the careful way,
+/// statement by statement.
 pub async fn claim_next(
     conn: &mut PgConnection,
     processor: &Holder,
@@ -149,6 +155,157 @@ pub async fn claim_next(
 ) -> Result<Option<Task>, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    let batch = claim_up_to(conn, processor, ttl, 1).await?;
+    if let Some(task) = batch.claimed.into_iter().next() {
+        return Ok(Some(task));
+    }
+    if batch.candidates == 0 {
+        return Ok(None);
+    }
+    claim_carefully(conn, processor, ttl).await
+}
+
+/// What one claim statement did: the tasks it claimed, and how many
+/// candidates it locked (more than claimed means some need the careful path).
+struct ClaimBatch {
+    claimed: Vec<Task>,
+    candidates: i64,
+}
+
+/// The most tasks one [`claim_batch`] may claim.
+pub const MAX_BATCH: usize = 1000;
+
+/// Claims up to `limit` claimable tasks for `processor` in one statement
+/// (one round trip, one commit), each with its own lease and fencing token,
+/// in the order [`claim_next`] would claim them. Candidates the statement
+/// cannot claim (see [`claim_next`]) are left for it. Fewer than `limit`
+/// (or none) when there is not that much work.
+pub async fn claim_batch(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    ttl: Duration,
+    limit: usize,
+) -> Result<Vec<Task>, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    if !(1..=MAX_BATCH).contains(&limit) {
+        return Err(TaskError::BadInput(format!(
+            "a batch claims 1 to {MAX_BATCH} tasks, not {limit}"
+        )));
+    }
+    Ok(claim_up_to(conn, processor, ttl, limit).await?.claimed)
+}
+
+async fn claim_up_to(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    ttl: Duration,
+    limit: usize,
+) -> Result<ClaimBatch, TaskError> {
+    let ttl_ms = leases::ttl_ms(ttl)?;
+    // Races prevented, all in one statement:
+    // - two workers claiming the same task: `FOR UPDATE SKIP LOCKED` locks
+    //   each candidate row until commit and makes every other claimer move
+    //   on to the next row instead of queueing behind it (claims never
+    //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
+    //   locked row's newest version, so a task that a committed transaction
+    //   just finished or re-claimed is not taken.
+    // - a takeover racing the old holder's heartbeat or completion: a late
+    //   task's row is locked here, and their UPDATEs re-check the deadline
+    //   and token on the newest version (see `HOLDS_CLAIM`).
+    // - two terms of one task lease: the lease upsert below is the lease
+    //   store's acquire (`ON CONFLICT ... WHERE l.expires_at <= now()`,
+    //   re-checked under the row lock), so a live lease held by hand is
+    //   left alone; its candidate is counted but not claimed.
+    // Late claims go first (they are older than anything pending); pending
+    // tasks are looked at only when no late one is.
+    let sql = format!(
+        "WITH late AS (
+            SELECT id, attempts, max_attempts, true AS late FROM tasks
+             WHERE status = 'started' AND must_heartbeat_before <= now()
+             ORDER BY must_heartbeat_before, id
+             LIMIT $3 FOR UPDATE SKIP LOCKED
+         ), fresh AS (
+            SELECT id, attempts, max_attempts, false AS late FROM tasks
+             WHERE status = 'pending' AND scheduled_at <= now()
+               AND NOT EXISTS (SELECT 1 FROM late)
+             ORDER BY scheduled_at, id
+             LIMIT $3 FOR UPDATE SKIP LOCKED
+         ), candidate AS (
+            SELECT * FROM late UNION ALL SELECT * FROM fresh
+         ), lease AS (
+            INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
+            SELECT 'task:' || c.id, $1, now(), now() + make_interval(secs => $2::float8 / 1000), $2,
+                   COALESCE((SELECT f.last_token FROM lease_fencing f
+                              WHERE f.resource = 'task:' || c.id), 0) + 1
+              FROM candidate c
+             WHERE NOT c.late OR c.attempts < c.max_attempts
+             ORDER BY c.id
+            ON CONFLICT (resource) DO UPDATE
+               SET holder = EXCLUDED.holder, acquired_at = now(), renewed_at = NULL,
+                   released_at = NULL, expires_at = EXCLUDED.expires_at,
+                   ttl_ms = EXCLUDED.ttl_ms, renew_count = 0,
+                   fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
+             WHERE l.expires_at <= now()
+            RETURNING resource, fencing_token, expires_at
+         ), claimed AS (
+            UPDATE tasks t
+               SET status = 'started', processor = $1, fencing_token = lease.fencing_token,
+                   started_at = now(), last_heartbeat_at = now(),
+                   must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
+              FROM candidate c JOIN lease ON lease.resource = 'task:' || c.id
+             WHERE t.id = c.id
+            RETURNING t.*
+         )
+         SELECT n.candidates, claimed.*
+           FROM (SELECT count(*) AS candidates FROM candidate) n
+           LEFT JOIN (SELECT {TASK_COLUMNS} FROM claimed) claimed ON true
+          ORDER BY claimed.must_heartbeat_before, claimed.id"
+    );
+    for attempt in 0.. {
+        let rows = sqlx::query(&sql)
+            .bind(processor.as_str())
+            .bind(ttl_ms)
+            .bind(i64::try_from(limit).unwrap_or(1))
+            .fetch_all(&mut *conn)
+            .await;
+        match rows {
+            Ok(rows) => {
+                use sqlx::Row;
+                // Always one row at least: the count, and no task when
+                // nothing was claimed.
+                let candidates = match rows.first() {
+                    Some(row) => row.try_get("candidates")?,
+                    None => 0,
+                };
+                let mut claimed = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if row.try_get::<Option<i32>, _>("id")?.is_some() {
+                        claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
+                    }
+                }
+                return Ok(ClaimBatch {
+                    claimed,
+                    candidates,
+                });
+            }
+            // The fencing-token guard (see the leases migration) refused a
+            // token computed from an old snapshot: run it again.
+            Err(e) if leases::is_serialization_failure(&e) && attempt < 5 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    unreachable!("the loop only ends by returning")
+}
+
+/// The careful claim: candidate by candidate, in one transaction, failing
+/// late tasks that are out of attempts and passing over tasks whose lease
+/// is held by hand.
+async fn claim_carefully(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    ttl: Duration,
+) -> Result<Option<Task>, TaskError> {
     let mut tx = conn.begin().await?;
     let mut passed_over: Vec<i32> = Vec::new();
     for _ in 0..CLAIM_CANDIDATES {
@@ -339,7 +496,8 @@ pub async fn heartbeat(
 
 /// Completes task `id` with `output`. Accepted only from the processor that
 /// holds the current claim with `token`, before its deadline; a task is
-/// therefore completed at most once. The task's lease is released.
+/// therefore completed at most once. The task's lease is released. One
+/// statement (one round trip, one commit) when accepted.
 pub async fn complete(
     conn: &mut PgConnection,
     id: i32,
@@ -349,32 +507,101 @@ pub async fn complete(
 ) -> Result<Task, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let mut tx = conn.begin().await?;
+    let done = complete_claims(conn, processor, &[(id, token)], output).await?;
+    if let Some(task) = done.into_iter().next() {
+        return Ok(task);
+    }
+    Err(refuse_alone(conn, id, processor, token, "complete").await?)
+}
+
+/// Completes many claims of `processor` at once, each `(task id, fencing
+/// token)`, all with `output`: one statement, one commit. Answers the
+/// tasks completed; each claim that was not current is refused and
+/// recorded like a refused [`complete`], and left out of the answer.
+pub async fn complete_batch(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    claims: &[(i32, i64)],
+    output: Option<&Value>,
+) -> Result<Vec<Task>, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    if claims.len() > MAX_BATCH {
+        return Err(TaskError::BadInput(format!(
+            "a batch completes at most {MAX_BATCH} tasks, not {}",
+            claims.len()
+        )));
+    }
+    let done = complete_claims(conn, processor, claims, output).await?;
+    if done.len() < claims.len() {
+        let accepted: std::collections::HashSet<i32> = done.iter().map(|t| t.id).collect();
+        for &(id, token) in claims.iter().filter(|(id, _)| !accepted.contains(id)) {
+            refuse_alone(conn, id, processor, token, "complete").await?;
+        }
+    }
+    Ok(done)
+}
+
+async fn complete_claims(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    claims: &[(i32, i64)],
+    output: Option<&Value>,
+) -> Result<Vec<Task>, TaskError> {
+    let (ids, tokens): (Vec<i32>, Vec<i64>) = claims.iter().copied().unzip();
     // Race prevented: a paused processor waking up and completing a task
     // that was taken over meanwhile (the "stale completion"). The UPDATE
-    // locks the row and re-checks the claim on its newest version: a new
-    // token, a finished task or a passed deadline means nothing is written.
-    let updated: Option<Task> = sqlx::query_as(&format!(
-        "UPDATE tasks
-            SET status = 'processed', processed_at = now(), task_output = $4,
-                must_heartbeat_before = NULL
-          WHERE {HOLDS_CLAIM}
-         RETURNING {TASK_COLUMNS}"
-    ))
-    .bind(id)
-    .bind(processor.as_str())
-    .bind(token)
-    .bind(output)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(task) = updated else {
-        let err = refuse(&mut tx, id, processor, token, "complete").await?;
-        tx.commit().await?;
-        return Err(err);
-    };
-    release_claim(&mut tx, id, processor, token).await?;
+    // locks each row and re-checks the claim (processor, token, status,
+    // deadline) on its newest version: a new token, a finished task or a
+    // passed deadline means nothing is written for that task. The lease is
+    // released in the same statement, only for the terms just completed
+    // (same holder and token), so a late release never ends a newer term.
+    // Rows are locked in id order, so two batches never deadlock.
+    let sql = format!(
+        "WITH claim AS (
+            SELECT * FROM unnest($1::int4[], $2::int8[]) AS c(id, token)
+         ), done AS (
+            UPDATE tasks t
+               SET status = 'processed', processed_at = now(), task_output = $4,
+                   must_heartbeat_before = NULL
+              FROM claim
+             WHERE t.id = claim.id AND t.fencing_token = claim.token AND t.processor = $3
+               AND t.status = 'started' AND t.must_heartbeat_before > now()
+            RETURNING t.*
+         ), released AS (
+            UPDATE leases l
+               SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+              FROM done
+             WHERE l.resource = 'task:' || done.id AND l.holder = $3
+               AND l.fencing_token = done.fencing_token
+               AND l.released_at IS NULL AND l.expires_at > now()
+         )
+         SELECT {TASK_COLUMNS} FROM done ORDER BY id"
+    );
+    let mut ordered: Vec<(i32, i64)> = ids.into_iter().zip(tokens).collect();
+    ordered.sort_unstable();
+    let (ids, tokens): (Vec<i32>, Vec<i64>) = ordered.into_iter().unzip();
+    Ok(sqlx::query_as(&sql)
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(processor.as_str())
+        .bind(output)
+        .fetch_all(&mut *conn)
+        .await?)
+}
+
+/// [`refuse`] in a transaction of its own.
+async fn refuse_alone(
+    conn: &mut PgConnection,
+    id: i32,
+    processor: &Holder,
+    token: i64,
+    op: &str,
+) -> Result<TaskError, TaskError> {
+    let mut tx = conn.begin().await?;
+    let err = refuse(&mut tx, id, processor, token, op).await?;
     tx.commit().await?;
-    Ok(task)
+    Ok(err)
 }
 
 /// Reports that an attempt at task `id` failed with `error`. The task goes

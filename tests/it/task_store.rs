@@ -328,3 +328,133 @@ async fn thirty_two_concurrent_claimers_never_share_a_task() {
     .unwrap();
     assert_eq!(processed, 300);
 }
+
+#[tokio::test]
+async fn a_task_whose_lease_is_held_by_hand_is_passed_over_not_claimed() {
+    use leasekeeper::lease::Resource;
+    use leasekeeper::lease::store as leases;
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, 2).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    // Someone holds the oldest task's lease through the lease API.
+    let resource = Resource::parse(format!("task:{}", ids[0])).unwrap();
+    leases::acquire(&mut conn, &resource, &holder("by-hand"), TTL)
+        .await
+        .unwrap();
+    let task = store::claim_next(&mut conn, &holder("w"), TTL)
+        .await
+        .unwrap()
+        .expect("the second task is claimable");
+    assert_eq!(task.id, ids[1], "the held task is passed over");
+    let held = store::get(&mut conn, ids[0]).await.unwrap().unwrap();
+    assert_eq!(held.status, TaskStatus::Pending);
+    // A batch claim passes it over too, and claims nothing else.
+    let batch = store::claim_batch(&mut conn, &holder("w2"), TTL, 10)
+        .await
+        .unwrap();
+    assert!(batch.is_empty(), "{batch:?}");
+    assert_eq!(
+        event_kinds(&db.pool, &format!("task:{}", ids[0])).await,
+        ["acquired"],
+        "the hand-held lease is untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused() {
+    let db = TestDb::with_connections(12).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query(
+        "INSERT INTO tasks (task_data, max_attempts) SELECT jsonb_build_object('n', n), 3 FROM generate_series(1, 2000) n",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    assert!(matches!(
+        store::claim_batch(&mut conn, &holder("w"), TTL, 0).await,
+        Err(TaskError::BadInput(_))
+    ));
+    let barrier = Arc::new(Barrier::new(8));
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (pool, barrier) = (db.pool.clone(), barrier.clone());
+        workers.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            let me = holder(&format!("b{w}"));
+            barrier.wait().await;
+            let mut mine = Vec::new();
+            loop {
+                let batch = store::claim_batch(&mut conn, &me, TTL, 50).await.unwrap();
+                if batch.is_empty() {
+                    break;
+                }
+                assert!(batch.len() <= 50);
+                let claims: Vec<(i32, i64)> = batch
+                    .iter()
+                    .map(|t| (t.id, t.fencing_token.unwrap()))
+                    .collect();
+                let done = store::complete_batch(&mut conn, &me, &claims, None)
+                    .await
+                    .unwrap();
+                assert_eq!(done.len(), claims.len(), "every current claim completes");
+                assert!(done.iter().all(|t| t.status == TaskStatus::Processed));
+                mine.extend(claims.iter().map(|(id, _)| *id));
+            }
+            mine
+        }));
+    }
+    let mut seen = HashSet::new();
+    for w in workers {
+        for id in w.await.unwrap() {
+            assert!(seen.insert(id), "task {id} claimed twice");
+        }
+    }
+    assert_eq!(seen.len(), 2000);
+    let (processed, live_leases): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM tasks WHERE status = 'processed' AND attempts = 1),
+                (SELECT count(*) FROM leases WHERE released_at IS NULL AND expires_at > now())",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (processed, live_leases),
+        (2000, 0),
+        "all done, every lease released"
+    );
+
+    // A batch with one stale claim: the current one completes, the stale
+    // one (taken over meanwhile) is refused and recorded, not written.
+    sqlx::query("INSERT INTO tasks (task_data) VALUES ('{}'), ('{}')")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let old = holder("old");
+    let claimed = store::claim_batch(&mut conn, &old, TTL, 2).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let (a, b) = (&claimed[0], &claimed[1]);
+    expire(&db, b.id).await;
+    let new = store::claim_next(&mut conn, &holder("new"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((new.id, new.fencing_token), (b.id, Some(2)));
+    let done = store::complete_batch(
+        &mut conn,
+        &old,
+        &[(a.id, a.fencing_token.unwrap()), (b.id, 1)],
+        Some(&json!("late")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.iter().map(|t| t.id).collect::<Vec<_>>(), [a.id]);
+    let b_now = store::get(&mut conn, b.id).await.unwrap().unwrap();
+    assert_eq!(
+        (b_now.status, b_now.processor.as_deref()),
+        (TaskStatus::Started, Some("new"))
+    );
+    assert_eq!(
+        event_kinds(&db.pool, &format!("task:{}", b.id)).await,
+        ["acquired", "taken_over", "stale_write_refused"]
+    );
+}
