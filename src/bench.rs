@@ -114,6 +114,7 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
             pool.clone(),
             instance_id.clone(),
             FleetConfig::from_settings(&settings),
+            None,
         ),
         settings: Arc::new(settings),
         instance_id,

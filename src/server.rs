@@ -123,12 +123,13 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
         GeneratorConfig::from_settings(&settings),
     );
+    let live = LiveHub::start(db.pool.clone());
     let fleet = Fleet::new(
         db.pool.clone(),
         instance_id.clone(),
         FleetConfig::from_settings(&settings),
+        Some(live.clone()),
     );
-    let live = LiveHub::start(db.pool.clone());
     let state = AppState {
         live: live.clone(),
         leptos_options: leptos_options(&settings),

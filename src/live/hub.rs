@@ -76,7 +76,13 @@ impl Announcer {
                     Err(RecvError::Lagged(_)) => Topics::ALL,
                     Err(RecvError::Closed) => return,
                 };
-                let until = Instant::now() + BATCH_WINDOW;
+                // New work goes out at once (idle workers wait on it);
+                // anything else waits out the window, gathering company.
+                let until = if topics.contains(Topics::WORK) {
+                    Instant::now()
+                } else {
+                    Instant::now() + BATCH_WINDOW
+                };
                 while let Ok(got) = tokio::time::timeout_at(until, made.recv()).await {
                     match got {
                         Ok(t) => topics |= t,

@@ -20,6 +20,12 @@
 //!   in the transaction, 3,386 tps with `pg_notify` as its own statement
 //!   after the commit. The batched notify writes nothing, so it never waits
 //!   for a flush while holding that lock.
+//! - New work ([`Topics::WORK`], an enqueue) is announced the same way but
+//!   without the batch window: idle workers `LISTEN` through the same hub
+//!   ([`crate::queue::wake::WorkSignal`]) and claim within a few
+//!   milliseconds instead of at their next poll. Back-to-back enqueues still
+//!   share NOTIFYs: the announcer sends one at a time and folds everything
+//!   that arrived meanwhile into the next.
 //!
 //! A change made by hand in SQL on a hot table is not announced; browsers
 //! still see it on the next announced change, or by the slow fallback poll.
@@ -49,17 +55,21 @@ impl Topics {
     pub const INSTANCES: Topics = Topics(8);
     /// The generator's desired state.
     pub const GENERATOR: Topics = Topics(16);
+    /// New claimable work (an enqueue): idle workers wake up and claim.
+    /// Sent at once, not batched (see [`Announcer`]).
+    pub const WORK: Topics = Topics(32);
     /// Nothing.
     pub const NONE: Topics = Topics(0);
     /// Everything (after a reconnect, when changes may have been missed).
-    pub const ALL: Topics = Topics(31);
+    pub const ALL: Topics = Topics(63);
 
-    const NAMES: [(Topics, &'static str); 5] = [
+    const NAMES: [(Topics, &'static str); 6] = [
         (Topics::LEASES, "leases"),
         (Topics::TASKS, "tasks"),
         (Topics::WORKERS, "workers"),
         (Topics::INSTANCES, "instances"),
         (Topics::GENERATOR, "generator"),
+        (Topics::WORK, "work"),
     ];
 
     /// Whether no topic is set.
@@ -120,13 +130,13 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for bits in 0..=31u8 {
+        for bits in 0..=63u8 {
             let t = Topics(bits);
             assert_eq!(Topics::from_names(&t.to_names()), t, "{bits}");
         }
         assert_eq!(
             Topics::ALL.to_names(),
-            "leases,tasks,workers,instances,generator"
+            "leases,tasks,workers,instances,generator,work"
         );
     }
 

@@ -5,6 +5,8 @@
 
 #[cfg(feature = "ssr")]
 pub mod store;
+#[cfg(feature = "ssr")]
+pub mod wake;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -108,7 +108,7 @@ pub async fn enqueue(
     delay: Option<Duration>,
 ) -> Result<Task, TaskError> {
     let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::WORK);
     if !(1..=1000).contains(&max_attempts) {
         return Err(TaskError::BadInput(
             "max_attempts must be between 1 and 1000".into(),

@@ -16,6 +16,8 @@ use super::transport::InProcess;
 use super::transport::Report;
 use super::{WorkerInfo, WorkerKind, WorkerState};
 use crate::lease::Holder;
+use crate::live::LiveHub;
+use crate::queue::wake::WorkSignal;
 use crate::settings::Settings;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -102,6 +104,7 @@ struct Slot {
 
 struct Inner {
     pool: PgPool,
+    live: Option<LiveHub>,
     instance_id: Arc<str>,
     config: FleetConfig,
     next: AtomicU64,
@@ -126,10 +129,18 @@ impl std::fmt::Debug for Fleet {
 
 impl Fleet {
     /// An empty fleet for instance `instance_id`.
-    pub fn new(pool: PgPool, instance_id: Arc<str>, config: FleetConfig) -> Self {
+    /// Its workers wake on new work announced through `live` (when given)
+    /// rather than only at their next poll.
+    pub fn new(
+        pool: PgPool,
+        instance_id: Arc<str>,
+        config: FleetConfig,
+        live: Option<LiveHub>,
+    ) -> Self {
         Fleet {
             inner: Arc::new(Inner {
                 pool,
+                live,
                 instance_id,
                 config,
                 next: AtomicU64::new(1),
@@ -208,6 +219,10 @@ impl Fleet {
         );
         let name = id.as_str().to_string();
         let (worker, controls) = Worker::new(id, transport, config.worker.clone(), chaos);
+        let worker = match &self.inner.live {
+            Some(live) => worker.waking_on(WorkSignal::new(live)),
+            None => worker,
+        };
         let mut slots = self.slots();
         // Checked under the lock: shutdown drains the map under it.
         if self.inner.shutdown.is_cancelled() {

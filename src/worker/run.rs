@@ -32,6 +32,7 @@ use super::WorkerState;
 use super::chaos::Chaos;
 use super::transport::{Claim, Report, Transport, TransportError};
 use crate::lease::Holder;
+use crate::queue::wake::WorkSignal;
 use crate::settings::Settings;
 use serde_json::{Value, json};
 use std::future::Future;
@@ -193,6 +194,7 @@ pub struct Worker<T> {
     transport: Arc<T>,
     config: WorkerConfig,
     chaos: Chaos,
+    wake: WorkSignal,
     stop: CancellationToken,
     commands: mpsc::UnboundedReceiver<Command>,
     done: i32,
@@ -211,6 +213,7 @@ impl<T: Transport> Worker<T> {
             transport: Arc::new(transport),
             config,
             chaos,
+            wake: WorkSignal::deaf(),
             stop: stop.clone(),
             commands: rx,
             done: 0,
@@ -218,6 +221,13 @@ impl<T: Transport> Worker<T> {
             last_report: Instant::now(),
         };
         (worker, Controls { stop, commands: tx })
+    }
+
+    /// Wakes this worker from its idle wait when `wake` hears of new work
+    /// (without one it only polls).
+    pub fn waking_on(mut self, wake: WorkSignal) -> Self {
+        self.wake = wake;
+        self
     }
 
     /// Runs until stopped or crashed.
@@ -272,7 +282,7 @@ impl<T: Transport> Worker<T> {
                 self.report(WorkerState::Idle, None, false, false).await;
                 None
             }
-            () = sleep(wait) => None,
+            _ = self.wake.wait(wait) => None,
         }
     }
 

@@ -42,6 +42,7 @@ impl Api {
                 chaos: ChaosSettings::off(),
                 ..FleetConfig::from_settings(&settings)
             },
+            None,
         );
         let live = leasekeeper::live::LiveHub::detached();
         let state = AppState {

@@ -30,6 +30,7 @@ fn fleet(db: &TestDb, instance: &str) -> Fleet {
             respawn_after: None,
             seed: Some(1),
         },
+        None,
     )
 }
 
@@ -295,4 +296,51 @@ async fn thirty_two_workers_share_a_hundred_tasks_without_overlap() {
     )
     .await;
     fleet.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
+    let db = TestDb::new().await;
+    let live = leasekeeper::live::LiveHub::start(db.pool.clone());
+    let mut config = WorkerConfig::new(TTL, TTL / 3);
+    // A poll so slow that only a wake-up can explain a quick claim.
+    config.poll = Duration::from_secs(120)..=Duration::from_secs(120);
+    let fleet = Fleet::new(
+        db.pool.clone(),
+        Arc::from("inst-w"),
+        FleetConfig {
+            worker: config,
+            chaos: ChaosSettings::off(),
+            respawn_after: None,
+            seed: Some(1),
+        },
+        Some(live.clone()),
+    );
+    fleet.spawn().await.unwrap();
+    // Idle: its first claim found nothing, and it now waits.
+    eventually("the worker idle", Duration::from_secs(10), || async {
+        let mut conn = db.pool.acquire().await.unwrap();
+        registry::list(&mut conn, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .iter()
+            .any(|w| w.id == "inst-w-w1" && w.state == WorkerState::Idle)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let ids = enqueue(&db, 0, 1).await;
+    eventually(
+        "the task claimed and done",
+        Duration::from_secs(10),
+        || async { task(&db, ids[0]).await.status == TaskStatus::Processed },
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken in {:?}, not at the 120 s poll",
+        started.elapsed()
+    );
+    fleet.shutdown(Duration::from_secs(5)).await;
+    live.shutdown();
 }
