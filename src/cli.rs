@@ -47,11 +47,19 @@ pub enum Command {
         base_port: u16,
     },
     /// Measure speed targets against baselines run alongside (build with
-    /// --release for figures worth comparing).
+    /// --release for figures worth comparing). Without a subcommand: the
+    /// queue suite (throughput, latency, depth, lease operations, failover,
+    /// against the raw SQL, the original design and graphile-worker).
     Bench {
-        /// Which benchmark.
+        /// Another benchmark instead of the queue suite.
         #[command(subcommand)]
-        what: BenchWhat,
+        what: Option<BenchWhat>,
+        /// Fewer and shorter samples: under two minutes.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
     },
 }
 

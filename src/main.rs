@@ -26,10 +26,20 @@ async fn main() -> std::process::ExitCode {
             instances,
             base_port,
         } => leasekeeper::cluster::run(settings, instances, base_port).await,
-        Command::Bench { what } => match what {
-            leasekeeper::cli::BenchWhat::Dashboard { quick, json } => {
-                leasekeeper::bench::dashboard(settings, leasekeeper::bench::Options { quick, json })
-                    .await
+        Command::Bench { what, quick, json } => match what {
+            None => {
+                leasekeeper::bench::queue::suite(
+                    settings,
+                    leasekeeper::bench::Options { quick, json },
+                )
+                .await
+            }
+            Some(leasekeeper::cli::BenchWhat::Dashboard { quick, json }) => {
+                leasekeeper::bench::dashboard::dashboard(
+                    settings,
+                    leasekeeper::bench::Options { quick, json },
+                )
+                .await
             }
         },
     };

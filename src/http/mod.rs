@@ -44,3 +44,30 @@ async fn method_not_allowed() -> axum::response::Response {
     let body = serde_json::json!({ "error": "method not allowed on this route" });
     (axum::http::StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response()
 }
+
+/// Middleware: every request's handler runs to its end, even when the
+/// client goes away half-way.
+///
+/// Without it, a client that dies mid-request (a worker process killed with
+/// SIGKILL during a heartbeat) makes the server drop the handler's future
+/// wherever it stands: inside a transaction, its connection went back to
+/// the pool with the transaction still open and its row locks held until
+/// that connection was next used. A task row locked that way is skipped by
+/// every claim (`SKIP LOCKED`), so the takeover came late; measured by
+/// `leasekeeper bench` (failover), and the cause of the "there is already a
+/// transaction in progress" warnings. Spawned, the handler commits or rolls
+/// back as it would have; only the answer is lost, which is the ambiguity
+/// any client must live with anyway.
+pub async fn run_to_completion(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "a request handler panicked");
+            AppError::Internal.into_response()
+        }
+    }
+}

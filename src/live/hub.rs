@@ -85,6 +85,11 @@ impl Announcer {
                 };
                 while let Ok(got) = tokio::time::timeout_at(until, made.recv()).await {
                     match got {
+                        // New work cuts the window short.
+                        Ok(t) if t.contains(Topics::WORK) => {
+                            topics |= t;
+                            break;
+                        }
                         Ok(t) => topics |= t,
                         Err(RecvError::Lagged(_)) => topics = Topics::ALL,
                         Err(RecvError::Closed) => break,

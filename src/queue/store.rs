@@ -196,30 +196,11 @@ pub async fn claim_batch(
     Ok(claim_up_to(conn, processor, ttl, limit).await?.claimed)
 }
 
-async fn claim_up_to(
-    conn: &mut PgConnection,
-    processor: &Holder,
-    ttl: Duration,
-    limit: usize,
-) -> Result<ClaimBatch, TaskError> {
-    let ttl_ms = leases::ttl_ms(ttl)?;
-    // Races prevented, all in one statement:
-    // - two workers claiming the same task: `FOR UPDATE SKIP LOCKED` locks
-    //   each candidate row until commit and makes every other claimer move
-    //   on to the next row instead of queueing behind it (claims never
-    //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
-    //   locked row's newest version, so a task that a committed transaction
-    //   just finished or re-claimed is not taken.
-    // - a takeover racing the old holder's heartbeat or completion: a late
-    //   task's row is locked here, and their UPDATEs re-check the deadline
-    //   and token on the newest version (see `HOLDS_CLAIM`).
-    // - two terms of one task lease: the lease upsert below is the lease
-    //   store's acquire (`ON CONFLICT ... WHERE l.expires_at <= now()`,
-    //   re-checked under the row lock), so a live lease held by hand is
-    //   left alone; its candidate is counted but not claimed.
-    // Late claims go first (they are older than anything pending); pending
-    // tasks are looked at only when no late one is.
-    let sql = format!(
+/// The one statement that claims up to `$3` tasks for processor `$1` with
+/// a lease of `$2` milliseconds each (see [`claim_batch`]); public so the
+/// benchmark can drive the very same SQL without application code.
+pub fn claim_sql() -> String {
+    format!(
         "WITH late AS (
             SELECT id, attempts, max_attempts, true AS late FROM tasks
              WHERE status = 'started' AND must_heartbeat_before <= now()
@@ -261,7 +242,33 @@ async fn claim_up_to(
            FROM (SELECT count(*) AS candidates FROM candidate) n
            LEFT JOIN (SELECT {TASK_COLUMNS} FROM claimed) claimed ON true
           ORDER BY claimed.must_heartbeat_before, claimed.id"
-    );
+    )
+}
+
+async fn claim_up_to(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    ttl: Duration,
+    limit: usize,
+) -> Result<ClaimBatch, TaskError> {
+    let ttl_ms = leases::ttl_ms(ttl)?;
+    // Races prevented, all in one statement:
+    // - two workers claiming the same task: `FOR UPDATE SKIP LOCKED` locks
+    //   each candidate row until commit and makes every other claimer move
+    //   on to the next row instead of queueing behind it (claims never
+    //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
+    //   locked row's newest version, so a task that a committed transaction
+    //   just finished or re-claimed is not taken.
+    // - a takeover racing the old holder's heartbeat or completion: a late
+    //   task's row is locked here, and their UPDATEs re-check the deadline
+    //   and token on the newest version (see `HOLDS_CLAIM`).
+    // - two terms of one task lease: the lease upsert below is the lease
+    //   store's acquire (`ON CONFLICT ... WHERE l.expires_at <= now()`,
+    //   re-checked under the row lock), so a live lease held by hand is
+    //   left alone; its candidate is counted but not claimed.
+    // Late claims go first (they are older than anything pending); pending
+    // tasks are looked at only when no late one is.
+    let sql = claim_sql();
     for attempt in 0.. {
         let rows = sqlx::query(&sql)
             .bind(processor.as_str())
@@ -542,22 +549,11 @@ pub async fn complete_batch(
     Ok(done)
 }
 
-async fn complete_claims(
-    conn: &mut PgConnection,
-    processor: &Holder,
-    claims: &[(i32, i64)],
-    output: Option<&Value>,
-) -> Result<Vec<Task>, TaskError> {
-    let (ids, tokens): (Vec<i32>, Vec<i64>) = claims.iter().copied().unzip();
-    // Race prevented: a paused processor waking up and completing a task
-    // that was taken over meanwhile (the "stale completion"). The UPDATE
-    // locks each row and re-checks the claim (processor, token, status,
-    // deadline) on its newest version: a new token, a finished task or a
-    // passed deadline means nothing is written for that task. The lease is
-    // released in the same statement, only for the terms just completed
-    // (same holder and token), so a late release never ends a newer term.
-    // Rows are locked in id order, so two batches never deadlock.
-    let sql = format!(
+/// The one statement that completes the claims `($1 ids, $2 tokens)` of
+/// processor `$3` with output `$4` (see [`complete_batch`]); public so the
+/// benchmark can drive the very same SQL without application code.
+pub fn complete_sql() -> String {
+    format!(
         "WITH claim AS (
             SELECT * FROM unnest($1::int4[], $2::int8[]) AS c(id, token)
          ), done AS (
@@ -577,7 +573,25 @@ async fn complete_claims(
                AND l.released_at IS NULL AND l.expires_at > now()
          )
          SELECT {TASK_COLUMNS} FROM done ORDER BY id"
-    );
+    )
+}
+
+async fn complete_claims(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    claims: &[(i32, i64)],
+    output: Option<&Value>,
+) -> Result<Vec<Task>, TaskError> {
+    let (ids, tokens): (Vec<i32>, Vec<i64>) = claims.iter().copied().unzip();
+    // Race prevented: a paused processor waking up and completing a task
+    // that was taken over meanwhile (the "stale completion"). The UPDATE
+    // locks each row and re-checks the claim (processor, token, status,
+    // deadline) on its newest version: a new token, a finished task or a
+    // passed deadline means nothing is written for that task. The lease is
+    // released in the same statement, only for the terms just completed
+    // (same holder and token), so a late release never ends a newer term.
+    // Rows are locked in id order, so two batches never deadlock.
+    let sql = complete_sql();
     let mut ordered: Vec<(i32, i64)> = ids.into_iter().zip(tokens).collect();
     ordered.sort_unstable();
     let (ids, tokens): (Vec<i32>, Vec<i64>) = ordered.into_iter().unzip();

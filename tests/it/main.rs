@@ -2,6 +2,7 @@
 //! Each test gets a fresh database cloned from a migrated template; see
 //! `common` for where the PostgreSQL server comes from.
 
+mod abandoned;
 mod api;
 mod common;
 mod generator;

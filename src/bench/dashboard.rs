@@ -15,8 +15,7 @@
 //! embedded cluster (`target/leasekeeper-bench-db`), unless `DATABASE_URL`
 //! is set. Build it with `--release` for figures worth comparing.
 
-use crate::db::embedded::EmbeddedPostgres;
-use crate::db::{MIGRATOR, pool_options};
+use super::{Options, Results, Samples, fresh_database, ratio, report, step};
 use crate::lease::store as leases;
 use crate::lease::{Holder, Resource};
 use crate::live::LiveHub;
@@ -27,19 +26,9 @@ use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// What to run.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Fewer samples, for a run under a minute.
-    pub quick: bool,
-    /// Where to write the results as a flat JSON object.
-    pub json: Option<PathBuf>,
-}
 
 const BENCH_DB: &str = "leasekeeper_bench";
 const LOAD_WORKERS: usize = 1_000;
@@ -47,57 +36,11 @@ const LOAD_CONNECTIONS: usize = 16;
 
 /// Runs the dashboard benchmark and prints (and optionally writes) results.
 pub async fn dashboard(settings: Settings, options: Options) -> Result<()> {
-    let (pool, cluster) = fresh_database(&settings).await?;
-    let result = run(settings, &options, pool.clone()).await;
-    pool.close().await;
-    if let Some(cluster) = cluster {
-        cluster.stop_if_started_here().await?;
-    }
-    let results = result?;
-    print_table(&results);
-    if let Some(path) = &options.json {
-        let flat: serde_json::Map<String, Value> = results
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
-        std::fs::write(path, serde_json::to_string_pretty(&Value::Object(flat))?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("results written to {}", path.display());
-    }
-    Ok(())
+    let db = fresh_database(&settings, BENCH_DB, 48).await?;
+    let result = run(settings, &options, db.pool.clone()).await;
+    db.close().await?;
+    report(&result?, &options)
 }
-
-async fn fresh_database(settings: &Settings) -> Result<(PgPool, Option<EmbeddedPostgres>)> {
-    let (options, cluster) = match &settings.database_url {
-        Some(url) => (
-            url.parse().context("DATABASE_URL is not a valid URL")?,
-            None,
-        ),
-        None => {
-            let dir = PathBuf::from("target/leasekeeper-bench-db");
-            let cluster = EmbeddedPostgres::start(&dir).await?;
-            let admin = pool_options()
-                .max_connections(1)
-                .connect_with(cluster.connect_options("postgres"))
-                .await?;
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)"))
-                .execute(&admin)
-                .await?;
-            admin.close().await;
-            cluster.ensure_database(BENCH_DB).await?;
-            (cluster.connect_options(BENCH_DB), Some(cluster))
-        }
-    };
-    let pool = pool_options()
-        .max_connections(48)
-        .connect_with(options)
-        .await
-        .context("connecting to the benchmark database")?;
-    MIGRATOR.run(&pool).await.context("migrating")?;
-    Ok((pool, cluster))
-}
-
-type Results = Vec<(&'static str, f64)>;
 
 async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<Results> {
     settings.admin_token = None;
@@ -215,29 +158,6 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
     stop.cancel();
     server.await??;
     Ok(results)
-}
-
-fn step(what: &str) {
-    eprintln!("bench: {what} …");
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    ((a / b) * 100.0).round() / 100.0
-}
-
-/// Milliseconds, sorted on demand.
-struct Samples(Vec<f64>);
-
-impl Samples {
-    fn percentile(&self, p: f64) -> f64 {
-        let mut v = self.0.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        let idx = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
-        (v[idx.min(v.len() - 1)] * 10.0).round() / 10.0
-    }
 }
 
 async fn event_count(pool: &PgPool) -> Result<i64> {
@@ -476,11 +396,4 @@ async fn fill_tasks(pool: &PgPool, total: i64) -> Result<()> {
     .await?;
     sqlx::query("ANALYZE tasks").execute(pool).await?;
     Ok(())
-}
-
-fn print_table(results: &Results) {
-    println!("{:<32} {:>12}", "measure", "value");
-    for (k, v) in results {
-        println!("{k:<32} {v:>12}");
-    }
 }
