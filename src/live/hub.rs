@@ -98,11 +98,20 @@ impl Announcer {
                 // Its own statement, outside any write transaction: it has no
                 // transaction id, so its commit flushes no WAL while holding
                 // the notify queue lock (see the module documentation).
-                if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(CHANNEL)
-                    .bind(topics.to_names())
-                    .execute(&pool)
-                    .await
+                // A NOTIFY commits like any transaction, and by default
+                // waits for its commit record to reach the disk (about a
+                // millisecond here). A notification is not data: if the
+                // server crashed before the flush, listeners reconnect and
+                // refetch everything anyway. So it does not wait: idle
+                // workers wake a flush sooner, and a busy instance's
+                // announcer adds no fsyncs to the load.
+                if let Err(e) = sqlx::query(
+                    "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)",
+                )
+                .bind(CHANNEL)
+                .bind(topics.to_names())
+                .execute(&pool)
+                .await
                 {
                     tracing::debug!(error = %e, "cannot announce a change; browsers catch up on the next one");
                 }

@@ -18,8 +18,9 @@
 //!   lock across the commit's WAL flush): measured here with pgbench, 16
 //!   clients, one-row UPDATE: 4,175 tps alone, 1,020 tps with `pg_notify`
 //!   in the transaction, 3,386 tps with `pg_notify` as its own statement
-//!   after the commit. The batched notify writes nothing, so it never waits
-//!   for a flush while holding that lock.
+//!   after the commit. The batched notify commits with `synchronous_commit`
+//!   off (a notification is not data), so it never waits for a WAL flush
+//!   while holding that lock, and adds no fsync to a busy server's load.
 //! - New work ([`Topics::WORK`], an enqueue) is announced the same way but
 //!   without the batch window: idle workers `LISTEN` through the same hub
 //!   ([`crate::queue::wake::WorkSignal`]) and claim within a few
