@@ -1,0 +1,68 @@
+//! `leasekeeper bench --quick --json PATH` runs every phase of the queue
+//! suite end to end and writes every key the issue asks for. No timing is
+//! asserted here (speed is the benchmark's business, not a test's); what is
+//! asserted: each figure is a positive number (graphile-worker may be
+//! `null` when npm is unavailable), and the failover phase lost no task
+//! and completed none twice. Its own test binary, so it runs alone.
+
+use std::process::Command;
+
+const KEYS: [&str; 15] = [
+    "throughput_w1",
+    "throughput_w16",
+    "throughput_w64",
+    "throughput_batched",
+    "raw_ceiling_w16",
+    "original_design_w16",
+    "graphile_worker_w16",
+    "claim_p50_ms",
+    "claim_p99_ms",
+    "wakeup_p50_ms",
+    "depth_ratio_1m_vs_1k",
+    "renew_p99_ms",
+    "renews_per_s",
+    "failover_p99_s",
+    "failover_bound_s",
+];
+
+#[test]
+fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
+    let json = std::env::temp_dir().join(format!("leasekeeper-bench-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_leasekeeper"))
+        .args(["bench", "--quick", "--json"])
+        .arg(&json)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "error")
+        .env(
+            "LEASEKEEPER_CONFIG",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Leptos.toml"),
+        )
+        .output()
+        .expect("running leasekeeper bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file")).unwrap();
+    let _ = std::fs::remove_file(&json);
+    for key in KEYS {
+        let v = &results[key];
+        if key == "graphile_worker_w16" && v.is_null() {
+            assert!(
+                stderr.contains("graphile-worker skipped"),
+                "null without a reason:\n{stderr}"
+            );
+            continue;
+        }
+        let n = v
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} is not a number: {v}"));
+        assert!(n > 0.0, "{key} = {n}");
+    }
+    assert_eq!(results["failover_tasks_lost"], 0.0, "{results}");
+    assert_eq!(results["failover_tasks_completed_twice"], 0.0, "{results}");
+    // The table went to stdout, the phases to stderr.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("throughput_w16"), "{stdout}");
+    assert!(stderr.contains("bench [13/13]"), "{stderr}");
+}
