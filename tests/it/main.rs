@@ -4,6 +4,7 @@
 
 mod abandoned;
 mod api;
+mod bad_input;
 mod common;
 mod generator;
 mod instances;
