@@ -20,6 +20,7 @@ mod rest_tasks;
 mod rest_workers;
 mod singleton;
 mod stopwatch;
+mod task_race;
 mod task_store;
 mod terms;
 mod workers;
