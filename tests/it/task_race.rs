@@ -1,7 +1,7 @@
 //! The task claim raced for real, 500 rounds: the old processor's
 //! completion (even rounds) or heartbeat (odd rounds) is released by a
 //! barrier at the same instant as another worker's claim, just as the
-//! claim's deadline runs out (0 to 4 ms after the barrier, random per
+//! claim's deadline runs out (0 to 12 ms after it is set, random per
 //! round). Whatever the timing, never both: either the old processor's
 //! write is accepted and the task is not taken over, or the takeover wins
 //! (with the next fencing token) and the old write is refused and recorded.
@@ -40,7 +40,7 @@ async fn a_takeover_racing_the_old_holders_write_never_lets_both_win() {
         );
         let token = claimed.fencing_token.unwrap();
         // The claim runs out a few milliseconds from now, by the database clock.
-        let offset_ms = rand::rng().random_range(0..=4);
+        let offset_ms = rand::rng().random_range(0..=12);
         sqlx::query(
             "WITH t AS (UPDATE tasks SET must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000)
                          WHERE id = $1 RETURNING must_heartbeat_before)
