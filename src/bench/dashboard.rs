@@ -15,14 +15,12 @@
 //! embedded cluster (`target/leasekeeper-bench-db`), unless `DATABASE_URL`
 //! is set. Build it with `--release` for figures worth comparing.
 
-use super::{Options, Results, Samples, fresh_database, ratio, report, step};
+use super::{BenchServer, Options, Results, Samples, fresh_database, ratio, report, step};
 use crate::lease::store as leases;
 use crate::lease::{Holder, Resource};
 use crate::live::LiveHub;
 use crate::queue::store as tasks;
-use crate::server::{AppState, leptos_options, router};
 use crate::settings::Settings;
-use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -42,39 +40,10 @@ pub async fn dashboard(settings: Settings, options: Options) -> Result<()> {
     report(&result?, &options)
 }
 
-async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<Results> {
-    settings.admin_token = None;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    settings.site_addr = addr;
-    let instance_id: Arc<str> = Arc::from("i-bench");
+async fn run(settings: Settings, options: &Options, pool: PgPool) -> Result<Results> {
     let live = LiveHub::start(pool.clone());
-    let sampler = crate::overview::sampler::Sampler::spawn(pool.clone());
-    let state = AppState {
-        leptos_options: leptos_options(&settings),
-        pool: pool.clone(),
-        fleet: Fleet::new(
-            pool.clone(),
-            instance_id.clone(),
-            FleetConfig::from_settings(&settings),
-            None,
-        ),
-        settings: Arc::new(settings),
-        instance_id,
-        generator: None,
-        live: live.clone(),
-        overview: sampler.clone(),
-    };
-    let stop = CancellationToken::new();
-    let server = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, router(state))
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        })
-    };
-    let base = format!("http://{addr}");
+    let server = BenchServer::start(settings, &pool, live.clone()).await?;
+    let base = server.base.clone();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;
@@ -154,9 +123,7 @@ async fn run(mut settings: Settings, options: &Options, pool: PgPool) -> Result<
     results.push(("ssr_p95_1m_vs_1k", ratio(big95, small.percentile(95.0))));
 
     live.shutdown();
-    sampler.stop();
-    stop.cancel();
-    server.await??;
+    server.stop().await?;
     Ok(results)
 }
 

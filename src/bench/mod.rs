@@ -19,14 +19,19 @@ pub mod queue;
 
 use crate::db::embedded::EmbeddedPostgres;
 use crate::db::{MIGRATOR, pool_options};
+use crate::live::LiveHub;
+use crate::server::{AppState, leptos_options, router};
 use crate::settings::Settings;
+use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -105,6 +110,66 @@ pub(crate) async fn fresh_database(
         conninfo,
         cluster,
     })
+}
+
+/// A server of this process on a free loopback port: the whole router over
+/// `pool`, with no admin token, no generator and no simulated workers.
+pub(crate) struct BenchServer {
+    /// Its address, e.g. `http://127.0.0.1:41234`.
+    pub base: String,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    sampler: crate::overview::sampler::Sampler,
+}
+
+impl BenchServer {
+    /// Starts it with `settings` (its address is replaced) and `live`.
+    pub async fn start(mut settings: Settings, pool: &PgPool, live: LiveHub) -> Result<Self> {
+        settings.admin_token = None;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        settings.site_addr = addr;
+        let instance_id: Arc<str> = Arc::from("i-bench");
+        let sampler = crate::overview::sampler::Sampler::spawn(pool.clone());
+        let state = AppState {
+            leptos_options: leptos_options(&settings),
+            pool: pool.clone(),
+            fleet: Fleet::new(
+                pool.clone(),
+                instance_id.clone(),
+                FleetConfig::from_settings(&settings),
+                None,
+            ),
+            settings: Arc::new(settings),
+            instance_id,
+            generator: None,
+            live,
+            overview: sampler.clone(),
+        };
+        let stop = CancellationToken::new();
+        let task = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, router(state))
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            })
+        };
+        Ok(BenchServer {
+            base: format!("http://{addr}"),
+            stop,
+            task,
+            sampler,
+        })
+    }
+
+    /// Stops it and waits until it has.
+    pub async fn stop(self) -> Result<()> {
+        self.sampler.stop();
+        self.stop.cancel();
+        self.task.await??;
+        Ok(())
+    }
 }
 
 /// A phase message on stderr (for the dashboard suite's plain log).

@@ -32,15 +32,15 @@
 //! tasks not to run dry, vacuumed and checkpointed, so no run pays for the
 //! previous one's garbage.
 
-use super::{BenchDb, Options, Progress, Results, Samples, fresh_database, ratio, report};
+use super::{
+    BenchDb, BenchServer, Options, Progress, Results, Samples, fresh_database, ratio, report,
+};
 use crate::lease::store as leases;
 use crate::lease::{Holder, Resource};
 use crate::live::LiveHub;
 use crate::queue::store as tasks;
 use crate::queue::wake::WorkSignal;
-use crate::server::{AppState, leptos_options, router};
 use crate::settings::Settings;
-use crate::worker::fleet::{Fleet, FleetConfig};
 use crate::worker::run::WorkerConfig;
 use anyhow::{Context, Result, bail};
 use rand::Rng;
@@ -857,39 +857,10 @@ async fn failovers(
 ) -> Result<Failover> {
     prepare(pool, 0).await?;
     let mut settings = settings.clone();
-    settings.admin_token = None;
     settings.lease_ttl = FAILOVER_TTL;
     settings.heartbeat_interval = FAILOVER_TTL / 4;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    settings.site_addr = addr;
-    let instance_id: Arc<str> = Arc::from("i-bench");
-    let live = LiveHub::detached();
-    let state = AppState {
-        leptos_options: leptos_options(&settings),
-        pool: pool.clone(),
-        fleet: Fleet::new(
-            pool.clone(),
-            instance_id.clone(),
-            FleetConfig::from_settings(&settings),
-            None,
-        ),
-        settings: Arc::new(settings.clone()),
-        instance_id,
-        generator: None,
-        live,
-        overview: crate::overview::sampler::Sampler::spawn(pool.clone()),
-    };
-    let stop = CancellationToken::new();
-    let server = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, router(state))
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        })
-    };
-    let server_url = format!("http://{addr}");
+    let server = BenchServer::start(settings, pool, LiveHub::detached()).await?;
+    let server_url = server.base.clone();
     let exe = std::env::current_exe()?;
     let spawn = |id: String| -> Result<tokio::process::Child> {
         tokio::process::Command::new(&exe)
@@ -979,8 +950,7 @@ async fn failovers(
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
-    stop.cancel();
-    server.await??;
+    server.stop().await?;
     outcome?;
     // Lost: not processed. Twice: more than one accepted completion (a
     // 'released' event by the processor is what a completion writes).
