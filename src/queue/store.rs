@@ -115,9 +115,13 @@ pub async fn enqueue(
         ));
     }
     let delay_ms = millis(delay.unwrap_or_default());
+    // scheduled_at is truncated to the column's milliseconds, not rounded:
+    // rounded up, a task enqueued without delay was "not yet due" for up to
+    // half a millisecond, and a worker woken by its announcement could find
+    // nothing to claim and go back to sleep.
     let task = sqlx::query_as(&format!(
         "INSERT INTO tasks (task_data, max_attempts, scheduled_at)
-         VALUES ($1, $2, now() + make_interval(secs => $3::float8 / 1000))
+         VALUES ($1, $2, date_trunc('milliseconds', now() + make_interval(secs => $3::float8 / 1000)))
          RETURNING {TASK_COLUMNS}"
     ))
     .bind(task_data)

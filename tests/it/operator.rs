@@ -9,6 +9,7 @@ use leasekeeper::app::{ControlWorker, SetGenerator, SpawnWorker};
 use leptos::server_fn::ServerFn;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Barrier;
 
 const TOKEN: &str = "an-admin-token-for-tests";
@@ -277,6 +278,12 @@ async fn force_release_racing_the_holders_renewal_never_leaves_it_live() {
             let (api, barrier, resource) = (api.clone(), barrier.clone(), resource.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
+                // Every third round the renewal starts a millisecond late,
+                // so that the release-first order is covered whatever the
+                // scheduler favours; the other rounds race unaided.
+                if round % 3 == 2 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 api.put(
                     "/api/leases/renew",
                     json!({"resource": resource, "holder": "holder"}),
