@@ -200,12 +200,30 @@ pub fn remaining(ms: i64) -> Signal<i64> {
         if now == 0.0 {
             return ms;
         }
+        // Anchored at the real moment it is first seen, not at the last
+        // tick (up to 250 ms earlier): counting from the tick made the
+        // countdown reach zero, and the page say "late", before the
+        // database's deadline had passed.
         let start = seen_at.get_value().unwrap_or_else(|| {
-            seen_at.set_value(Some(now));
-            now
+            let at = first_seen_at(now);
+            seen_at.set_value(Some(at));
+            at
         });
-        ms - (now - start) as i64
+        ms - (now - start).max(0.0) as i64
     })
+}
+
+/// The browser's clock right now (the last tick, `tick`, on the server).
+fn first_seen_at(tick: f64) -> f64 {
+    #[cfg(feature = "hydrate")]
+    {
+        let _ = tick;
+        js_sys::Date::now()
+    }
+    #[cfg(not(feature = "hydrate"))]
+    {
+        tick
+    }
 }
 
 /// "in 4.2 s" / "4.2 s ago" for a time `ms` milliseconds away.
