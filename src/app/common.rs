@@ -189,7 +189,9 @@ pub fn refresh_tick() -> Signal<u64> {
 
 /// `ms` (a time left, by the database clock when the page data was read)
 /// counting down by the browser's clock from the moment it is first seen
-/// in the browser; constant on the server.
+/// in the browser; constant on the server. Read it with `try_get`: a row
+/// removed by a refetch can be disposed while a clock tick is still
+/// re-running its view, and a plain `get` then panics.
 pub fn remaining(ms: i64) -> Signal<i64> {
     let Some(live) = use_context::<Live>() else {
         return Signal::stored(ms);
@@ -204,9 +206,9 @@ pub fn remaining(ms: i64) -> Signal<i64> {
         // tick (up to 250 ms earlier): counting from the tick made the
         // countdown reach zero, and the page say "late", before the
         // database's deadline had passed.
-        let start = seen_at.get_value().unwrap_or_else(|| {
+        let start = seen_at.try_get_value().flatten().unwrap_or_else(|| {
             let at = first_seen_at(now);
-            seen_at.set_value(Some(at));
+            seen_at.try_set_value(Some(at));
             at
         });
         ms - (now - start).max(0.0) as i64

@@ -244,7 +244,7 @@ fn StopwatchRows(view: StopwatchView) -> impl IntoView {
                 let running = remaining(-f.since_ms);
                 let elapsed = move || match f.elapsed_ms {
                     Some(ms) => format!("{:.2} s", ms as f64 / 1000.0),
-                    None => format!("waiting… {:.1} s", -running.get() as f64 / 1000.0),
+                    None => format!("waiting… {:.1} s", -running.try_get().unwrap_or(-f.since_ms) as f64 / 1000.0),
                 };
                 let class = if waiting { "text-amber-700" } else if over { "text-red-700 font-semibold" } else { "text-emerald-700" };
                 let who = if f.cause == "killed" {

@@ -65,7 +65,7 @@ pub fn expiry_text(state: LeaseState, ms: i64) -> String {
 #[component]
 fn Expiry(state: LeaseState, ms: i64, testid: &'static str) -> impl IntoView {
     let left = remaining(ms);
-    view! { <span class="tabular-nums" data-testid=testid>{move || expiry_text(state, left.get())}</span> }
+    view! { <span class="tabular-nums" data-testid=testid>{move || expiry_text(state, left.try_get().unwrap_or(ms))}</span> }
 }
 
 fn state_badge(state: LeaseState) -> &'static str {

@@ -169,7 +169,8 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
                         .heartbeat_in_ms
                         .filter(|_| task.status == TaskStatus::Started)
                         .map(remaining);
-                    let beat = move || heartbeat_view(left.map(|l| l.get()), ttl_ms);
+                    let first = task.heartbeat_in_ms.unwrap_or_default();
+                    let beat = move || heartbeat_view(left.map(|l| l.try_get().unwrap_or(first)), ttl_ms);
                     view! {
                         <tr class="border-t border-slate-100" data-testid="task-row" data-task-id=task.id data-status=task.status.as_str()>
                             <td class="px-3 py-2">
