@@ -705,7 +705,7 @@ async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wakeups> {
         })
     };
     let mut conn = pool.acquire().await?;
-    let mut samples = WakeupTimes::default();
+    let (mut from_commit, mut from_call) = (Vec::new(), Vec::new());
     for _ in 0..n {
         // Idle long enough to be waiting again (the completion's own
         // announcement has gone out too).
@@ -719,14 +719,14 @@ async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wakeups> {
             .context("an idle worker did not claim a new task within 10 s")?
             .context("the waiting worker stopped")?;
         let ms = |from: Instant| claimed.saturating_duration_since(from).as_secs_f64() * 1000.0;
-        samples.from_commit.push(ms(committed));
-        samples.from_call.push(ms(started));
+        from_commit.push(ms(committed));
+        from_call.push(ms(started));
     }
     stop.cancel();
     waiter.await??;
     Ok(Wakeups {
-        from_commit: Samples(samples.from_commit),
-        from_call: Samples(samples.from_call),
+        from_commit: Samples(from_commit),
+        from_call: Samples(from_call),
     })
 }
 
@@ -736,12 +736,6 @@ async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wakeups> {
 struct Wakeups {
     from_commit: Samples,
     from_call: Samples,
-}
-
-#[derive(Default)]
-struct WakeupTimes {
-    from_commit: Vec<f64>,
-    from_call: Vec<f64>,
 }
 
 struct LeaseFigures {

@@ -591,7 +591,6 @@ async fn complete_claims(
     claims: &[(i32, i64)],
     output: Option<&Value>,
 ) -> Result<Vec<Task>, TaskError> {
-    let (ids, tokens): (Vec<i32>, Vec<i64>) = claims.iter().copied().unzip();
     // Race prevented: a paused processor waking up and completing a task
     // that was taken over meanwhile (the "stale completion"). The UPDATE
     // locks each row and re-checks the claim (processor, token, status,
@@ -601,7 +600,7 @@ async fn complete_claims(
     // (same holder and token), so a late release never ends a newer term.
     // Rows are locked in id order, so two batches never deadlock.
     let sql = complete_sql();
-    let mut ordered: Vec<(i32, i64)> = ids.into_iter().zip(tokens).collect();
+    let mut ordered = claims.to_vec();
     ordered.sort_unstable();
     let (ids, tokens): (Vec<i32>, Vec<i64>) = ordered.into_iter().unzip();
     Ok(sqlx::query_as(&sql)

@@ -20,13 +20,12 @@ async fn slow_write(State(pool): State<PgPool>) -> &'static str {
     "done"
 }
 
-async fn serve(pool: PgPool, finish: bool) -> String {
-    let mut app = Router::new().route("/slow", post(slow_write));
-    if finish {
-        app = app.layer(axum::middleware::from_fn(
+async fn serve(pool: PgPool) -> String {
+    let app = Router::new()
+        .route("/slow", post(slow_write))
+        .layer(axum::middleware::from_fn(
             leasekeeper::http::run_to_completion,
         ));
-    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app.with_state(pool)).await });
@@ -35,8 +34,8 @@ async fn serve(pool: PgPool, finish: bool) -> String {
 
 /// Sends the request, gives up after 100 ms (the client "dies"), then
 /// answers whether the write committed and the row is free, 1.5 s later.
-async fn abandon(db: &TestDb, finish: bool) -> (i32, bool) {
-    let url = serve(db.pool.clone(), finish).await;
+async fn abandon(db: &TestDb) -> (i32, bool) {
+    let url = serve(db.pool.clone()).await;
     let client = reqwest::Client::new();
     let sent = client
         .post(&url)
@@ -69,5 +68,5 @@ async fn an_abandoned_request_still_commits_and_frees_its_rows() {
         .execute(&db.pool)
         .await
         .unwrap();
-    assert_eq!(abandon(&db, true).await, (1, true));
+    assert_eq!(abandon(&db).await, (1, true));
 }
