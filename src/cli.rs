@@ -29,6 +29,15 @@ pub enum Command {
         /// The worker's name (its holder name in every claim); generated when omitted.
         #[arg(long)]
         id: Option<String>,
+        /// Append every claim, heartbeat, completion and failure report with
+        /// its outcome to this file, one JSON line each (fault testing).
+        #[arg(long)]
+        history: Option<std::path::PathBuf>,
+        /// Fault injection: ignore the local deadline and refused heartbeats,
+        /// so a paused worker still sends its stale completion and only the
+        /// queue's fencing stops it. Never use it for real work.
+        #[arg(long)]
+        trust_claims: bool,
     },
     /// Manage the embedded PostgreSQL cluster.
     Db {
@@ -46,6 +55,12 @@ pub enum Command {
         #[arg(long, default_value_t = 3010)]
         base_port: u16,
     },
+    /// Run the fault harness: real worker and server processes on a private
+    /// PostgreSQL cluster, with kill -9, SIGSTOP past the TTL, generator
+    /// holder kills, PostgreSQL crash restarts, dropped answers after commit
+    /// and barrier races; then check the invariants on the history and the
+    /// database. Exits non-zero when any invariant is broken.
+    Chaos(ChaosArgs),
     /// Measure speed targets against baselines run alongside (build with
     /// --release for figures worth comparing). Without a subcommand: the
     /// queue suite (throughput, latency, depth, lease operations, failover,
@@ -61,6 +76,29 @@ pub enum Command {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+}
+
+/// The fault harness's runs.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct ChaosArgs {
+    /// One 45-second round with a fault every 3-5 s (command 2 runs this).
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds (each on a fresh database); default 5, or 1 with --quick.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+    /// Seconds of faults per round; default 120, or 45 with --quick.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(5..=3600))]
+    pub seconds: Option<u64>,
+    /// Where the harness's own PostgreSQL cluster lives (it restarts it).
+    #[arg(long, default_value = "target/leasekeeper-chaos-db")]
+    pub cluster_dir: std::path::PathBuf,
+    /// Also write the report to this file as JSON.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Seed for the fault schedule (random when omitted; printed either way).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 /// The benchmarks.

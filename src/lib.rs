@@ -24,6 +24,8 @@ pub mod cluster;
 #[cfg(feature = "ssr")]
 pub mod db;
 #[cfg(feature = "ssr")]
+pub mod fault;
+#[cfg(feature = "ssr")]
 pub mod http;
 #[cfg(feature = "ssr")]
 pub mod ops;

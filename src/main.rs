@@ -19,9 +19,19 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => leasekeeper::server::serve(settings).await,
         Command::Db { action } => leasekeeper::server::db_command(settings, action).await,
-        Command::Worker { server, id } => {
-            leasekeeper::worker::process::run(settings, &server, id).await
+        Command::Worker {
+            server,
+            id,
+            history,
+            trust_claims,
+        } => {
+            let faults = leasekeeper::worker::process::FaultOptions {
+                history,
+                trust_claims,
+            };
+            leasekeeper::worker::process::run(settings, &server, id, faults).await
         }
+        Command::Chaos(args) => leasekeeper::fault::run(settings, args).await,
         Command::Cluster {
             instances,
             base_port,

@@ -39,6 +39,9 @@ pub struct SettingArgs {
     /// How often the generator inserts a task, in seconds.
     #[arg(long, global = true, env = "LEASEKEEPER_GENERATOR_INTERVAL_SECS")]
     pub generator_interval_secs: Option<String>,
+    /// Generated tasks sleep 1 to this many seconds (default 60).
+    #[arg(long, global = true, env = "LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS")]
+    pub generator_max_sleep_secs: Option<String>,
     /// Simulated workers per instance.
     #[arg(long, global = true, env = "LEASEKEEPER_WORKERS")]
     pub workers: Option<String>,
@@ -82,6 +85,8 @@ pub struct Settings {
     pub heartbeat_interval: Duration,
     /// Generator period.
     pub generator_interval: Duration,
+    /// Generated tasks sleep a whole number of seconds from 1 to this.
+    pub generator_max_sleep: u32,
     /// Simulated workers per instance.
     pub workers: u32,
     /// Whether chaos (crashes, stalls) is on.
@@ -150,6 +155,11 @@ const GENERATOR_INTERVAL: Key = Key {
     env: "LEASEKEEPER_GENERATOR_INTERVAL_SECS",
     flag: "generator-interval-secs",
 };
+const GENERATOR_MAX_SLEEP: Key = Key {
+    file: "generator_max_sleep_secs",
+    env: "LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS",
+    flag: "generator-max-sleep-secs",
+};
 const WORKERS: Key = Key {
     file: "workers",
     env: "LEASEKEEPER_WORKERS",
@@ -182,7 +192,7 @@ const MAX_ATTEMPTS: Key = Key {
     flag: "max-attempts",
 };
 
-const ALL_KEYS: [&Key; 12] = [
+const ALL_KEYS: [&Key; 13] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &DATA_DIR,
@@ -190,6 +200,7 @@ const ALL_KEYS: [&Key; 12] = [
     &RENEW_INTERVAL,
     &HEARTBEAT_INTERVAL,
     &GENERATOR_INTERVAL,
+    &GENERATOR_MAX_SLEEP,
     &WORKERS,
     &CHAOS,
     &CRASH_PROBABILITY,
@@ -415,6 +426,15 @@ impl Settings {
                 Duration::from_secs(2),
                 seconds,
             )?,
+            generator_max_sleep: src.parse(
+                &GENERATOR_MAX_SLEEP,
+                &args.generator_max_sleep_secs,
+                60,
+                |raw| match count(3600)(raw)? {
+                    0 => Err("must be at least 1".into()),
+                    n => Ok(n),
+                },
+            )?,
             workers: src.parse(&WORKERS, &args.workers, 4, count(1000))?,
             chaos: src.parse(&CHAOS, &args.chaos, true, boolean)?,
             crash_probability: src.parse(
@@ -476,6 +496,10 @@ impl Settings {
             (
                 GENERATOR_INTERVAL.env,
                 self.generator_interval.as_secs_f64().to_string(),
+            ),
+            (
+                GENERATOR_MAX_SLEEP.env,
+                self.generator_max_sleep.to_string(),
             ),
             (WORKERS.env, self.workers.to_string()),
             (CHAOS.env, self.chaos.to_string()),
@@ -616,6 +640,7 @@ mod tests {
                 renew_interval_secs: env.get("LEASEKEEPER_RENEW_INTERVAL_SECS").cloned(),
                 heartbeat_interval_secs: env.get("LEASEKEEPER_HEARTBEAT_INTERVAL_SECS").cloned(),
                 generator_interval_secs: env.get("LEASEKEEPER_GENERATOR_INTERVAL_SECS").cloned(),
+                generator_max_sleep_secs: env.get("LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS").cloned(),
                 workers: env.get("LEASEKEEPER_WORKERS").cloned(),
                 chaos: env.get("LEASEKEEPER_CHAOS").cloned(),
                 crash_probability: env.get("LEASEKEEPER_CRASH_PROBABILITY").cloned(),

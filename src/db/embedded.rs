@@ -514,6 +514,22 @@ impl EmbeddedPostgres {
 
     /// `pg_ctl stop -m fast`; succeeds if no server runs.
     async fn stop_server(&self) -> Result<()> {
+        self.stop_server_with("fast").await
+    }
+
+    /// Crashes the server on purpose and starts it again (fault testing):
+    /// `pg_ctl stop -m immediate` (every backend quits at once, no
+    /// checkpoint; the next start runs crash recovery), then a normal start.
+    /// Returns once it accepts connections again.
+    pub async fn crash_restart(&mut self) -> Result<()> {
+        let _lock = DirLock::acquire(&self.data_dir).await?;
+        self.stop_server_with("immediate").await?;
+        self.start_server().await?;
+        self.wait_ready().await
+    }
+
+    /// `pg_ctl stop -m <mode>`; succeeds if no server runs.
+    async fn stop_server_with(&self, mode: &str) -> Result<()> {
         if !self.is_running().await? {
             return Ok(());
         }
@@ -522,7 +538,7 @@ impl EmbeddedPostgres {
             os("-D"),
             pgdata.clone().into_os_string(),
             os("-m"),
-            os("fast"),
+            os(mode),
             os("-w"),
             os("-t"),
             os("60"),

@@ -30,6 +30,8 @@ pub struct GeneratorConfig {
     pub retry: Duration,
     /// `max_attempts` of generated tasks.
     pub max_attempts: i32,
+    /// Generated tasks sleep 1 to this many seconds.
+    pub max_sleep: u32,
 }
 
 impl GeneratorConfig {
@@ -51,6 +53,7 @@ impl GeneratorConfig {
             max_attempts: i32::try_from(settings.max_attempts)
                 .unwrap_or(1000)
                 .clamp(1, 1000),
+            max_sleep: settings.generator_max_sleep.max(1),
         }
     }
 }
@@ -223,7 +226,7 @@ async fn generate(
         if !term.is_held() {
             continue;
         }
-        let sleep = rand::rng().random_range(1..=60);
+        let sleep = rand::rng().random_range(1..=config.max_sleep.max(1));
         let data = json!({ "sleep_duration_seconds": sleep });
         // Not raced against `stop`: a stop waits for the insert in flight,
         // so the lease is released only after it committed.

@@ -20,15 +20,34 @@ pub fn generated_id() -> String {
     format!("worker-{}-{suffix:04x}", std::process::id())
 }
 
+/// Fault-injection options of a worker process (`leasekeeper chaos` uses them).
+#[derive(Clone, Debug, Default)]
+pub struct FaultOptions {
+    /// Append every claim, heartbeat, completion and failure report, with
+    /// its outcome, to this file (see [`crate::fault::history`]).
+    pub history: Option<std::path::PathBuf>,
+    /// Never give a claim up on this side (see [`WorkerConfig::trust_claims`]).
+    pub trust_claims: bool,
+}
+
 /// Runs one worker named `id` (or a generated name) against the instance at
 /// `server` until a signal stops it.
-pub async fn run(settings: Settings, server: &str, id: Option<String>) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    server: &str,
+    id: Option<String>,
+    faults: FaultOptions,
+) -> anyhow::Result<()> {
     let id = Holder::parse(id.unwrap_or_else(generated_id)).context("--id")?;
     let transport = Http::new(server).map_err(|e| anyhow!(e))?;
+    let transport = crate::fault::history::Recorded::new(transport, faults.history.as_deref())
+        .context("--history")?;
+    let mut config = WorkerConfig::from_settings(&settings);
+    config.trust_claims = faults.trust_claims;
     let (worker, controls) = Worker::new(
         id.clone(),
         transport,
-        WorkerConfig::from_settings(&settings),
+        config,
         Chaos::from_os(ChaosSettings::from_settings(&settings)),
     );
     tracing::info!(worker = %id, server, chaos = settings.chaos, "worker process started");

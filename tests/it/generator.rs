@@ -33,6 +33,7 @@ fn config() -> GeneratorConfig {
         poll: RENEW / 2,
         retry: RETRY,
         max_attempts: 5,
+        max_sleep: 60,
     }
 }
 

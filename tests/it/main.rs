@@ -6,6 +6,7 @@ mod abandoned;
 mod api;
 mod bad_input;
 mod common;
+mod fault_check;
 mod generator;
 mod instances;
 mod lease_client;

@@ -1,0 +1,445 @@
+//! The invariants, checked on a finished round: the database (tasks and
+//! `lease_events`, the server's record) against the workers' history (what
+//! the clients were told), each check counted.
+//!
+//! - Exactly once: every task ended `processed` or `failed` after its
+//!   maximum attempts; none is unfinished or missing; no task has two
+//!   accepted completions in the history, and the one accepted completion
+//!   (if the answer reached the worker) is the one the database kept.
+//! - No stale write accepted: every accepted completion carries the task's
+//!   final fencing token; in `lease_events`, no renewal or release carries a
+//!   token older than the term in force.
+//! - Tokens per resource strictly increase; no term begins before the
+//!   previous one ended (by release, or by the expiry of its last grant):
+//!   never two live holders, for tasks and the generator alike. Every task
+//!   the generator inserted was inserted inside its term.
+//! - `lease_events` is complete: every claim a worker was granted is there
+//!   as `acquired`/`taken_over` with its token; a term that began while the
+//!   previous one was unreleased is recorded as `taken_over`; every write a
+//!   worker saw refused is there as `stale_write_refused`.
+
+use super::history::{Op, OpKind, Outcome};
+use anyhow::Result;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// What the checks counted; [`Checks::violations`] says what is wrong.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Checks {
+    pub tasks: usize,
+    pub processed: usize,
+    /// Failed after using all their attempts (allowed).
+    pub failed_after_max: usize,
+    /// Processed, the accepted completion seen by its worker and matching
+    /// the database.
+    pub confirmed_by_both: usize,
+    /// Processed, but the worker never saw the answer (lost answer, killed
+    /// mid-call): the database's word only.
+    pub confirmed_by_database_only: usize,
+    /// Tasks neither processed nor failed at the end, or failed early.
+    pub lost: Vec<i32>,
+    /// Tasks with more than one accepted completion.
+    pub duplicates: Vec<i32>,
+    /// Accepted writes that carried a stale token (described).
+    pub stale_accepted: Vec<String>,
+    /// Writes the workers saw refused, by kind.
+    pub refused_heartbeats: usize,
+    pub refused_completions: usize,
+    pub refused_failures: usize,
+    /// `stale_write_refused` events in the database (task leases and the
+    /// generator's refused inserts).
+    pub refusals_recorded: usize,
+    /// Refusals a worker saw that `lease_events` lacks.
+    pub refusals_unrecorded: usize,
+    /// Writes whose answer never arrived.
+    pub unknown_outcomes: usize,
+    /// Grants (claims) a worker saw that `lease_events` lacks.
+    pub claims_unrecorded: usize,
+    pub takeovers: usize,
+    /// Terms that began while the previous was unreleased yet are not
+    /// recorded as `taken_over`.
+    pub takeovers_misrecorded: usize,
+    /// Token order and overlapping terms, described.
+    pub token_order: Vec<String>,
+    pub overlaps: Vec<String>,
+    pub generator_terms: usize,
+    pub generated_tasks: usize,
+    pub generated_outside_term: Vec<i32>,
+    /// History lines that could not be read (a writer killed mid-line).
+    pub torn_history_lines: usize,
+}
+
+impl Checks {
+    /// Every broken invariant, one line each; empty when all hold.
+    pub fn violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut list = |what: &str, items: &[String]| {
+            if !items.is_empty() {
+                out.push(format!(
+                    "{what}: {} (first: {})",
+                    items.len(),
+                    items[..items.len().min(5)].join("; ")
+                ));
+            }
+        };
+        let ids = |v: &[i32]| v.iter().map(|id| format!("task {id}")).collect::<Vec<_>>();
+        list("lost tasks", &ids(&self.lost));
+        list("tasks processed twice", &ids(&self.duplicates));
+        list("stale writes accepted", &self.stale_accepted);
+        list("tokens out of order", &self.token_order);
+        list("two live holders", &self.overlaps);
+        list(
+            "generated outside their term",
+            &ids(&self.generated_outside_term),
+        );
+        if self.refusals_unrecorded > 0 {
+            out.push(format!(
+                "refusals missing from lease_events: {}",
+                self.refusals_unrecorded
+            ));
+        }
+        if self.claims_unrecorded > 0 {
+            out.push(format!(
+                "claims missing from lease_events: {}",
+                self.claims_unrecorded
+            ));
+        }
+        if self.takeovers_misrecorded > 0 {
+            out.push(format!(
+                "takeovers not recorded as such: {}",
+                self.takeovers_misrecorded
+            ));
+        }
+        out
+    }
+}
+
+/// One term of one resource, from `lease_events`.
+#[derive(Clone, Debug)]
+pub struct Term {
+    pub holder: String,
+    pub token: i64,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub released: bool,
+}
+
+type EventRow = (
+    i64,
+    String,
+    Option<String>,
+    Option<i64>,
+    String,
+    Option<DateTime<Utc>>,
+    DateTime<Utc>,
+);
+
+type TaskRow = (
+    i32,
+    String,
+    i32,
+    i32,
+    Option<String>,
+    Option<i64>,
+    DateTime<Utc>,
+    Option<i64>,
+);
+
+/// Checks the database behind `pool` against `history`.
+pub async fn check(
+    pool: &PgPool,
+    history: &[Op],
+    torn: usize,
+) -> Result<(Checks, TermsByResource)> {
+    let mut c = Checks {
+        torn_history_lines: torn,
+        ..Checks::default()
+    };
+    let events: Vec<EventRow> = sqlx::query_as(
+        "SELECT id, resource, holder, fencing_token, kind, expires_at, at
+           FROM lease_events ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let terms = scan_terms(&events, &mut c);
+    // (resource, holder, token) -> refusals recorded
+    let mut refusals: HashMap<(String, String, i64), usize> = HashMap::new();
+    for (_, resource, holder, token, kind, _, _) in &events {
+        if kind == "stale_write_refused" {
+            c.refusals_recorded += 1;
+            *refusals
+                .entry((
+                    resource.clone(),
+                    holder.clone().unwrap_or_default(),
+                    token.unwrap_or_default(),
+                ))
+                .or_default() += 1;
+        }
+    }
+
+    let tasks: Vec<TaskRow> = sqlx::query_as(
+        "SELECT id, status, attempts, max_attempts, processor, fencing_token, created_at,
+                (task_data->>'generator_token')::bigint
+           FROM tasks ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    c.tasks = tasks.len();
+    let mut completions: HashMap<i32, Vec<&Op>> = HashMap::new();
+    for op in history {
+        let (Some(task), Some(token)) = (op.task, op.token) else {
+            if op.outcome == Outcome::Unknown {
+                c.unknown_outcomes += 1;
+            }
+            continue;
+        };
+        let resource = format!("task:{task}");
+        match (op.op, op.outcome) {
+            (OpKind::Complete, Outcome::Ok) => completions.entry(task).or_default().push(op),
+            (OpKind::Claim, Outcome::Ok) => {
+                let granted = terms
+                    .get(&resource)
+                    .is_some_and(|terms| terms.get(&token).is_some_and(|t| t.holder == op.worker));
+                if !granted {
+                    c.claims_unrecorded += 1;
+                }
+            }
+            (kind, Outcome::Refused) => {
+                match kind {
+                    OpKind::Heartbeat => c.refused_heartbeats += 1,
+                    OpKind::Complete => c.refused_completions += 1,
+                    _ => c.refused_failures += 1,
+                }
+                let key = (resource, op.worker.clone(), token);
+                match refusals.get_mut(&key) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ => c.refusals_unrecorded += 1,
+                }
+            }
+            (_, Outcome::Unknown) => c.unknown_outcomes += 1,
+            _ => {}
+        }
+    }
+
+    let generator = terms.get(crate::generator::RESOURCE);
+    c.generator_terms = generator.map_or(0, BTreeMap::len);
+    for (id, status, attempts, max_attempts, processor, token, created_at, generator_token) in
+        &tasks
+    {
+        match status.as_str() {
+            "processed" => {
+                c.processed += 1;
+                let accepted = completions.get(id).map_or(&[][..], Vec::as_slice);
+                if accepted.len() > 1 {
+                    c.duplicates.push(*id);
+                }
+                match accepted.first() {
+                    None => c.confirmed_by_database_only += 1,
+                    Some(op)
+                        if op.token == *token && Some(op.worker.as_str()) == processor.as_deref() =>
+                    {
+                        c.confirmed_by_both += 1;
+                    }
+                    Some(op) => c.stale_accepted.push(format!(
+                        "task {id}: completion by {} with token {:?} accepted, the database kept {processor:?} with {token:?}",
+                        op.worker, op.token
+                    )),
+                }
+            }
+            "failed" if attempts >= max_attempts => c.failed_after_max += 1,
+            _ => c.lost.push(*id),
+        }
+        if let Some(gt) = generator_token {
+            c.generated_tasks += 1;
+            let inside = generator
+                .and_then(|terms| terms.get(gt))
+                .is_some_and(|term| term.start <= *created_at && *created_at <= term.end);
+            if !inside {
+                c.generated_outside_term.push(*id);
+            }
+        }
+    }
+    // Accepted completions of tasks the database does not show processed.
+    for (id, ops) in &completions {
+        if !tasks.iter().any(|t| t.0 == *id && t.1 == "processed") {
+            c.stale_accepted.push(format!(
+                "task {id}: {} completion(s) accepted but the task is not processed",
+                ops.len()
+            ));
+        }
+    }
+    Ok((c, terms))
+}
+
+/// Terms by resource, by token.
+pub type TermsByResource = HashMap<String, BTreeMap<i64, Term>>;
+
+/// Walks `lease_events` in order, resource by resource: tokens must rise,
+/// a term may begin only once the previous ended, renewals and releases
+/// must carry the token in force, and a term that began over an unreleased
+/// one must be recorded as `taken_over`.
+fn scan_terms(events: &[EventRow], c: &mut Checks) -> TermsByResource {
+    let mut terms: TermsByResource = HashMap::new();
+    // resource -> token of the term in force
+    let mut current: HashMap<&str, i64> = HashMap::new();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for (id, resource, holder, token, kind, expires_at, at) in events {
+        let Some(token) = *token else { continue };
+        let holder = holder.clone().unwrap_or_default();
+        let by_token = terms.entry(resource.clone()).or_default();
+        match kind.as_str() {
+            "acquired" | "taken_over" => {
+                seen.insert(resource);
+                if kind == "taken_over" {
+                    c.takeovers += 1;
+                }
+                if let Some(previous) = current.get(resource.as_str()) {
+                    let previous = &by_token[previous];
+                    if token <= previous.token {
+                        c.token_order.push(format!(
+                            "{resource}: token {token} (event {id}) after {}",
+                            previous.token
+                        ));
+                    }
+                    if *at < previous.end {
+                        c.overlaps.push(format!(
+                            "{resource}: term {token} of {holder} began at {at} before term {} of {} ended at {}",
+                            previous.token, previous.holder, previous.end
+                        ));
+                    }
+                    if !previous.released && kind == "acquired" {
+                        c.takeovers_misrecorded += 1;
+                    }
+                }
+                let term = Term {
+                    holder,
+                    token,
+                    start: *at,
+                    end: expires_at.unwrap_or(*at),
+                    released: false,
+                };
+                if by_token.insert(token, term).is_some() {
+                    c.token_order
+                        .push(format!("{resource}: token {token} granted twice"));
+                }
+                current.insert(resource, token);
+            }
+            "renewed" | "released" | "deleted" => {
+                let in_force = current.get(resource.as_str()).copied();
+                if in_force != Some(token) {
+                    c.stale_accepted.push(format!(
+                        "{resource}: {kind} with token {token} while {in_force:?} was in force (event {id})"
+                    ));
+                    continue;
+                }
+                let term = by_token.get_mut(&token).expect("the term in force exists");
+                if kind == "renewed" {
+                    if term.released || *at > term.end {
+                        c.stale_accepted.push(format!(
+                            "{resource}: term {token} renewed at {at} after it ended at {}",
+                            term.end
+                        ));
+                    }
+                    term.end = term.end.max(expires_at.unwrap_or(term.end));
+                } else {
+                    term.end = if kind == "deleted" {
+                        *at
+                    } else {
+                        expires_at.unwrap_or(*at)
+                    };
+                    term.released = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    terms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap()
+    }
+
+    fn ev(id: i64, holder: &str, token: i64, kind: &str, expires: i64, at: i64) -> EventRow {
+        (
+            id,
+            "task:1".into(),
+            Some(holder.into()),
+            Some(token),
+            kind.into(),
+            Some(t(expires)),
+            t(at),
+        )
+    }
+
+    fn scan(events: &[EventRow]) -> Checks {
+        let mut c = Checks::default();
+        scan_terms(events, &mut c);
+        c
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let c = scan(&[
+            ev(1, "a", 1, "acquired", 2000, 0),
+            ev(2, "a", 1, "renewed", 2500, 500),
+            ev(3, "b", 2, "taken_over", 4600, 2600),
+            ev(4, "a", 1, "stale_write_refused", 2500, 2700),
+            ev(5, "b", 2, "released", 3000, 3000),
+            ev(6, "c", 3, "acquired", 5000, 3000),
+        ]);
+        assert!(c.violations().is_empty(), "{c:?}");
+        assert_eq!(c.takeovers, 1);
+    }
+
+    #[test]
+    fn a_term_beginning_before_the_last_ended_is_two_live_holders() {
+        let c = scan(&[
+            ev(1, "a", 1, "acquired", 2000, 0),
+            ev(2, "a", 1, "renewed", 3000, 1000),
+            ev(3, "b", 2, "taken_over", 4000, 2500),
+        ]);
+        assert_eq!(c.overlaps.len(), 1, "{c:?}");
+    }
+
+    #[test]
+    fn a_renewal_or_release_with_an_old_token_is_a_stale_write_accepted() {
+        let c = scan(&[
+            ev(1, "a", 1, "acquired", 2000, 0),
+            ev(2, "b", 2, "taken_over", 4000, 2000),
+            ev(3, "a", 1, "renewed", 5000, 2100),
+            ev(4, "a", 1, "released", 2200, 2200),
+        ]);
+        assert_eq!(c.stale_accepted.len(), 2, "{c:?}");
+    }
+
+    #[test]
+    fn a_renewal_after_expiry_is_a_stale_write_accepted() {
+        let c = scan(&[
+            ev(1, "a", 1, "acquired", 2000, 0),
+            ev(2, "a", 1, "renewed", 4500, 2500),
+        ]);
+        assert_eq!(c.stale_accepted.len(), 1, "{c:?}");
+    }
+
+    #[test]
+    fn tokens_must_rise_and_takeovers_must_say_so() {
+        let c = scan(&[
+            ev(1, "a", 5, "acquired", 2000, 0),
+            ev(2, "b", 4, "acquired", 5000, 3000),
+        ]);
+        assert_eq!(c.token_order.len(), 1, "{c:?}");
+        assert_eq!(c.takeovers_misrecorded, 1, "{c:?}");
+        let c = scan(&[
+            ev(1, "a", 1, "acquired", 2000, 0),
+            ev(2, "b", 1, "taken_over", 5000, 3000),
+        ]);
+        assert_eq!(c.token_order.len(), 2, "same token twice: {c:?}");
+    }
+}

@@ -1,0 +1,228 @@
+//! The client's side of the history: every claim, heartbeat, completion and
+//! failure report a worker process sends, with what it saw come back.
+//!
+//! [`Recorded`] wraps a worker's [`Transport`] and appends one JSON line per
+//! call to a file once the call returns (claims that found nothing are left
+//! out: they change nothing). Each line is one `write` on a file opened for
+//! appending, so a `kill -9` loses at most the call in flight, which the
+//! history then simply does not show; the checker never needs it, because
+//! it takes the database's word for what happened and uses the history as
+//! an independent witness of what the clients were told.
+//!
+//! Outcomes: `ok` (the queue accepted), `refused` (HTTP 409/404: the claim
+//! is lost) and `unknown` (no answer, or an unusable one: the write may or
+//! may not have happened, e.g. when the connection dropped after the server
+//! committed).
+
+use crate::lease::Holder;
+use crate::worker::transport::{Claim, Report, Transport, TransportError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What was asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    Claim,
+    Heartbeat,
+    Complete,
+    Fail,
+}
+
+/// What came back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    Refused,
+    Unknown,
+}
+
+/// One call, as one line of a history file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    pub worker: String,
+    pub op: OpKind,
+    /// The task (unknown for a claim that got no usable answer).
+    pub task: Option<i32>,
+    pub token: Option<i64>,
+    pub outcome: Outcome,
+    /// When the call was sent and when it returned, by this machine's wall
+    /// clock in Unix milliseconds: for ordering against the harness's own
+    /// events only, never for deciding who held what.
+    pub sent_ms: i64,
+    pub returned_ms: i64,
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A transport that records every call of `inner` to a history file.
+pub struct Recorded<T> {
+    inner: T,
+    file: Option<Arc<Mutex<std::fs::File>>>,
+}
+
+impl<T: Transport> Recorded<T> {
+    /// Records to `path` (appending) when given; otherwise only passes calls on.
+    pub fn new(inner: T, path: Option<&Path>) -> std::io::Result<Self> {
+        let file = match path {
+            Some(path) => Some(Arc::new(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            ))),
+            None => None,
+        };
+        Ok(Recorded { inner, file })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record<R>(
+        &self,
+        worker: &Holder,
+        op: OpKind,
+        task: Option<i32>,
+        token: Option<i64>,
+        sent_ms: i64,
+        result: &Result<R, TransportError>,
+    ) {
+        let Some(file) = &self.file else { return };
+        let outcome = match result {
+            Ok(_) => Outcome::Ok,
+            Err(TransportError::Lost(_)) => Outcome::Refused,
+            Err(TransportError::Transient(_)) => Outcome::Unknown,
+        };
+        let line = Op {
+            worker: worker.as_str().to_string(),
+            op,
+            task,
+            token,
+            outcome,
+            sent_ms,
+            returned_ms: now_ms(),
+        };
+        let mut text = serde_json::to_string(&line).expect("an Op serializes");
+        text.push('\n');
+        let written = file
+            .lock()
+            .map_err(|_| std::io::Error::other("history lock poisoned"))
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+        if let Err(e) = written {
+            tracing::error!(error = %e, "cannot append to the history file");
+        }
+    }
+}
+
+impl<T: Transport> Transport for Recorded<T> {
+    async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
+        let sent = now_ms();
+        let result = self.inner.claim(worker).await;
+        match &result {
+            // Recorded too: proof that the worker reaches the queue again
+            // after a fault, even when there is nothing to do.
+            Ok(None) => self.record(worker, OpKind::Claim, None, None, sent, &result),
+            Ok(Some(claim)) => self.record(
+                worker,
+                OpKind::Claim,
+                Some(claim.task_id),
+                Some(claim.token),
+                sent,
+                &result,
+            ),
+            Err(_) => self.record(worker, OpKind::Claim, None, None, sent, &result),
+        }
+        result
+    }
+
+    async fn heartbeat(
+        &self,
+        worker: &Holder,
+        task_id: i32,
+        token: i64,
+    ) -> Result<Option<Duration>, TransportError> {
+        let sent = now_ms();
+        let result = self.inner.heartbeat(worker, task_id, token).await;
+        self.record(
+            worker,
+            OpKind::Heartbeat,
+            Some(task_id),
+            Some(token),
+            sent,
+            &result,
+        );
+        result
+    }
+
+    async fn complete(
+        &self,
+        worker: &Holder,
+        task_id: i32,
+        token: i64,
+        output: &Value,
+    ) -> Result<(), TransportError> {
+        let sent = now_ms();
+        let result = self.inner.complete(worker, task_id, token, output).await;
+        self.record(
+            worker,
+            OpKind::Complete,
+            Some(task_id),
+            Some(token),
+            sent,
+            &result,
+        );
+        result
+    }
+
+    async fn fail(
+        &self,
+        worker: &Holder,
+        task_id: i32,
+        token: i64,
+        error: &str,
+    ) -> Result<(), TransportError> {
+        let sent = now_ms();
+        let result = self.inner.fail(worker, task_id, token, error).await;
+        self.record(
+            worker,
+            OpKind::Fail,
+            Some(task_id),
+            Some(token),
+            sent,
+            &result,
+        );
+        result
+    }
+
+    async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
+        self.inner.report(worker, report).await
+    }
+}
+
+/// Reads every `*.jsonl` history file in `dir`. A torn last line (the
+/// writer killed mid-write, which one `write` of a short line makes
+/// unlikely) is skipped and counted.
+pub fn read_dir(dir: &Path) -> anyhow::Result<(Vec<Op>, usize)> {
+    let mut ops = Vec::new();
+    let mut torn = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            for line in std::fs::read_to_string(&path)?.lines() {
+                match serde_json::from_str::<Op>(line) {
+                    Ok(op) => ops.push(op),
+                    Err(_) => torn += 1,
+                }
+            }
+        }
+    }
+    ops.sort_by_key(|op| (op.sent_ms, op.returned_ms));
+    Ok((ops, torn))
+}
