@@ -18,6 +18,7 @@ mod rest_leases;
 mod rest_origin;
 mod rest_tasks;
 mod rest_workers;
+mod sfn_bad_input;
 mod singleton;
 mod stopwatch;
 mod task_race;
