@@ -11,6 +11,7 @@ mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
+mod length_checks;
 mod live;
 mod operator;
 mod overview;
