@@ -20,13 +20,11 @@ use crate::api::Api;
 use axum::body::Body;
 use axum::http::{Method, StatusCode};
 use leasekeeper::error::AppError;
+use leasekeeper::http::server_fns::PREFIX;
 use leptos::server_fn::axum::server_fn_paths;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-
-/// Where the server functions are mounted (`#[server(prefix = "/sfn")]`).
-const PREFIX: &str = "/sfn/";
 
 /// How many server functions there were when this test was written: fewer
 /// registered means registration (or this test's view of it) broke.
