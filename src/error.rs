@@ -5,6 +5,7 @@
 //! `{"error": "..."}`; internal errors are logged once, where they are turned
 //! into [`AppError::Internal`], and the client sees only a generic message.
 
+use leptos::server_fn::error::ServerFnErrorErr;
 use serde::{Deserialize, Serialize};
 
 /// What went wrong, in terms a client can act on.
@@ -54,7 +55,24 @@ pub fn check_id(id: i32) -> Result<i32, AppError> {
 impl leptos::server_fn::error::FromServerFnError for AppError {
     type Encoder = leptos::server_fn::codec::JsonEncoding;
 
-    fn from_server_fn_error(value: leptos::server_fn::error::ServerFnErrorErr) -> Self {
+    fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
+        // On the server these three are the caller's fault: arguments that
+        // do not decode, a missing one, a body that cannot be read as text.
+        // (In the browser they mean other things, e.g. an answer that does
+        // not decode.)
+        #[cfg(feature = "ssr")]
+        match &value {
+            ServerFnErrorErr::Args(e) => {
+                return AppError::BadRequest(format!("invalid arguments: {e}"));
+            }
+            ServerFnErrorErr::MissingArg(name) => {
+                return AppError::BadRequest(format!("missing argument {name}"));
+            }
+            ServerFnErrorErr::Deserialization(e) => {
+                return AppError::BadRequest(format!("cannot read the request body: {e}"));
+            }
+            _ => {}
+        }
         AppError::ServerFn(value.to_string())
     }
 }

@@ -9,8 +9,8 @@
 //! taken is written to `lease_events` as an `operator` row.
 
 use crate::error::AppError;
-use crate::lease::Lease;
 use crate::lease::store::{LEASE_COLUMNS, record_operator_action};
+use crate::lease::{Holder, Lease};
 use crate::server::AppState;
 use crate::settings::Settings;
 use axum::extract::FromRequestParts;
@@ -201,9 +201,10 @@ pub async fn spawn_worker(state: &AppState) -> Result<crate::worker::WorkerInfo,
 /// every instance's workers). Answers what was done.
 pub async fn control_worker(
     state: &AppState,
-    id: &str,
+    id: &Holder,
     action: WorkerAction,
 ) -> Result<String, AppError> {
+    let id = id.as_str();
     if !state.fleet.running().iter().any(|w| w == id) {
         let worker = crate::worker::registry::get(
             &mut *state.pool.acquire().await?,
@@ -267,7 +268,8 @@ pub async fn control_worker(
 /// generator lease and its workers' task leases must expire and be taken
 /// over. This instance exits shortly after answering; another instance is
 /// reached through its address.
-pub async fn kill_instance(state: &AppState, id: &str) -> Result<String, AppError> {
+pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppError> {
+    let id = id.as_str();
     if id != &*state.instance_id {
         let mut conn = state.pool.acquire().await?;
         let running: Option<bool> =

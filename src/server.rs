@@ -97,6 +97,9 @@ pub fn router(state: AppState) -> Router {
         .merge(http::api_router())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(axum::middleware::from_fn(
+            http::server_fns::answer_like_the_api,
+        ))
         .layer(axum::middleware::from_fn(http::run_to_completion))
         .layer(axum::middleware::from_fn(http::origin::same_origin_only))
         .layer(tower_http::trace::TraceLayer::new_for_http())

@@ -34,12 +34,12 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
     const TIMELINE_EVENTS: i64 = 400;
     let mut conn = super::common::pool()?.acquire().await?;
     let resource = match of {
-        TimelineOf::Resource(r) if r.is_empty() || r.len() > 256 => {
-            return Err(AppError::BadRequest(
-                "resource must be 1 to 256 characters".into(),
-            ));
-        }
-        TimelineOf::Resource(r) => r,
+        // The lease store's own rules: a NUL reaching PostgreSQL fails the
+        // query (500) rather than finding nothing.
+        TimelineOf::Resource(r) => crate::lease::Resource::parse(r)
+            .map_err(|e| AppError::BadRequest(e.to_string()))?
+            .as_str()
+            .to_owned(),
         TimelineOf::Lease(id) => {
             super::common::check_id(id)?;
             match crate::lease::store::get(&mut conn, id).await? {

@@ -55,6 +55,8 @@ pub async fn get_instances() -> Result<Vec<Instance>, AppError> {
 /// it is another one).
 #[server(prefix = "/sfn")]
 pub async fn kill_instance(id: String) -> Result<String, AppError> {
+    let id = crate::lease::Holder::parse(id)
+        .map_err(|e| super::common::refused(AppError::BadRequest(format!("instance id: {e}"))))?;
     let state = super::common::operator_state().await?;
     crate::ops::kill_instance(&state, &id)
         .await

@@ -45,6 +45,8 @@ pub async fn spawn_worker() -> Result<String, AppError> {
 #[server(prefix = "/sfn")]
 pub async fn control_worker(id: String, action: String) -> Result<String, AppError> {
     let action = crate::ops::WorkerAction::parse(&action).map_err(super::common::refused)?;
+    let id = crate::lease::Holder::parse(id)
+        .map_err(|e| super::common::refused(AppError::BadRequest(format!("worker id: {e}"))))?;
     let state = super::common::operator_state().await?;
     crate::ops::control_worker(&state, &id, action)
         .await

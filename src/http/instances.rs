@@ -32,6 +32,6 @@ async fn kill(
     _: Operator,
     NameSegment(id): NameSegment,
 ) -> Result<(StatusCode, Json<Value>), AppError> {
-    let message = ops::kill_instance(&s, id.as_str()).await?;
+    let message = ops::kill_instance(&s, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "message": message }))))
 }

@@ -7,6 +7,7 @@ pub mod instances;
 pub mod leases;
 pub mod origin;
 pub mod overview;
+pub mod server_fns;
 pub mod tasks;
 pub mod workers;
 

@@ -242,10 +242,11 @@ async fn fail(
     Id(id): Id,
     JsonBody(body): JsonBody<FailBody>,
 ) -> Result<Json<Task>, AppError> {
-    if body.error.chars().count() > 4096 {
-        return Err(AppError::BadRequest(
-            "error must be at most 4096 characters".into(),
-        ));
+    if body.error.chars().count() > store::MAX_ERROR_CHARS {
+        return Err(AppError::BadRequest(format!(
+            "error must be at most {} characters",
+            store::MAX_ERROR_CHARS
+        )));
     }
     if body.error.contains('\0') {
         return Err(AppError::BadRequest(

@@ -4,6 +4,7 @@
 
 use super::extract::{JsonBody, WorkerId};
 use crate::error::AppError;
+use crate::lease::Holder;
 use crate::ops::{self, Operator, WorkerAction};
 use crate::server::AppState;
 use crate::worker::transport::Report;
@@ -63,7 +64,7 @@ async fn pause(
     _: Operator,
     WorkerId(id): WorkerId,
 ) -> Result<Json<Done>, AppError> {
-    control(&s, id.as_str(), WorkerAction::Pause).await
+    control(&s, &id, WorkerAction::Pause).await
 }
 
 async fn kill(
@@ -71,14 +72,14 @@ async fn kill(
     _: Operator,
     WorkerId(id): WorkerId,
 ) -> Result<Json<Done>, AppError> {
-    control(&s, id.as_str(), WorkerAction::Kill).await
+    control(&s, &id, WorkerAction::Kill).await
 }
 
-async fn control(s: &AppState, id: &str, action: WorkerAction) -> Result<Json<Done>, AppError> {
+async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json<Done>, AppError> {
     let message = ops::control_worker(s, id, action).await?;
     Ok(Json(Done {
         message,
-        worker: fetch(s, id).await?,
+        worker: fetch(s, id.as_str()).await?,
     }))
 }
 

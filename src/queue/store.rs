@@ -12,6 +12,7 @@ use crate::lease::store::{self as leases, LeaseError, Page};
 use crate::lease::{Holder, Resource};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// Columns of a [`Task`], with the time to its deadline computed by the
@@ -626,9 +627,25 @@ async fn refuse_alone(
     Ok(err)
 }
 
+/// The longest `last_error` kept, in characters; the tasks table's CHECK
+/// holds the same limit.
+pub const MAX_ERROR_CHARS: usize = 4096;
+
+/// `error` cut to [`MAX_ERROR_CHARS`], ending in `…` when cut.
+fn bounded_error(error: &str) -> Cow<'_, str> {
+    if error.chars().nth(MAX_ERROR_CHARS).is_none() {
+        return Cow::Borrowed(error);
+    }
+    let mut cut: String = error.chars().take(MAX_ERROR_CHARS - 1).collect();
+    cut.push('…');
+    Cow::Owned(cut)
+}
+
 /// Reports that an attempt at task `id` failed with `error`. The task goes
 /// back to pending after the policy's backoff, or to failed once it has
 /// used `max_attempts`. Accepted only from the current claim's holder.
+/// An `error` past [`MAX_ERROR_CHARS`] is kept cut (a simulated worker's
+/// message quotes the bad task data it got, which may be long).
 pub async fn fail(
     conn: &mut PgConnection,
     id: i32,
@@ -660,7 +677,7 @@ pub async fn fail(
     .bind(token)
     .bind(millis(policy.base))
     .bind(millis(policy.max))
-    .bind(error)
+    .bind(bounded_error(error).as_ref())
     .fetch_optional(&mut *tx)
     .await?;
     let Some(task) = updated else {

@@ -81,10 +81,28 @@ impl Api {
         headers: &[(&str, &str)],
         body: Body,
     ) -> (StatusCode, Value) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("content-type", "application/json");
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        let (status, bytes) = self.send_bytes(method, uri, &all, body).await;
+        let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+            panic!(
+                "{uri}: body is not JSON: {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        (status, value)
+    }
+
+    /// Sends a request with exactly `headers` and hands back the answer's
+    /// raw body (server functions' answers are not all JSON objects).
+    pub async fn send_bytes(
+        &self,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> (StatusCode, axum::body::Bytes) {
+        let mut req = Request::builder().method(method).uri(uri);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
@@ -95,14 +113,7 @@ impl Api {
             .await
             .unwrap();
         let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-            panic!(
-                "{uri}: body is not JSON: {}",
-                String::from_utf8_lossy(&bytes)
-            )
-        });
-        (status, value)
+        (status, resp.into_body().collect().await.unwrap().to_bytes())
     }
 
     pub async fn get(&self, uri: &str) -> (StatusCode, Value) {
