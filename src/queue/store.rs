@@ -632,7 +632,7 @@ async fn refuse_alone(
 pub const MAX_ERROR_CHARS: usize = 4096;
 
 /// `error` cut to [`MAX_ERROR_CHARS`], ending in `…` when cut.
-fn bounded_error(error: &str) -> Cow<'_, str> {
+pub fn bounded_error(error: &str) -> Cow<'_, str> {
     if error.chars().nth(MAX_ERROR_CHARS).is_none() {
         return Cow::Borrowed(error);
     }

@@ -456,6 +456,9 @@ impl<T: Transport> Worker<T> {
     /// Reports the attempt at `claim` as failed with `why` (the queue
     /// retries it after a backoff, or marks it failed after its attempts).
     async fn give_back(&mut self, claim: &Claim, why: &str) {
+        // Cut here too: over REST a longer message would be refused (400)
+        // and the task would wait out its lease instead of being retried.
+        let why = &*crate::queue::store::bounded_error(why);
         match self
             .transport
             .fail(&self.id, claim.task_id, claim.token, why)
@@ -715,6 +718,34 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_worker_that_trusts_its_claims_writes_its_completion_regardless() {
+        // The fault harness's worker: refused heartbeats and a passed local
+        // deadline do not stop it, so the queue's fencing has to.
+        let fake = Fake::new(
+            vec![claim(1, 7, json!({"sleep_duration_seconds": 5}), secs(3.0))],
+            Beats::Refuse,
+        );
+        let mut config = WorkerConfig::new(secs(3.0), secs(1.0));
+        config.trust_claims = true;
+        let (worker, controls) = Worker::new(
+            Holder::parse("w1").unwrap(),
+            fake.clone(),
+            config,
+            Chaos::seeded(ChaosSettings::off(), 1),
+        );
+        let worker = tokio::spawn(worker.run());
+        sleep(secs(6.0)).await;
+        let done = fake.completions();
+        assert!(
+            matches!(&done[..], [(at, Call::Complete(1, 7, _))] if *at == secs(5.0)),
+            "{done:?}"
+        );
+        assert!(fake.heartbeats().len() >= 3, "it kept heartbeating");
+        controls.stop();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_refused_heartbeat_abandons_the_task_at_once() {
         let fake = Fake::new(
             vec![claim(
@@ -840,7 +871,14 @@ mod tests {
     async fn bad_task_data_fails_the_attempt_and_missing_data_takes_one_second() {
         let fake = Fake::new(
             vec![
-                claim(1, 7, json!({"sleep_duration_seconds": "soon"}), secs(3.0)),
+                // A long bad value: the message quoting it is cut to what
+                // the queue accepts.
+                claim(
+                    1,
+                    7,
+                    json!({"sleep_duration_seconds": "soon".repeat(5000)}),
+                    secs(3.0),
+                ),
                 claim(2, 8, json!({}), secs(3.0)),
             ],
             Beats::Accept(secs(3.0)),
@@ -853,6 +891,11 @@ mod tests {
             panic!("{done:?}")
         };
         assert!(why.contains("sleep_duration_seconds"), "{why}");
+        assert_eq!(
+            why.chars().count(),
+            crate::queue::store::MAX_ERROR_CHARS,
+            "cut to the limit"
+        );
         assert_eq!(done[1].0, secs(1.0));
         assert!(matches!(&done[1].1, Call::Complete(2, 8, out) if out["ticks"] == 1));
         controls.stop();
