@@ -112,10 +112,20 @@ impl Drop for Proxy {
 /// A request's kind, and the task id in its path.
 type Request = (Target, Option<i32>);
 
-/// The kind of request `head` starts, and the task id in its path.
-fn classify(head: &[u8]) -> Option<Request> {
-    let line = head.split(|&b| b == b'\r').next()?;
+/// `Some` when `chunk` starts a request (its request line): the kind of
+/// request we may lose the answer to, or `None` for any other request.
+/// `None` when the chunk does not start a request (more of a body).
+fn classify(chunk: &[u8]) -> Option<Option<Request>> {
+    let line = chunk.split(|&b| b == b'\r').next()?;
     let line = std::str::from_utf8(line).ok()?;
+    if !(line.ends_with(" HTTP/1.1") || line.ends_with(" HTTP/1.0")) {
+        return None;
+    }
+    Some(kind(line))
+}
+
+/// The kind of request `line` asks, and the task id in its path.
+fn kind(line: &str) -> Option<Request> {
     let mut parts = line.split(' ');
     let (method, path) = (parts.next()?, parts.next()?);
     if method == "POST" && path == "/api/tasks/next" {
@@ -155,8 +165,11 @@ async fn pipe(client: TcpStream, server: TcpStream, shared: Arc<Mutex<Shared>>) 
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
-                if let Some(kind) = classify(&buf[..n]) {
-                    *current.lock().unwrap_or_else(|e| e.into_inner()) = Some(kind);
+                // A new request replaces the one answered before it on
+                // this connection, whatever its kind: the answer to a
+                // heartbeat after a claim is not the claim's.
+                if let Some(request) = classify(&buf[..n]) {
+                    *current.lock().unwrap_or_else(|e| e.into_inner()) = request;
                 }
                 if server_tx.write_all(&buf[..n]).await.is_err() {
                     return;
@@ -205,15 +218,21 @@ mod tests {
     fn requests_are_told_apart() {
         assert_eq!(
             classify(b"POST /api/tasks/next HTTP/1.1\r\nhost: x\r\n\r\n{}"),
-            Some((Target::Claim, None))
+            Some(Some((Target::Claim, None)))
         );
         assert_eq!(
             classify(b"PUT /api/tasks/42/complete HTTP/1.1\r\n"),
-            Some((Target::Complete, Some(42)))
+            Some(Some((Target::Complete, Some(42))))
         );
-        assert_eq!(classify(b"PUT /api/tasks/42/heartbeat HTTP/1.1\r\n"), None);
-        assert_eq!(classify(b"GET /api/tasks/next HTTP/1.1\r\n"), None);
+        // Other requests are requests too: they end the one before.
+        assert_eq!(
+            classify(b"PUT /api/tasks/42/heartbeat HTTP/1.1\r\n"),
+            Some(None)
+        );
+        assert_eq!(classify(b"GET /api/tasks/next HTTP/1.1\r\n"), Some(None));
+        // More of a body is not a request.
         assert_eq!(classify(b"{\"processor\": \"w\"}"), None);
+        assert_eq!(classify(b"PUT /api/tasks/42/complete"), None);
     }
 
     #[test]
@@ -226,38 +245,60 @@ mod tests {
         );
     }
 
+    /// Sends `request` on `conn` and reads one short answer (empty when the
+    /// proxy closed the connection instead).
+    async fn exchange(conn: &mut TcpStream, request: &str) -> String {
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = conn.read(&mut buf).await.unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    }
+
     #[tokio::test]
     async fn an_armed_answer_is_lost_after_the_request_went_through() {
-        // A one-shot upstream that records what it received and answers.
+        // An upstream that answers every request on one kept-alive
+        // connection, and reports each request it received.
         let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let upstream_port = upstream.local_addr().unwrap().port();
-        let received = tokio::spawn(async move {
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+        tokio::spawn(async move {
             let (mut conn, _) = upstream.accept().await.unwrap();
             let mut buf = vec![0u8; 1024];
-            let n = conn.read(&mut buf).await.unwrap();
-            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
-                .await
-                .unwrap();
-            String::from_utf8_lossy(&buf[..n]).to_string()
+            loop {
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                let _ = seen_tx.send(String::from_utf8_lossy(&buf[..n]).to_string());
+                let body = br#"{"id": 9}"#;
+                let head = format!(
+                    "HTTP/1.1 202 Accepted\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(&[head.as_bytes(), body].concat()).await;
+            }
         });
         let proxy = Proxy::start(upstream_port).await.unwrap();
-        proxy.arm(Target::Complete);
         let mut conn = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
-        conn.write_all(b"PUT /api/tasks/9/complete HTTP/1.1\r\ncontent-length: 0\r\n\r\n")
-            .await
-            .unwrap();
-        let mut answer = Vec::new();
-        let _ = conn.read_to_end(&mut answer).await;
-        assert!(answer.is_empty(), "the answer came through: {answer:?}");
-        assert!(
-            received
-                .await
-                .unwrap()
-                .starts_with("PUT /api/tasks/9/complete")
-        );
+        let claim = "POST /api/tasks/next HTTP/1.1\r\ncontent-length: 0\r\n\r\n";
+        let beat = "PUT /api/tasks/9/heartbeat HTTP/1.1\r\ncontent-length: 0\r\n\r\n";
+        assert!(exchange(&mut conn, claim).await.starts_with("HTTP/1.1 202"));
+        proxy.arm(Target::Claim);
+        // The heartbeat after the claim on the same connection is answered.
+        assert!(exchange(&mut conn, beat).await.starts_with("HTTP/1.1 202"));
+        assert!(proxy.is_armed());
+        // The next claim went through, and its answer is lost.
+        assert_eq!(exchange(&mut conn, claim).await, "");
+        let mut received = Vec::new();
+        while let Ok(r) = seen.try_recv() {
+            received.push(r);
+        }
+        assert_eq!(received.len(), 3, "{received:?}");
+        assert!(received[2].starts_with("POST /api/tasks/next"));
         let dropped = proxy.take_dropped();
         assert_eq!(dropped.len(), 1);
-        assert_eq!(dropped[0].task, Some(9));
+        assert_eq!(dropped[0].target, Target::Claim);
+        assert_eq!(dropped[0].task, Some(9), "read off the lost answer");
         assert!(!proxy.is_armed());
     }
 }
