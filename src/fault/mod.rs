@@ -498,7 +498,15 @@ async fn faults_phase(
             let mut tick = tokio::time::interval(Duration::from_millis(150));
             while !stop.is_cancelled() {
                 tick.tick().await;
-                let secs = (rng.random_range(50..800) as f64) / 1000.0;
+                // Mostly short work; one task in five long enough that a
+                // holder paused near its end is still being worked on by
+                // the worker that took it over when the paused one wakes.
+                let ms = if rng.random_bool(0.2) {
+                    rng.random_range(2000..3000)
+                } else {
+                    rng.random_range(50..800)
+                };
+                let secs = f64::from(ms) / 1000.0;
                 let data = json!({ "sleep_duration_seconds": secs });
                 // An enqueue whose answer is lost (PostgreSQL crashing) is
                 // not counted; the task, if it exists, is checked anyway.
@@ -603,6 +611,35 @@ async fn pick_holder(
     Some((i, tasks))
 }
 
+/// A live `--trust-claims` worker holding a task of 2 s or more with less
+/// than 0.4 s of work left, looked for during at most 3 s.
+async fn about_to_complete(rig: &Rig, pool: &PgPool) -> Option<(usize, Vec<i32>)> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let near: Vec<(i32, String)> = sqlx::query_as(
+            "SELECT id, processor FROM tasks
+              WHERE status = 'started' AND must_heartbeat_before > now()
+                AND (task_data->>'sleep_duration_seconds')::float8 >= 2
+                AND (task_data->>'sleep_duration_seconds')::float8
+                    - EXTRACT(EPOCH FROM now() - started_at)::float8 BETWEEN 0.05 AND 0.4",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        for (task, processor) in near {
+            if let Some(i) = rig
+                .workers
+                .iter()
+                .position(|w| w.trust && w.resume_at.is_none() && w.id == processor)
+            {
+                return Some((i, vec![task]));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 async fn inject(
     kind: FaultKind,
     cluster: &mut EmbeddedPostgres,
@@ -632,7 +669,16 @@ async fn inject(
             (fault.target, fault.tasks) = (w.id, tasks);
         }
         FaultKind::PauseWorker => {
-            let Some((i, tasks)) = pick_holder(rig, pool, true, rng).await else {
+            // Best: a `--trust-claims` holder of a long task about to send
+            // its completion (the pause a stale write comes from: after the
+            // last look at the deadline, before the write). Whoever takes
+            // the task over is then still at work when the paused holder
+            // wakes and writes, so only the token refuses that write.
+            let found = match about_to_complete(rig, pool).await {
+                Some(found) => Some(found),
+                None => pick_holder(rig, pool, true, rng).await,
+            };
+            let Some((i, tasks)) = found else {
                 return Ok(None);
             };
             let w = &mut rig.workers[i];
