@@ -82,15 +82,7 @@ pub(crate) async fn fresh_database(
         None => {
             let dir = PathBuf::from("target/leasekeeper-bench-db");
             let cluster = EmbeddedPostgres::start(&dir).await?;
-            let admin = pool_options()
-                .max_connections(1)
-                .connect_with(cluster.connect_options("postgres"))
-                .await?;
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .execute(&admin)
-                .await?;
-            admin.close().await;
-            cluster.ensure_database(name).await?;
+            cluster.recreate_database(name).await?;
             (
                 cluster.connect_options(name),
                 cluster.url(name),

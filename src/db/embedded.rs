@@ -218,6 +218,23 @@ impl EmbeddedPostgres {
         pg.stop_server().await
     }
 
+    /// Drops database `name` if it exists (closing its connections) and
+    /// creates it anew, empty: for benchmarks and the fault harness.
+    pub async fn recreate_database(&self, name: &str) -> Result<()> {
+        let mut conn = PgConnection::connect_with(&self.connect_options("postgres"))
+            .await
+            .with_context(|| format!("connecting to {}", self.url("postgres")))?;
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            quote_ident(name)
+        ))
+        .execute(&mut conn)
+        .await
+        .with_context(|| format!("dropping database {name}"))?;
+        let _ = conn.close().await;
+        self.ensure_database(name).await
+    }
+
     /// Ensures database `name` exists, creating it if missing. A concurrent
     /// creator is tolerated: "already exists" counts as success.
     pub async fn ensure_database(&self, name: &str) -> Result<()> {

@@ -393,15 +393,7 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
 }
 
 async fn fresh_database(cluster: &EmbeddedPostgres, name: &str) -> Result<PgPool> {
-    let admin = pool_options()
-        .max_connections(1)
-        .connect_with(cluster.connect_options("postgres"))
-        .await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&admin)
-        .await?;
-    admin.close().await;
-    cluster.ensure_database(name).await?;
+    cluster.recreate_database(name).await?;
     let pool = pool_options()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))

@@ -120,6 +120,23 @@ impl Api {
         self.call(Method::GET, uri, None).await
     }
 
+    /// Something real for bad input to aim at: a lease on `fuzz:held` held
+    /// by `owner` for 300 s, and a pending task. Answers both as created.
+    pub async fn held_lease_and_task(&self) -> (Value, Value) {
+        let (s, lease) = self
+            .post(
+                "/api/leases",
+                serde_json::json!({"resource": "fuzz:held", "holder": "owner", "ttl_seconds": 300}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{lease}");
+        let (s, task) = self
+            .post("/api/tasks", serde_json::json!({"task_data": {"n": 1}}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{task}");
+        (lease, task)
+    }
+
     pub async fn post(&self, uri: &str, body: Value) -> (StatusCode, Value) {
         self.call(Method::POST, uri, Some(body)).await
     }

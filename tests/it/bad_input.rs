@@ -195,15 +195,7 @@ fn allowed(status: StatusCode) -> bool {
 async fn bad_input_on_every_route_is_refused_cleanly_and_changes_nothing() {
     let api = Api::new().await;
     // Something real to aim at: a held lease and a claimed task.
-    let (s, lease) = api
-        .post(
-            "/api/leases",
-            json!({"resource": "fuzz:held", "holder": "owner", "ttl_seconds": 300}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
-    let (s, task) = api.post("/api/tasks", json!({"task_data": {"n": 1}})).await;
-    assert_eq!(s, StatusCode::CREATED, "{task}");
+    let (lease, task) = api.held_lease_and_task().await;
     let (s, claimed) = api
         .post("/api/tasks/next", json!({"processor": "owner"}))
         .await;

@@ -520,15 +520,7 @@ async fn bad_input_to_every_server_function_is_refused_cleanly_and_changes_nothi
         })
         .await;
         // Something real to aim at: a held lease (id 1, token 1) and a task.
-        let (s, lease) = api
-            .post(
-                "/api/leases",
-                json!({"resource": "fuzz:held", "holder": "owner", "ttl_seconds": 300}),
-            )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{lease}");
-        let (s, task) = api.post("/api/tasks", json!({"task_data": {"n": 1}})).await;
-        assert_eq!(s, StatusCode::CREATED, "{task}");
+        api.held_lease_and_task().await;
         let before = snapshot(&api).await;
         let (sent, failures) = run_pass(&api, open, &mut rng).await;
         let controls = if open { "open" } else { "token set" };
