@@ -142,7 +142,9 @@ struct Rig {
     config: PathBuf,
     instances: Vec<Instance>,
     workers: Vec<WorkerProc>,
+    /// Worker processes started so far (names them).
     spawned: usize,
+    instance_starts: usize,
     http: reqwest::Client,
 }
 
@@ -183,8 +185,10 @@ impl Rig {
         Ok(cmd)
     }
 
-    fn spawn_instance(&self, port: u16, generation: usize) -> Result<Child> {
-        self.base_command(&format!("instance-{port}-{generation}.log"))?
+    /// Starts `leasekeeper serve` on `port` (each start logs to a file of its own).
+    fn spawn_instance(&mut self, port: u16) -> Result<Child> {
+        self.instance_starts += 1;
+        self.base_command(&format!("instance-{port}-{}.log", self.instance_starts))?
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
             .env("DATABASE_URL", &self.url)
             .spawn()
@@ -314,9 +318,10 @@ struct RoundResult {
     late: Vec<String>,
 }
 
-/// Runs the harness; fails when an invariant is broken.
-pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
-    let _ = settings;
+/// Runs the harness; fails when an invariant is broken. The program's own
+/// settings are not used: every process of the harness gets the harness's
+/// (2 s TTL, no simulated workers, chaos off) through its environment.
+pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }) as usize;
     let seconds = args.seconds.unwrap_or(if args.quick { 45 } else { 120 });
     let gaps = if args.quick {
@@ -423,11 +428,12 @@ async fn one_round(
         instances: Vec::new(),
         workers: Vec::new(),
         spawned: 0,
+        instance_starts: 0,
         http: reqwest::Client::new(),
     };
-    for generation in 0..INSTANCES {
+    for _ in 0..INSTANCES {
         let port = free_port()?;
-        let child = rig.spawn_instance(port, generation)?;
+        let child = rig.spawn_instance(port)?;
         let proxy = proxy::Proxy::start(port).await?;
         rig.instances.push(Instance { port, proxy, child });
     }
@@ -522,7 +528,7 @@ async fn faults_phase(
     let mut n = 0;
     while Instant::now() < end {
         rig.resume_due(false);
-        reap(rig, pool).await?;
+        reap(rig)?;
         if Instant::now() >= next {
             let kind = cycle[n % cycle.len()];
             match inject(kind, cluster, rig, pool, rng).await? {
@@ -554,7 +560,7 @@ async fn faults_phase(
 }
 
 /// Replaces worker processes that died on their own (none should).
-async fn reap(rig: &mut Rig, _pool: &PgPool) -> Result<()> {
+fn reap(rig: &mut Rig) -> Result<()> {
     let mut dead = Vec::new();
     for (i, w) in rig.workers.iter_mut().enumerate() {
         if let Ok(Some(status)) = w.child.try_wait() {
@@ -707,8 +713,8 @@ async fn inject(
             fault.at_ms = now_ms();
             signal(&rig.instances[slot].child, Signal::SIGKILL);
             let _ = rig.instances[slot].child.wait().await;
-            let generation = rig.spawned + 100;
-            rig.instances[slot].child = rig.spawn_instance(rig.instances[slot].port, generation)?;
+            let port = rig.instances[slot].port;
+            rig.instances[slot].child = rig.spawn_instance(port)?;
             fault.target = holder.unwrap_or_default();
             fault.tasks = tasks;
         }
@@ -798,9 +804,7 @@ async fn measure(pool: &PgPool, mut faults: Vec<Fault>, history: &[Op]) -> Resul
     for fault in &mut faults {
         match fault.kind {
             // Until the task it held was taken over (the slowest, if several).
-            FaultKind::KillWorker | FaultKind::PauseWorker | FaultKind::KillGeneratorHolder
-                if !fault.tasks.is_empty() && fault.kind != FaultKind::KillGeneratorHolder =>
-            {
+            FaultKind::KillWorker | FaultKind::PauseWorker if !fault.tasks.is_empty() => {
                 let mut worst: Option<f64> = Some(0.0);
                 for task in &fault.tasks {
                     let took = next_grant(pool, &format!("task:{task}"), fault.at_ms).await?;
