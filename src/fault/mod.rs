@@ -773,7 +773,13 @@ async fn inject(
 /// Stops the faults' effects and waits until the queue is empty (at most
 /// two minutes).
 async fn drain(rig: &mut Rig, pool: &PgPool) {
-    rig.resume_due(true);
+    // A pause injected just before the end runs its full length: continued
+    // early, its holder would still hold a live lease and complete
+    // normally, and the fault would not be the one reported.
+    while rig.workers.iter().any(|w| w.resume_at.is_some()) {
+        rig.resume_due(false);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     if let Ok(mut conn) = pool.acquire().await {
         let _ = crate::generator::store::set_desired(&mut conn, Desired::Stopped, "chaos").await;
     }
