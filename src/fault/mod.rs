@@ -64,6 +64,8 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(10);
 /// plus the claimers' idle poll (at most 0.5 s) and slack for a loaded
 /// two-core machine.
 const TAKEOVER_BOUND: Duration = Duration::from_secs(5);
+/// The end of a round without new faults (TTL + poll + slack).
+const QUIET: Duration = Duration::from_secs(4);
 const WORKERS: usize = 6;
 const INSTANCES: usize = 2;
 const BARRIER_ROUNDS: usize = 500;
@@ -529,7 +531,10 @@ async fn faults_phase(
     while Instant::now() < end {
         rig.resume_due(false);
         reap(rig)?;
-        if Instant::now() >= next {
+        // No new fault in the last seconds of a round: the last one must
+        // play out (a lease run out, a term taken over) before the drain
+        // stops the generator and continues paused workers.
+        if Instant::now() >= next && Instant::now() + QUIET < end {
             let kind = cycle[n % cycle.len()];
             match inject(kind, cluster, rig, pool, rng).await? {
                 Some(fault) => {
