@@ -21,12 +21,11 @@
 use super::history::{Op, OpKind, Outcome};
 use anyhow::Result;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgPool;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 /// What the checks counted; [`Checks::violations`] says what is wrong.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct Checks {
     pub tasks: usize,
     pub processed: usize,
@@ -118,12 +117,12 @@ impl Checks {
 
 /// One term of one resource, from `lease_events`.
 #[derive(Clone, Debug)]
-pub struct Term {
-    pub holder: String,
-    pub token: i64,
-    pub start: DateTime<Utc>,
-    pub end: DateTime<Utc>,
-    pub released: bool,
+struct Term {
+    holder: String,
+    token: i64,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    released: bool,
 }
 
 type EventRow = (
@@ -148,11 +147,7 @@ type TaskRow = (
 );
 
 /// Checks the database behind `pool` against `history`.
-pub async fn check(
-    pool: &PgPool,
-    history: &[Op],
-    torn: usize,
-) -> Result<(Checks, TermsByResource)> {
+pub async fn check(pool: &PgPool, history: &[Op], torn: usize) -> Result<Checks> {
     let mut c = Checks {
         torn_history_lines: torn,
         ..Checks::default()
@@ -270,11 +265,11 @@ pub async fn check(
             ));
         }
     }
-    Ok((c, terms))
+    Ok(c)
 }
 
 /// Terms by resource, by token.
-pub type TermsByResource = HashMap<String, BTreeMap<i64, Term>>;
+type TermsByResource = HashMap<String, BTreeMap<i64, Term>>;
 
 /// Walks `lease_events` in order, resource by resource: tokens must rise,
 /// a term may begin only once the previous ended, renewals and releases
@@ -284,14 +279,12 @@ fn scan_terms(events: &[EventRow], c: &mut Checks) -> TermsByResource {
     let mut terms: TermsByResource = HashMap::new();
     // resource -> token of the term in force
     let mut current: HashMap<&str, i64> = HashMap::new();
-    let mut seen: BTreeSet<&str> = BTreeSet::new();
     for (id, resource, holder, token, kind, expires_at, at) in events {
         let Some(token) = *token else { continue };
         let holder = holder.clone().unwrap_or_default();
         let by_token = terms.entry(resource.clone()).or_default();
         match kind.as_str() {
             "acquired" | "taken_over" => {
-                seen.insert(resource);
                 if kind == "taken_over" {
                     c.takeovers += 1;
                 }

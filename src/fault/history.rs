@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// What was asked.
@@ -66,25 +66,24 @@ pub fn now_ms() -> i64 {
 /// A transport that records every call of `inner` to a history file.
 pub struct Recorded<T> {
     inner: T,
-    file: Option<Arc<Mutex<std::fs::File>>>,
+    file: Option<Mutex<std::fs::File>>,
 }
 
 impl<T: Transport> Recorded<T> {
     /// Records to `path` (appending) when given; otherwise only passes calls on.
     pub fn new(inner: T, path: Option<&Path>) -> std::io::Result<Self> {
         let file = match path {
-            Some(path) => Some(Arc::new(Mutex::new(
+            Some(path) => Some(Mutex::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(path)?,
-            ))),
+            )),
             None => None,
         };
         Ok(Recorded { inner, file })
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn record<R>(
         &self,
         worker: &Holder,

@@ -90,6 +90,11 @@ impl FaultKind {
         FaultKind::LoseAnswer,
     ];
 
+    /// Its key in the JSON report, e.g. `killworker`.
+    fn key(self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+
     fn describe(self) -> &'static str {
         match self {
             FaultKind::KillWorker => "kill -9 worker",
@@ -118,6 +123,27 @@ struct Fault {
     down_ms: Option<f64>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     recoveries: BTreeMap<String, Option<f64>>,
+    /// The worker killed or paused.
+    #[serde(skip)]
+    worker: Option<String>,
+    /// The request whose answer was lost.
+    #[serde(skip)]
+    lost: Option<proxy::Target>,
+}
+
+impl Fault {
+    /// The bound its recovery is held to; `None` when it left nothing to
+    /// recover (a lost completion stands; a kill or pause that caught no
+    /// task, or a lost claim that granted none, leaves no lease behind).
+    fn bound(&self) -> Option<Duration> {
+        match self.kind {
+            FaultKind::RestartPostgres => Some(RECOVERY_BOUND),
+            FaultKind::KillGeneratorHolder => Some(TAKEOVER_BOUND),
+            FaultKind::LoseAnswer if self.lost != Some(proxy::Target::Claim) => None,
+            _ if self.tasks.is_empty() => None,
+            _ => Some(TAKEOVER_BOUND),
+        }
+    }
 }
 
 struct Instance {
@@ -454,7 +480,7 @@ async fn one_round(
         drain(&mut rig, &pool).await;
         rig.shutdown().await;
         let (history, torn) = history::read_dir(dir)?;
-        let (mut checks, _) = check::check(&pool, &history, torn).await?;
+        let mut checks = check::check(&pool, &history, torn).await?;
         let known: BTreeSet<i32> = sqlx::query_scalar("SELECT id FROM tasks")
             .fetch_all(&pool)
             .await?
@@ -658,6 +684,8 @@ async fn inject(
         recovery_ms: None,
         down_ms: None,
         recoveries: BTreeMap::new(),
+        worker: None,
+        lost: None,
     };
     match kind {
         FaultKind::KillWorker => {
@@ -669,6 +697,7 @@ async fn inject(
             signal(&w.child, Signal::SIGKILL);
             let _ = w.child.wait().await;
             rig.spawn_worker(w.slot)?;
+            fault.worker = Some(w.id.clone());
             (fault.target, fault.tasks) = (w.id, tasks);
         }
         FaultKind::PauseWorker => {
@@ -689,6 +718,7 @@ async fn inject(
             signal(&w.child, Signal::SIGSTOP);
             w.resume_at = Some(Instant::now() + PAUSE);
             fault.target = format!("{}{}", w.id, if w.trust { " (--trust-claims)" } else { "" });
+            fault.worker = Some(w.id.clone());
             fault.tasks = tasks;
         }
         FaultKind::KillGeneratorHolder => {
@@ -769,6 +799,7 @@ async fn inject(
             };
             fault.at_ms = dropped.at_ms;
             fault.target = format!("{target:?} on :{}", rig.instances[slot].port).to_lowercase();
+            fault.lost = Some(target);
             fault.tasks = dropped.task.into_iter().collect();
         }
     }
@@ -875,7 +906,7 @@ async fn measure(pool: &PgPool, mut faults: Vec<Fault>, history: &[Op]) -> Resul
             // A lost claim: until the task was taken over. A lost
             // completion: it stood (the task is processed), nothing to recover.
             FaultKind::LoseAnswer => {
-                if fault.target.starts_with("claim") {
+                if fault.lost == Some(proxy::Target::Claim) {
                     if let Some(task) = fault.tasks.first() {
                         fault.recovery_ms =
                             next_grant(pool, &format!("task:{task}"), fault.at_ms).await?;
@@ -894,12 +925,7 @@ async fn measure(pool: &PgPool, mut faults: Vec<Fault>, history: &[Op]) -> Resul
 fn late(faults: &[Fault]) -> Vec<String> {
     let mut out = Vec::new();
     for f in faults {
-        let bound = match f.kind {
-            FaultKind::RestartPostgres => RECOVERY_BOUND,
-            FaultKind::LoseAnswer if !f.target.starts_with("claim") => continue,
-            _ if f.tasks.is_empty() && f.kind != FaultKind::KillGeneratorHolder => continue,
-            _ => TAKEOVER_BOUND,
-        };
+        let Some(bound) = f.bound() else { continue };
         match f.recovery_ms {
             Some(ms) if ms <= bound.as_secs_f64() * 1000.0 => {}
             other => out.push(format!(
@@ -918,13 +944,6 @@ fn late(faults: &[Fault]) -> Vec<String> {
         }
     }
     out
-}
-
-fn percentile(values: &[f64], p: f64) -> Option<f64> {
-    let mut v: Vec<f64> = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let idx = ((p / 100.0) * (v.len().checked_sub(1)? as f64)).round() as usize;
-    v.get(idx).map(|x| x.round())
 }
 
 /// The whole run's report as JSON: per fault kind, the totals, the races,
@@ -948,7 +967,7 @@ fn report(
             })
             .collect();
         let (mut affected, mut processed, mut duplicates, mut lost, mut refused) = (0, 0, 0, 0, 0);
-        let mut recoveries = Vec::new();
+        let mut recoveries = crate::bench::Samples(Vec::new());
         let mut unrecovered = 0;
         for (r, f) in &faults {
             for task in &f.tasks {
@@ -972,13 +991,8 @@ fn report(
                 })
                 .count();
             match f.recovery_ms {
-                Some(ms) => recoveries.push(ms),
-                None if !f.tasks.is_empty()
-                    || f.kind == FaultKind::RestartPostgres
-                    || f.kind == FaultKind::KillGeneratorHolder =>
-                {
-                    unrecovered += 1
-                }
+                Some(ms) => recoveries.0.push(ms),
+                None if f.bound().is_some() => unrecovered += 1,
                 None => {}
             }
         }
@@ -988,7 +1002,7 @@ fn report(
                 faults
                     .iter()
                     .map(|(r, f)| {
-                        let worker = f.target.split(' ').next().unwrap_or_default();
+                        let worker = f.worker.as_deref().unwrap_or_default();
                         r.history
                             .iter()
                             .filter(|op| {
@@ -1005,7 +1019,7 @@ fn report(
             Value::Null
         };
         per_kind.insert(
-            format!("{kind:?}").to_lowercase(),
+            kind.key(),
             json!({
                 "name": kind.describe(),
                 "faults": faults.len(),
@@ -1015,8 +1029,8 @@ fn report(
                 "lost": lost,
                 "stale_writes_refused": refused,
                 "paused_holders_completions_refused": stale_completions,
-                "recovery_ms_p50": percentile(&recoveries, 50.0),
-                "recovery_ms_max": percentile(&recoveries, 100.0),
+                "recovery_ms_p50": recoveries.percentile(50.0),
+                "recovery_ms_max": recoveries.percentile(100.0),
                 "not_recovered": unrecovered,
             }),
         );
@@ -1099,7 +1113,7 @@ fn print_report(report: &Value) {
     );
     let ms = |v: &Value| v.as_f64().map_or("-".to_string(), |v| format!("{v:.0} ms"));
     for kind in FaultKind::ALL {
-        let row = &report["per_fault"][format!("{kind:?}").to_lowercase()];
+        let row = &report["per_fault"][kind.key()];
         let n = |key: &str| row[key].to_string();
         println!(
             "{:<28} {:>6} {:>7} {:>8} {:>5} {:>4} {:>8} {:>9} {:>9}",
