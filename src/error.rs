@@ -120,6 +120,31 @@ mod server {
         }
     }
 
+    impl From<leasekeeper_core::lease::store::LeaseError> for AppError {
+        fn from(err: leasekeeper_core::lease::store::LeaseError) -> Self {
+            use leasekeeper_core::lease::store::LeaseError;
+            match err {
+                LeaseError::Held { .. } => AppError::Conflict(err.to_string()),
+                LeaseError::NotFound(msg) => AppError::NotFound(msg),
+                LeaseError::BadTtl => AppError::BadRequest(err.to_string()),
+                LeaseError::Db(e) => AppError::from(e),
+            }
+        }
+    }
+
+    impl From<leasekeeper_core::queue::store::TaskError> for AppError {
+        fn from(err: leasekeeper_core::queue::store::TaskError) -> Self {
+            use leasekeeper_core::queue::store::TaskError;
+            match err {
+                TaskError::NotFound(_) => AppError::NotFound(err.to_string()),
+                TaskError::Stale { .. } => AppError::Conflict(err.to_string()),
+                TaskError::BadInput(msg) => AppError::BadRequest(msg),
+                TaskError::Lease(e) => AppError::from(e),
+                TaskError::Db(e) => AppError::from(e),
+            }
+        }
+    }
+
     impl From<anyhow::Error> for AppError {
         fn from(err: anyhow::Error) -> Self {
             AppError::internal(format!("{err:#}"))

@@ -8,12 +8,14 @@
 pub mod app;
 pub mod error;
 pub mod generator;
-pub mod instance;
-pub mod lease;
-pub mod live;
 pub mod overview;
-pub mod queue;
 pub mod worker;
+
+// The domain is the library's; these names keep `crate::lease::...` paths
+// short in the dashboard.
+#[cfg(feature = "ssr")]
+pub use leasekeeper_core::db;
+pub use leasekeeper_core::{instance, lease, live, queue};
 
 #[cfg(feature = "ssr")]
 pub mod bench;
@@ -21,8 +23,6 @@ pub mod bench;
 pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod cluster;
-#[cfg(feature = "ssr")]
-pub mod db;
 #[cfg(feature = "ssr")]
 pub mod fault;
 #[cfg(feature = "ssr")]

@@ -93,7 +93,7 @@ pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos_options.clone();
     Router::new()
-        .merge(crate::live::events_route())
+        .merge(crate::http::events::route())
         .merge(http::api_router())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))

@@ -479,6 +479,22 @@ impl Settings {
 }
 
 impl Settings {
+    /// A worker's timing from `lease_ttl` and `heartbeat_interval`.
+    pub fn worker_config(&self) -> crate::worker::run::WorkerConfig {
+        crate::worker::run::WorkerConfig::new(self.lease_ttl, self.heartbeat_interval)
+    }
+
+    /// The chaos settings (`chaos`, `crash_probability`,
+    /// `stall_probability`), with crash checks every 5 ticks and 4-15 s stalls.
+    pub fn chaos_settings(&self) -> crate::worker::chaos::ChaosSettings {
+        crate::worker::chaos::ChaosSettings {
+            enabled: self.chaos,
+            crash_probability: self.crash_probability,
+            stall_probability: self.stall_probability,
+            ..crate::worker::chaos::ChaosSettings::off()
+        }
+    }
+
     /// The behaviour settings as environment variables, for child processes
     /// that must run exactly as this one was configured (`cluster`).
     /// Address, database and data folder are left to the caller.

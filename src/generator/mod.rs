@@ -1,90 +1,14 @@
-//! The lease-guarded task generator: inserts a task every interval, on
-//! exactly one instance at a time.
-//!
-//! Whether it should run is the one row of `generator_state` (`desired`),
-//! so any instance can start or stop it and every instance reports the same.
-//! Who actually runs it is decided by the `singleton:generator` lease: every
-//! instance runs the singleton state machine for it while `desired` is
-//! `running` and stops it (releasing the lease if held) while it is
-//! `stopped`. When the holder dies, the lease expires and another instance
-//! takes the generator over, with no operator action.
-//!
-//! Every insert is fenced twice: locally (only while the term's lease is
-//! still trusted, see [`Term::is_held`](crate::lease::singleton::Term::is_held))
-//! and in the database (only while the lease row still names this instance
-//! with this term's fencing token, see [`store::insert_task`]). Each task
-//! records the term that produced it (`generator`, `generator_token`).
-//!
-//! This module holds the types the server and the browser share; the SQL
-//! ([`store`]) and the per-instance runtime ([`Generator`]) are server-only.
+//! The lease-guarded task generator of the dashboard: the per-instance
+//! runtime ([`Generator`]) over the library's singleton, and the status the
+//! REST route and the dashboard show. Its types and SQL are the library's
+//! ([`leasekeeper_core::generator`]).
+
+pub use leasekeeper_core::generator::*;
 
 #[cfg(feature = "ssr")]
 mod runtime;
 #[cfg(feature = "ssr")]
-pub mod store;
-
-#[cfg(feature = "ssr")]
 pub use runtime::{Generator, GeneratorConfig, GeneratorHandle};
-
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-
-/// The lease resource that decides which instance runs the generator.
-pub const RESOURCE: &str = "singleton:generator";
-
-/// Whether the generator should run (the operator's wish, not who runs it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "ssr", derive(sqlx::Type))]
-#[cfg_attr(feature = "ssr", sqlx(type_name = "text", rename_all = "lowercase"))]
-pub enum Desired {
-    /// Some instance should hold the lease and generate tasks.
-    Running,
-    /// Nobody should; the holder releases the lease.
-    Stopped,
-}
-
-impl Desired {
-    /// The lowercase name used in JSON and in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Desired::Running => "running",
-            Desired::Stopped => "stopped",
-        }
-    }
-}
-
-/// The generator as `GET /api/generator/status` shows it.
-///
-/// Everything but `answered_by` and `local_state` comes from the database
-/// (the desired state and the live `singleton:generator` lease), so every
-/// instance gives the same answer. The lease fields are null while nobody
-/// holds a live lease.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
-pub struct GeneratorStatus {
-    /// Whether it should run.
-    pub desired: Desired,
-    /// When `desired` last changed hands.
-    pub updated_at: DateTime<Utc>,
-    /// The instance that last set `desired`.
-    pub updated_by: Option<String>,
-    /// The instance holding the live lease, if any.
-    pub holder: Option<String>,
-    /// The fencing token of the holder's term.
-    pub fencing_token: Option<i64>,
-    /// When the holder's lease runs out unless renewed.
-    pub expires_at: Option<DateTime<Utc>>,
-    /// Milliseconds until then, by the database clock at read time.
-    pub expires_in_ms: Option<i64>,
-    /// The instance that answered.
-    #[cfg_attr(feature = "ssr", sqlx(skip))]
-    pub answered_by: Option<String>,
-    /// The answering instance's own singleton state (idle, acquiring,
-    /// working, renewing, pausing, waiting, releasing); differs per instance.
-    #[cfg_attr(feature = "ssr", sqlx(skip))]
-    pub local_state: Option<String>,
-}
 
 /// The status as `answered_by` this instance, with its local singleton
 /// state when it runs a generator: what the REST route and the dashboard show.

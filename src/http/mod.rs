@@ -1,6 +1,7 @@
 //! The REST API: thin handlers that parse the request, call the domain
 //! modules, and map their errors to [`AppError`](crate::error::AppError).
 
+pub mod events;
 pub mod extract;
 pub mod generator;
 pub mod instances;

@@ -45,8 +45,8 @@ impl FleetConfig {
     /// The program's settings; crashed workers are replaced after one TTL.
     pub fn from_settings(settings: &Settings) -> Self {
         FleetConfig {
-            worker: WorkerConfig::from_settings(settings),
-            chaos: ChaosSettings::from_settings(settings),
+            worker: settings.worker_config(),
+            chaos: settings.chaos_settings(),
             respawn_after: Some(settings.lease_ttl),
             seed: None,
         }

@@ -6,8 +6,8 @@
 //! lease runs out and another worker takes the task over. A chaos crash
 //! imitates that: the process exits at once with status 1, writing nothing.
 
-use super::chaos::{Chaos, ChaosSettings};
-use super::run::{Exit, Worker, WorkerConfig};
+use super::chaos::Chaos;
+use super::run::{Exit, Worker};
 use super::transport::Http;
 use crate::lease::Holder;
 use crate::settings::Settings;
@@ -42,13 +42,13 @@ pub async fn run(
     let transport = Http::new(server).map_err(|e| anyhow!(e))?;
     let transport = crate::fault::history::Recorded::new(transport, faults.history.as_deref())
         .context("--history")?;
-    let mut config = WorkerConfig::from_settings(&settings);
+    let mut config = settings.worker_config();
     config.trust_claims = faults.trust_claims;
     let (worker, controls) = Worker::new(
         id.clone(),
         transport,
         config,
-        Chaos::from_os(ChaosSettings::from_settings(&settings)),
+        Chaos::from_os(settings.chaos_settings()),
     );
     tracing::info!(worker = %id, server, chaos = settings.chaos, "worker process started");
     let stop = controls.stop_token();

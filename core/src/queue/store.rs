@@ -53,19 +53,6 @@ pub enum TaskError {
     Db(#[from] sqlx::Error),
 }
 
-impl From<TaskError> for crate::error::AppError {
-    fn from(err: TaskError) -> Self {
-        use crate::error::AppError;
-        match err {
-            TaskError::NotFound(_) => AppError::NotFound(err.to_string()),
-            TaskError::Stale { .. } => AppError::Conflict(err.to_string()),
-            TaskError::BadInput(msg) => AppError::BadRequest(msg),
-            TaskError::Lease(e) => AppError::from(e),
-            TaskError::Db(e) => AppError::from(e),
-        }
-    }
-}
-
 /// Exponential backoff between failed attempts: `base * 2^(attempts-1)`,
 /// at most `max`.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -31,12 +31,11 @@
 //! A change made by hand in SQL on a hot table is not announced; browsers
 //! still see it on the next announced change, or by the slow fallback poll.
 
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 mod hub;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub use hub::{
     AnnounceOnReturn, Announcer, BATCH_WINDOW, CHANNEL, LiveHub, announce, announce_on_return,
-    events_route,
 };
 
 use serde::{Deserialize, Serialize};

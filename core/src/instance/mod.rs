@@ -8,13 +8,13 @@
 //! This module holds the type the server and the browser share; the SQL
 //! ([`store`]) and the heartbeat ([`Registration`]) are server-only.
 
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod store;
 
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 mod registration;
 
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub use registration::Registration;
 
 use chrono::{DateTime, Utc};
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// `alive` and `last_seen_ms_ago` are computed by the database at read time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
 pub struct Instance {
     /// Unique per process, e.g. `i-3010-5f2c`.
     pub id: String,
@@ -46,7 +46,7 @@ pub struct Instance {
 
 /// A fresh instance id: `i-<port>-<4 random hex digits>`. Readable in logs
 /// and on the dashboard, and unique per process even when a port is reused.
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub fn new_id(port: u16) -> String {
     format!("i-{port}-{:04x}", rand::random::<u16>())
 }
@@ -54,7 +54,7 @@ pub fn new_id(port: u16) -> String {
 /// How long after its last heartbeat an instance still counts as alive: two
 /// missed heartbeats and a second of slack, so one slow heartbeat does not
 /// flap it to dead.
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub fn alive_window(heartbeat_interval: std::time::Duration) -> std::time::Duration {
     heartbeat_interval * 2 + std::time::Duration::from_secs(1)
 }

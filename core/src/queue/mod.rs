@@ -3,9 +3,9 @@
 //! This module holds the types the server and the browser share. The
 //! server-only parts are the SQL store ([`store`]).
 
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod store;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod wake;
 
 use chrono::{DateTime, Utc};
@@ -14,8 +14,11 @@ use serde::{Deserialize, Serialize};
 /// Where a task is in its life (see the tasks migration for the full story).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "ssr", derive(sqlx::Type))]
-#[cfg_attr(feature = "ssr", sqlx(type_name = "text", rename_all = "lowercase"))]
+#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
+#[cfg_attr(
+    feature = "postgres",
+    sqlx(type_name = "text", rename_all = "lowercase")
+)]
 pub enum TaskStatus {
     /// Waiting to be claimed (not before `scheduled_at`).
     Pending,
@@ -56,7 +59,7 @@ impl TaskStatus {
 /// computed by the database at read time: milliseconds until the claim's
 /// lease runs out (negative when late), `None` unless started.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
 pub struct Task {
     /// Row id; the task's lease is on resource `task:<id>`.
     pub id: i32,

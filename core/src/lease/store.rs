@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// Columns of a [`Lease`], with the state and time-to-expiry computed by the
 /// database clock. Usable after `SELECT` and after `RETURNING`.
-pub(crate) const LEASE_COLUMNS: &str = "id, resource, holder, created_at, acquired_at, \
+pub const LEASE_COLUMNS: &str = "id, resource, holder, created_at, acquired_at, \
     renewed_at, released_at, expires_at, ttl_ms, fencing_token, renew_count, \
     CASE WHEN released_at IS NOT NULL THEN 'released' \
          WHEN expires_at > now() THEN 'active' ELSE 'expired' END AS state, \
@@ -48,18 +48,6 @@ pub enum LeaseError {
     /// The database failed.
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
-}
-
-impl From<LeaseError> for crate::error::AppError {
-    fn from(err: LeaseError) -> Self {
-        use crate::error::AppError;
-        match err {
-            LeaseError::Held { .. } => AppError::Conflict(err.to_string()),
-            LeaseError::NotFound(msg) => AppError::NotFound(msg),
-            LeaseError::BadTtl => AppError::BadRequest(err.to_string()),
-            LeaseError::Db(e) => AppError::from(e),
-        }
-    }
 }
 
 /// The result of a successful acquire.

@@ -9,13 +9,13 @@
 pub mod names;
 pub mod timeline;
 
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod client;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod singleton;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod stopwatch;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "postgres")]
 pub mod store;
 
 use chrono::{DateTime, Utc};
@@ -30,8 +30,11 @@ pub use names::{Holder, NameError, Resource};
 /// - `released`: the holder gave it up; anyone may acquire it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "ssr", derive(sqlx::Type))]
-#[cfg_attr(feature = "ssr", sqlx(type_name = "text", rename_all = "lowercase"))]
+#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
+#[cfg_attr(
+    feature = "postgres",
+    sqlx(type_name = "text", rename_all = "lowercase")
+)]
 pub enum LeaseState {
     /// Held and not yet expired.
     Active,
@@ -58,7 +61,7 @@ impl LeaseState {
 /// they agree with the clock that decides ownership; a negative
 /// `expires_in_ms` says how long ago the lease ran out.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
 pub struct Lease {
     /// Row id, stable for the life of the row.
     pub id: i32,
@@ -134,7 +137,7 @@ impl LeaseFilter {
 
 /// One entry of a resource's ownership history (`lease_events`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
 pub struct LeaseEvent {
     /// Position in the append-only history.
     pub id: i64,
@@ -169,7 +172,7 @@ pub struct LeaseDetail {
 /// death, the old holder's last sign of life) to the first term with a
 /// higher fencing token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
 pub struct Failover {
     /// `killed` (from the dashboard) or `found_dead`.
     pub cause: String,

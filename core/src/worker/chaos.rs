@@ -10,7 +10,6 @@
 //!
 //! All randomness comes from one seedable generator, so tests can replay it.
 
-use crate::settings::Settings;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::ops::RangeInclusive;
@@ -40,17 +39,6 @@ impl ChaosSettings {
             check_every_ticks: 5,
             stall_probability: 0.0,
             stall: Duration::from_secs(4)..=Duration::from_secs(15),
-        }
-    }
-
-    /// The program's chaos settings (`chaos`, `crash_probability`,
-    /// `stall_probability`), with crash checks every 5 ticks and 4-15 s stalls.
-    pub fn from_settings(settings: &Settings) -> Self {
-        ChaosSettings {
-            enabled: settings.chaos,
-            crash_probability: settings.crash_probability,
-            stall_probability: settings.stall_probability,
-            ..ChaosSettings::off()
         }
     }
 }

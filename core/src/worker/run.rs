@@ -33,7 +33,6 @@ use super::chaos::Chaos;
 use super::transport::{Claim, Report, Transport, TransportError};
 use crate::lease::Holder;
 use crate::queue::wake::WorkSignal;
-use crate::settings::Settings;
 use serde_json::{Value, json};
 use std::future::Future;
 use std::ops::RangeInclusive;
@@ -88,11 +87,6 @@ impl WorkerConfig {
             report_timeout: Duration::from_secs(2),
             trust_claims: false,
         }
-    }
-
-    /// The program's `lease_ttl` and `heartbeat_interval`.
-    pub fn from_settings(settings: &Settings) -> Self {
-        Self::new(settings.lease_ttl, settings.heartbeat_interval)
     }
 }
 

@@ -2,15 +2,8 @@
 //! connection per instance, and the server-sent events stream to browsers.
 
 use super::Topics;
-use crate::server::AppState;
-use axum::Router;
-use axum::extract::{Query, State};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
-use serde::Deserialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use std::convert::Infallible;
 use std::sync::LazyLock;
 use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -22,11 +15,6 @@ pub const CHANNEL: &str = "leasekeeper_changes";
 
 /// How long the announcer gathers changes before one `NOTIFY`.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(10);
-
-/// The shortest gap between two events sent to one browser: a page refetches
-/// what it shows on each event, so under a storm of changes it refetches at
-/// most this often (and at once after a quiet spell).
-const BROWSER_MIN_GAP: Duration = Duration::from_millis(100);
 
 /// Changes made by this process, waiting for the announcer(s).
 static MADE_HERE: LazyLock<broadcast::Sender<Topics>> =
@@ -155,6 +143,12 @@ impl LiveHub {
         self.changes.subscribe()
     }
 
+    /// Cancelled by [`LiveHub::shutdown`]: long-lived readers (an event
+    /// stream to a browser) end with it.
+    pub fn stopped(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
     /// Ends the listener, the announcer and every open event stream (so a
     /// graceful shutdown does not wait for browsers to hang up).
     pub fn shutdown(&self) {
@@ -207,68 +201,4 @@ async fn listen(pool: PgPool, hub: LiveHub) {
             }
         }
     }
-}
-
-#[derive(Deserialize)]
-struct EventsQuery {
-    /// Comma-separated topic names; all when absent.
-    topics: Option<String>,
-}
-
-/// `GET /api/events`: a server-sent events stream with one `change` event
-/// (data: the changed topics, comma-separated) per batch of changes, at most
-/// one per [`BROWSER_MIN_GAP`]; `ready` first, so a client knows it is
-/// connected and can refetch what it might have missed.
-async fn events(
-    State(state): State<AppState>,
-    Query(query): Query<EventsQuery>,
-) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
-    let wanted = query
-        .topics
-        .as_deref()
-        .map(Topics::from_names)
-        .filter(|t| !t.is_empty())
-        .unwrap_or(Topics::ALL);
-    let hub = state.live.clone();
-    let rx = hub.subscribe();
-    let ready = Event::default().event("ready").data(wanted.to_names());
-    let changes = futures::stream::unfold(
-        (rx, hub.stop.clone(), Instant::now() - BROWSER_MIN_GAP),
-        move |(mut rx, stop, last_sent)| async move {
-            loop {
-                let first = tokio::select! {
-                    _ = stop.cancelled() => return None,
-                    got = rx.recv() => got,
-                };
-                let mut topics = match first {
-                    Ok(t) => t,
-                    Err(RecvError::Lagged(_)) => Topics::ALL,
-                    Err(RecvError::Closed) => return None,
-                };
-                // Gather until the gap since the last event has passed.
-                let until = last_sent + BROWSER_MIN_GAP;
-                loop {
-                    match tokio::time::timeout_at(until, rx.recv()).await {
-                        Ok(Ok(t)) => topics |= t,
-                        Ok(Err(RecvError::Lagged(_))) => topics = Topics::ALL,
-                        Ok(Err(RecvError::Closed)) | Err(_) => break,
-                    }
-                }
-                let relevant = topics & wanted;
-                if relevant.is_empty() {
-                    continue;
-                }
-                let event = Event::default().event("change").data(relevant.to_names());
-                return Some((Ok(event), (rx, stop, Instant::now())));
-            }
-        },
-    );
-    let stream =
-        futures::StreamExt::chain(futures::stream::once(async move { Ok(ready) }), changes);
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-}
-
-/// The route of the event stream.
-pub fn events_route() -> Router<AppState> {
-    Router::new().route("/api/events", get(events))
 }

@@ -1,0 +1,137 @@
+//! Task workers: one worker loop, two transports, and the simulated fleet.
+//!
+//! A worker claims a task (taking its lease), works on it in one-second
+//! ticks while heartbeating the lease on its own timer, and completes it with
+//! the claim's fencing token. It abandons the work the moment the lease is
+//! lost: a refused heartbeat, or its *local* deadline passing. The deadline
+//! is measured on the monotonic clock from before the claim or heartbeat
+//! request was sent, plus what the database said was left of the lease,
+//! minus a safety margin; so it passes before the database could consider
+//! the lease expired, whatever the process clocks say.
+//!
+//! The same loop ([`run::Worker`]) runs
+//! - inside each instance, as simulated workers over the in-process
+//!   transport ([`transport::InProcess`]), managed by a [`fleet::Fleet`]
+//!   that the dashboard can use to spawn, pause and kill them; and
+//! - as a separate `leasekeeper worker --server URL` process over the REST
+//!   API ([`transport::Http`]), where `kill -9` is the real crash.
+//!
+//! This module holds the types the server and the browser share (a row of
+//! the `workers` table); the loop itself is server-only.
+
+#[cfg(feature = "postgres")]
+pub mod chaos;
+#[cfg(feature = "http-client")]
+pub mod http;
+#[cfg(feature = "postgres")]
+pub mod registry;
+#[cfg(feature = "postgres")]
+pub mod run;
+#[cfg(feature = "postgres")]
+pub mod transport;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// What a worker is doing, as the `workers` table records it.
+///
+/// - `idle`: polling for work.
+/// - `working`: holds the claim on `task_id` with `fencing_token`.
+/// - `paused`: frozen by an operator (no ticks, no heartbeats); it resumes by
+///   trying to complete its task, which the fencing token then refuses if
+///   the claim was taken over meanwhile.
+/// - `crashed`: stopped dead (chaos or a kill) without completing or
+///   releasing anything; its lease runs out and another worker takes over.
+/// - `stopped`: shut down gracefully.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
+#[cfg_attr(
+    feature = "postgres",
+    sqlx(type_name = "text", rename_all = "lowercase")
+)]
+pub enum WorkerState {
+    /// Polling for work.
+    Idle,
+    /// Working on a claimed task.
+    Working,
+    /// Frozen by an operator.
+    Paused,
+    /// Stopped dead, without a goodbye.
+    Crashed,
+    /// Shut down gracefully.
+    Stopped,
+}
+
+impl WorkerState {
+    /// The lowercase name used in JSON and in the dashboard.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Idle => "idle",
+            WorkerState::Working => "working",
+            WorkerState::Paused => "paused",
+            WorkerState::Crashed => "crashed",
+            WorkerState::Stopped => "stopped",
+        }
+    }
+}
+
+/// Where a worker runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
+#[cfg_attr(
+    feature = "postgres",
+    sqlx(type_name = "text", rename_all = "lowercase")
+)]
+pub enum WorkerKind {
+    /// Inside an instance, over the in-process transport.
+    Simulated,
+    /// A separate `leasekeeper worker` process, over the REST API.
+    Http,
+}
+
+impl WorkerKind {
+    /// The lowercase name used in JSON and in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerKind::Simulated => "simulated",
+            WorkerKind::Http => "http",
+        }
+    }
+}
+
+/// One worker as the API and the dashboard show it. The ages and `alive`
+/// are computed by the database at read time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+pub struct WorkerInfo {
+    /// `{instance_id}-w{n}` for simulated workers; `--id` or generated for processes.
+    pub id: String,
+    /// The instance running it (simulated workers only).
+    pub instance_id: Option<String>,
+    /// Simulated or a separate process.
+    pub kind: WorkerKind,
+    /// What it is doing.
+    pub state: WorkerState,
+    /// The task it holds (or held when it crashed).
+    pub task_id: Option<i32>,
+    /// The fencing token of that claim.
+    pub fencing_token: Option<i64>,
+    /// Its last accepted claim or heartbeat.
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// Its last report of any kind.
+    pub last_seen_at: DateTime<Utc>,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Tasks it completed.
+    pub tasks_done: i32,
+    /// Tasks it gave up because its claim was lost (refused write or local deadline).
+    pub tasks_abandoned: i32,
+    /// Milliseconds since `last_heartbeat_at` at read time.
+    pub heartbeat_age_ms: Option<i64>,
+    /// Milliseconds since `last_seen_at` at read time.
+    pub last_seen_age_ms: i64,
+    /// Not crashed or stopped, and seen within two lease TTLs.
+    pub alive: bool,
+}
