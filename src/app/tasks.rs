@@ -160,7 +160,7 @@ pub fn TasksPage() -> impl IntoView {
 fn TaskTable(page: TaskPage) -> impl IntoView {
     let ttl_ms = page.ttl_ms;
     view! {
-        <DataTable testid="tasks-table" headers=vec!["id", "status", "processor", "token", "attempts", "heartbeat deadline", "data"]>
+        <DataTable testid="tasks-table" headers=vec!["id", "kind", "status", "processor", "token", "attempts", "heartbeat deadline", "data"]>
             {page
                 .tasks
                 .into_iter()
@@ -175,6 +175,10 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
                         <tr class="border-t border-slate-100" data-testid="task-row" data-task-id=task.id data-status=task.status.as_str()>
                             <td class="px-3 py-2">
                                 <a class="text-indigo-700 underline" href=format!("/tasks?id={}", task.id) data-testid="task-link">{task.id}</a>
+                            </td>
+                            <td class="px-3 py-2 font-mono text-xs" data-testid="task-kind">
+                                {task.kind.clone()}
+                                <span class="text-slate-500">{format!(" · {}", task.queue)}</span>
                             </td>
                             <td class="px-3 py-2">
                                 <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", status_badge(task.status)) data-testid="task-status">
@@ -213,6 +217,8 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
                 <span data-testid="detail-attempts">{format!("attempt {} of {}", task.attempts, task.max_attempts)}</span>
             </div>
             <dl class="mt-2 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2">
+                <div><dt class="inline text-slate-500">"kind "</dt><dd class="inline font-mono" data-testid="detail-kind">{task.kind.clone()}</dd></div>
+                <div><dt class="inline text-slate-500">"queue "</dt><dd class="inline font-mono" data-testid="detail-queue">{format!("{} (priority {})", task.queue, task.priority)}</dd></div>
                 <div><dt class="inline text-slate-500">"data "</dt><dd class="inline font-mono">{task.task_data.to_string()}</dd></div>
                 <div><dt class="inline text-slate-500">"output "</dt><dd class="inline font-mono">{task.task_output.as_ref().map(|o| o.to_string()).unwrap_or_default()}</dd></div>
                 <div><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>

@@ -273,9 +273,11 @@ async fn push_latency(
             let mut conn = pool.acquire().await?;
             tasks::enqueue(
                 &mut conn,
-                &json!({"sleep_duration_seconds": 1, "probe": true}),
-                1,
-                None,
+                &crate::queue::NewTask::new(
+                    crate::worker::simulated::KIND,
+                    json!({"sleep_duration_seconds": 1, "probe": true}),
+                )
+                .max_attempts(1),
             )
             .await?
             .id as i64
@@ -340,9 +342,9 @@ async fn fill_tasks(pool: &PgPool, total: i64) -> Result<()> {
         return Ok(());
     }
     sqlx::query(
-        "INSERT INTO tasks (task_data, status, processor, started_at, processed_at, failed_at,
+        "INSERT INTO tasks (kind, task_data, status, processor, started_at, processed_at, failed_at,
                             must_heartbeat_before, fencing_token, attempts, last_error)
-         SELECT jsonb_build_object('sleep_duration_seconds', 1 + g % 10),
+         SELECT 'sleep', jsonb_build_object('sleep_duration_seconds', 1 + g % 10),
                 s.status,
                 CASE WHEN s.status <> 'pending' THEN 'bench-w' || (g % 1000) END,
                 CASE WHEN s.status <> 'pending' THEN now() END,

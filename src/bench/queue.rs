@@ -298,7 +298,7 @@ async fn seed_fencing_history(pool: &PgPool) -> Result<()> {
 
 async fn add_tasks(pool: &PgPool, n: i64) -> Result<()> {
     sqlx::query(
-        "INSERT INTO tasks (task_data) SELECT '{\"sleep_duration_seconds\": 0}'::jsonb
+        "INSERT INTO tasks (kind, task_data) SELECT 'sleep', '{\"sleep_duration_seconds\": 0}'::jsonb
            FROM generate_series(1, $1::bigint)",
     )
     .bind(n)
@@ -504,9 +504,10 @@ async fn original_complete(
 /// [`tasks::complete_sql`] for it, with pgbench variables for the binds.
 fn pgbench_script() -> String {
     let processor = "('raw-' || :client_id)";
-    let claim = tasks::claim_sql(1)
+    let claim = tasks::claim_sql(1, false)
         .replace("$1", processor)
-        .replace("$2", "30000");
+        .replace("$2", "30000")
+        .replace("$3", "'default'");
     let complete = tasks::complete_sql()
         .replace("$1::int4[]", "ARRAY[:id]::int4[]")
         .replace("$2::int8[]", "ARRAY[:fencing_token]::int8[]")
@@ -712,7 +713,15 @@ async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wakeups> {
         tokio::time::sleep(Duration::from_millis(rand::rng().random_range(30..60))).await;
         while claimed_rx.try_recv().is_ok() {}
         let started = Instant::now();
-        tasks::enqueue(&mut conn, &json!({"sleep_duration_seconds": 0}), 1, None).await?;
+        tasks::enqueue(
+            &mut conn,
+            &crate::queue::NewTask::new(
+                crate::worker::simulated::KIND,
+                json!({"sleep_duration_seconds": 0}),
+            )
+            .max_attempts(1),
+        )
+        .await?;
         let committed = Instant::now();
         let claimed = tokio::time::timeout(Duration::from_secs(10), claimed_rx.recv())
             .await
@@ -885,8 +894,15 @@ async fn failovers(
     let mut ids = Vec::new();
     let outcome: Result<()> = async {
         for round in 0..rounds {
-            let task =
-                tasks::enqueue(&mut conn, &json!({"sleep_duration_seconds": 1}), 5, None).await?;
+            let task = tasks::enqueue(
+                &mut conn,
+                &crate::queue::NewTask::new(
+                    crate::worker::simulated::KIND,
+                    json!({"sleep_duration_seconds": 1}),
+                )
+                .max_attempts(5),
+            )
+            .await?;
             ids.push(task.id);
             let holder = wait_for(Duration::from_secs(20), || async {
                 let t = tasks::get(&mut *pool.acquire().await?, task.id).await?;

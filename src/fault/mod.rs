@@ -538,7 +538,14 @@ async fn faults_phase(
                 // not counted; the task, if it exists, is checked anyway.
                 let enqueued = async {
                     let mut conn = pool.acquire().await?;
-                    anyhow::Ok(store::enqueue(&mut conn, &data, 10, None).await?)
+                    anyhow::Ok(
+                        store::enqueue(
+                            &mut conn,
+                            &crate::queue::NewTask::new(crate::worker::simulated::KIND, data)
+                                .max_attempts(10),
+                        )
+                        .await?,
+                    )
                 }
                 .await;
                 if let Ok(task) = enqueued {

@@ -53,7 +53,12 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
     let mut ids = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let mut conn = pool.acquire().await?;
-        let task = store::enqueue(&mut conn, &json!({"round": round}), 5, None).await?;
+        let task = store::enqueue(
+            &mut conn,
+            &crate::queue::NewTask::new(crate::worker::simulated::KIND, json!({"round": round}))
+                .max_attempts(5),
+        )
+        .await?;
         ids.push(task.id);
         let old = holder(&format!("race-old{round}"))?;
         let claimed = store::claim_next(&mut conn, &old, TTL)

@@ -6,6 +6,7 @@ use super::{Desired, RESOURCE, store};
 use crate::lease::client::{LeaseClient, LeaseTiming};
 use crate::lease::singleton::{Singleton, State, Switch, Term, TermWork};
 use crate::lease::{Holder, Resource};
+use crate::queue::NewTask;
 use crate::settings::Settings;
 use rand::Rng;
 use serde_json::json;
@@ -227,12 +228,16 @@ async fn generate(
             continue;
         }
         let sleep = rand::rng().random_range(1..=config.max_sleep.max(1));
-        let data = json!({ "sleep_duration_seconds": sleep });
+        let task = NewTask::new(
+            crate::worker::simulated::KIND,
+            json!({ "sleep_duration_seconds": sleep }),
+        )
+        .max_attempts(config.max_attempts);
         // Not raced against `stop`: a stop waits for the insert in flight,
         // so the lease is released only after it committed.
         let inserted = async {
             let mut conn = pool.acquire().await?;
-            store::insert_task(&mut conn, &me, token, data, config.max_attempts).await
+            store::insert_task(&mut conn, &me, token, task).await
         }
         .await;
         match inserted {

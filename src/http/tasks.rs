@@ -5,8 +5,9 @@ use crate::error::AppError;
 use crate::lease::Holder;
 use crate::lease::store::Page;
 use crate::queue::store::{self, RetryPolicy};
-use crate::queue::{Task, TaskStatus};
+use crate::queue::{ClaimFilter, NewTask, Task, TaskStatus, check_name};
 use crate::server::AppState;
+use crate::worker::simulated;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -113,12 +114,16 @@ fn no_nul(value: &Value, field: &str) -> Result<(), AppError> {
     Ok(())
 }
 
-/// Body of `POST /api/tasks`.
+/// Body of `POST /api/tasks`. `kind` defaults to the simulated work
+/// (`sleep`), `queue` to `default`, `priority` to 0 (lower runs first).
 #[derive(Deserialize)]
 pub struct EnqueueBody {
     task_data: Value,
     max_attempts: Option<i32>,
     delay_seconds: Option<f64>,
+    kind: Option<String>,
+    queue: Option<String>,
+    priority: Option<i16>,
 }
 
 async fn enqueue(
@@ -143,30 +148,65 @@ async fn enqueue(
     let max_attempts = body
         .max_attempts
         .unwrap_or(i32::try_from(s.settings.max_attempts).unwrap_or(5));
-    let task = store::enqueue(
-        &mut *s.pool.acquire().await?,
-        &body.task_data,
-        max_attempts,
-        delay,
+    let mut task = NewTask::new(
+        body.kind.unwrap_or_else(|| simulated::KIND.to_string()),
+        body.task_data,
     )
-    .await?;
+    .max_attempts(max_attempts)
+    .priority(body.priority.unwrap_or(0));
+    task.delay = delay;
+    if let Some(queue) = body.queue {
+        task = task.queue(queue);
+    }
+    let task = store::enqueue(&mut *s.pool.acquire().await?, &task).await?;
     Ok((StatusCode::CREATED, Json(task)))
 }
 
-/// Body of `POST /api/tasks/next`.
+/// Body of `POST /api/tasks/next`: claims from `queue` (`default` when
+/// absent), only tasks of `kinds` when given (every kind when absent).
 #[derive(Deserialize)]
 pub struct ClaimBody {
     processor: Holder,
+    queue: Option<String>,
+    kinds: Option<Vec<String>>,
+}
+
+/// The most kinds one claim may name.
+const MAX_CLAIM_KINDS: usize = 100;
+
+impl ClaimBody {
+    fn filter(&self) -> Result<ClaimFilter, AppError> {
+        let mut filter = ClaimFilter::default();
+        if let Some(queue) = &self.queue {
+            check_name("queue", queue).map_err(AppError::BadRequest)?;
+            filter = ClaimFilter::queue(queue.clone());
+        }
+        if let Some(kinds) = &self.kinds {
+            if kinds.is_empty() || kinds.len() > MAX_CLAIM_KINDS {
+                return Err(AppError::BadRequest(format!(
+                    "kinds must name 1 to {MAX_CLAIM_KINDS} kinds, got {}",
+                    kinds.len()
+                )));
+            }
+            for kind in kinds {
+                check_name("kind", kind).map_err(AppError::BadRequest)?;
+            }
+            filter = filter.kinds(kinds.iter().cloned());
+        }
+        Ok(filter)
+    }
 }
 
 async fn claim_next(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<ClaimBody>,
 ) -> Result<Response, AppError> {
-    let claimed = store::claim_next(
+    let filter = body.filter()?;
+    let claimed = store::claim_next_in(
         &mut *s.pool.acquire().await?,
         &body.processor,
         s.settings.lease_ttl,
+        &filter,
     )
     .await?;
     Ok(match claimed {

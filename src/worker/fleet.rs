@@ -10,13 +10,16 @@
 //! process supervisor would; an operator's kill is not replaced.
 
 use super::chaos::{Chaos, ChaosSettings};
+use super::handler::Handlers;
 use super::registry;
 use super::run::{Controls, Exit, Worker, WorkerConfig};
+use super::simulated;
 use super::transport::InProcess;
 use super::transport::Report;
 use super::{WorkerInfo, WorkerKind, WorkerState};
 use crate::lease::Holder;
 use crate::live::LiveHub;
+use crate::queue::ClaimFilter;
 use crate::queue::wake::WorkSignal;
 use crate::settings::Settings;
 use sqlx::PgPool;
@@ -26,6 +29,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// The one handler a simulated worker has: the simulated work (kind
+/// `sleep`), crashing as `chaos` says.
+pub fn simulated_work(chaos: &ChaosSettings) -> Handlers {
+    Handlers::new().register(simulated::KIND, simulated::handler(chaos.clone()))
+}
 
 /// How the fleet runs its workers.
 #[derive(Clone, Debug, PartialEq)]
@@ -212,13 +221,15 @@ impl Fleet {
             Some(seed) => Chaos::seeded(config.chaos.clone(), seed.wrapping_add(n)),
             None => Chaos::from_os(config.chaos.clone()),
         };
+        let handlers = simulated_work(&config.chaos);
         let transport = InProcess::new(
             self.inner.pool.clone(),
             config.worker.lease_ttl,
             self.inner.instance_id.clone(),
-        );
+        )
+        .serving(ClaimFilter::default().kinds(handlers.kinds()));
         let name = id.as_str().to_string();
-        let (worker, controls) = Worker::new(id, transport, config.worker.clone(), chaos);
+        let (worker, controls) = Worker::new(id, transport, handlers, config.worker.clone(), chaos);
         let worker = match &self.inner.live {
             Some(live) => worker.waking_on(WorkSignal::new(live)),
             None => worker,

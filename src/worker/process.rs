@@ -10,6 +10,7 @@ use super::chaos::Chaos;
 use super::run::{Exit, Worker};
 use super::transport::Http;
 use crate::lease::Holder;
+use crate::queue::ClaimFilter;
 use crate::settings::Settings;
 use anyhow::{Context, anyhow, bail};
 use rand::Rng;
@@ -39,7 +40,10 @@ pub async fn run(
     faults: FaultOptions,
 ) -> anyhow::Result<()> {
     let id = Holder::parse(id.unwrap_or_else(generated_id)).context("--id")?;
-    let transport = Http::new(server).map_err(|e| anyhow!(e))?;
+    let handlers = super::fleet::simulated_work(&settings.chaos_settings());
+    let transport = Http::new(server)
+        .map_err(|e| anyhow!(e))?
+        .serving(ClaimFilter::default().kinds(handlers.kinds()));
     let transport = crate::fault::history::Recorded::new(transport, faults.history.as_deref())
         .context("--history")?;
     let mut config = settings.worker_config();
@@ -47,6 +51,7 @@ pub async fn run(
     let (worker, controls) = Worker::new(
         id.clone(),
         transport,
+        handlers,
         config,
         Chaos::from_os(settings.chaos_settings()),
     );

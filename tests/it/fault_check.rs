@@ -30,9 +30,13 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     // Task a: claimed by w1, completed by w1; w2's late completion refused.
-    let a = store::enqueue(&mut conn, &json!({}), 5, None)
-        .await
-        .unwrap();
+    let a = store::enqueue(
+        &mut conn,
+        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
+            .max_attempts(5),
+    )
+    .await
+    .unwrap();
     let claim = store::claim_next(&mut conn, &holder("w1"), TTL)
         .await
         .unwrap()
@@ -47,9 +51,13 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
             .is_err()
     );
     // Task b: enqueued and never claimed.
-    let b = store::enqueue(&mut conn, &json!({}), 5, None)
-        .await
-        .unwrap();
+    let b = store::enqueue(
+        &mut conn,
+        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
+            .max_attempts(5),
+    )
+    .await
+    .unwrap();
     let honest = vec![
         op("w1", OpKind::Claim, a.id, token, Outcome::Ok),
         op("w1", OpKind::Complete, a.id, token, Outcome::Ok),

@@ -197,8 +197,10 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
             &mut pool.acquire().await.unwrap(),
             &holder(who),
             crashed_token,
-            json!({"sleep_duration_seconds": 1}),
-            5,
+            leasekeeper::queue::NewTask::new(
+                leasekeeper::worker::simulated::KIND,
+                json!({"sleep_duration_seconds": 1}),
+            ),
         )
         .await
         .unwrap();
@@ -248,8 +250,10 @@ async fn the_fenced_insert_needs_the_live_lease_with_that_token() {
                 &mut pool.acquire().await.unwrap(),
                 &me,
                 token,
-                json!({"sleep_duration_seconds": 3}),
-                5,
+                leasekeeper::queue::NewTask::new(
+                    leasekeeper::worker::simulated::KIND,
+                    json!({"sleep_duration_seconds": 3}),
+                ),
             )
             .await
             .unwrap()
@@ -401,8 +405,10 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
             &mut pool.acquire().await.unwrap(),
             &holder("i-a"),
             old.fencing_token,
-            json!({"sleep_duration_seconds": 1}),
-            5,
+            leasekeeper::queue::NewTask::new(
+                leasekeeper::worker::simulated::KIND,
+                json!({"sleep_duration_seconds": 1}),
+            ),
         )
         .await
         .unwrap()

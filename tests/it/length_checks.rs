@@ -40,7 +40,11 @@ async fn accepted(db: &TestDb, sql: &str) {
 #[tokio::test]
 async fn every_new_check_refuses_an_over_long_value_and_takes_one_at_the_limit() {
     let db = TestDb::new().await;
-    accepted(&db, "INSERT INTO tasks (id, task_data) VALUES (1, '{}')").await;
+    accepted(
+        &db,
+        "INSERT INTO tasks (id, kind, task_data) VALUES (1, 'sleep', '{}')",
+    )
+    .await;
 
     // jsonb: 512 KiB of binary jsonb (a one-string array: 12 bytes of
     // headers and the string). The check sees the value before TOAST
@@ -50,14 +54,14 @@ async fn every_new_check_refuses_an_over_long_value_and_takes_one_at_the_limit()
         &db,
         "tasks_task_data_size",
         &format!(
-            "INSERT INTO tasks (task_data) VALUES (jsonb_build_array(repeat('x', {})))",
+            "INSERT INTO tasks (kind, task_data) VALUES ('sleep', jsonb_build_array(repeat('x', {})))",
             limit + 1
         ),
     )
     .await;
     accepted(
         &db,
-        &format!("INSERT INTO tasks (task_data) VALUES (jsonb_build_array(repeat('x', {limit})))"),
+        &format!("INSERT INTO tasks (kind, task_data) VALUES ('sleep', jsonb_build_array(repeat('x', {limit})))"),
     )
     .await;
     refused(
@@ -176,9 +180,13 @@ async fn the_largest_bodies_the_api_takes_fit_the_checks() {
 async fn the_task_store_cuts_a_long_failure_message_to_the_limit() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
-    store::enqueue(&mut conn, &json!({}), 3, None)
-        .await
-        .unwrap();
+    store::enqueue(
+        &mut conn,
+        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
+            .max_attempts(3),
+    )
+    .await
+    .unwrap();
     let w = holder("w");
     let task = store::claim_next(&mut conn, &w, Duration::from_secs(30))
         .await

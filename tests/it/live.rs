@@ -42,9 +42,16 @@ async fn a_task_enqueued_through_one_instance_reaches_the_other() {
     expect_topic(&mut seen_by_b, Topics::ALL, Duration::from_secs(5)).await;
 
     let mut conn = db.pool.acquire().await.unwrap();
-    tasks::enqueue(&mut conn, &json!({"sleep_duration_seconds": 1}), 3, None)
-        .await
-        .unwrap();
+    tasks::enqueue(
+        &mut conn,
+        &leasekeeper::queue::NewTask::new(
+            leasekeeper::worker::simulated::KIND,
+            json!({"sleep_duration_seconds": 1}),
+        )
+        .max_attempts(3),
+    )
+    .await
+    .unwrap();
     expect_topic(&mut seen_by_b, Topics::TASKS, Duration::from_secs(1)).await;
     a.shutdown();
     b.shutdown();

@@ -41,8 +41,8 @@ async fn cheap_counts(pool: &PgPool) -> Counts {
 
 async fn insert_tasks(pool: &PgPool, n: i32, max_attempts: i32) {
     sqlx::query(
-        "INSERT INTO tasks (task_data, max_attempts)
-         SELECT jsonb_build_object('n', g), $2 FROM generate_series(1, $1) g",
+        "INSERT INTO tasks (kind, task_data, max_attempts)
+         SELECT 'sleep', jsonb_build_object('n', g), $2 FROM generate_series(1, $1) g",
     )
     .bind(n)
     .bind(max_attempts)
@@ -82,9 +82,13 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
             .unwrap()
             .unwrap();
     }
-    store::enqueue(&mut conn, &json!({}), 3, None)
-        .await
-        .unwrap();
+    store::enqueue(
+        &mut conn,
+        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
+            .max_attempts(3),
+    )
+    .await
+    .unwrap();
     sqlx::query(
         "UPDATE tasks SET must_heartbeat_before = now() - interval '1 s'
           WHERE id IN (SELECT id FROM tasks WHERE status = 'started' ORDER BY id LIMIT 2)",
@@ -285,9 +289,9 @@ fn plan_nodes<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
 async fn task_lists_use_an_index_with_a_million_tasks() {
     let db = TestDb::new().await;
     sqlx::query(
-        "INSERT INTO tasks (task_data, status, processor, fencing_token, must_heartbeat_before,
+        "INSERT INTO tasks (kind, task_data, status, processor, fencing_token, must_heartbeat_before,
                             started_at, processed_at, failed_at)
-         SELECT jsonb_build_object('n', g), s,
+         SELECT 'sleep', jsonb_build_object('n', g), s,
                 CASE WHEN s = 'started' THEN 'w' END,
                 CASE WHEN s = 'started' THEN 1 END,
                 CASE WHEN s = 'started' THEN now() + interval '1 minute' END,

@@ -208,3 +208,92 @@ async fn bad_task_input_gets_400_and_changes_nothing() {
         .unwrap();
     assert_eq!(count, 0);
 }
+
+#[tokio::test]
+async fn kind_queue_and_priority_over_rest() {
+    let api = Api::new().await;
+    // The original contract: no kind, no queue: simulated work, default queue.
+    let plain = enqueue(&api, json!({"n": 0})).await;
+    assert_eq!(plain["kind"], "sleep");
+    assert_eq!(plain["queue"], "default");
+    assert_eq!(plain["priority"], 0);
+    let (s, mail) = api
+        .post(
+            "/api/tasks",
+            json!({"task_data": {"to": "ada"}, "kind": "email", "queue": "mail", "priority": 3}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{mail}");
+    assert_eq!(
+        (&mail["kind"], &mail["queue"], &mail["priority"]),
+        (&json!("email"), &json!("mail"), &json!(3))
+    );
+    let (_, urgent) = api
+        .post(
+            "/api/tasks",
+            json!({"task_data": {"to": "bob"}, "kind": "email", "queue": "mail", "priority": -1}),
+        )
+        .await;
+
+    // A claim without a queue takes from `default` only.
+    let (s, got) = api
+        .post("/api/tasks/next", json!({"processor": "w1"}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(got["id"], plain["id"]);
+    let (s, _) = api
+        .post("/api/tasks/next", json!({"processor": "w1"}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "nothing else in default");
+    // Kinds filter: nothing of kind sms in mail.
+    let (s, _) = api
+        .post(
+            "/api/tasks/next",
+            json!({"processor": "w2", "queue": "mail", "kinds": ["sms"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    // Priority first within the queue.
+    let (s, first) = api
+        .post(
+            "/api/tasks/next",
+            json!({"processor": "w2", "queue": "mail", "kinds": ["email"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(first["id"], urgent["id"]);
+    assert_eq!(first["attempts"], 1);
+}
+
+#[tokio::test]
+async fn bad_kind_queue_priority_and_kinds_are_refused() {
+    let api = Api::new().await;
+    let long = "k".repeat(129);
+    for body in [
+        json!({"task_data": {}, "kind": ""}),
+        json!({"task_data": {}, "kind": long}),
+        json!({"task_data": {}, "queue": ""}),
+        json!({"task_data": {}, "queue": "a\u{0}b"}),
+        json!({"task_data": {}, "priority": 40000}),
+        json!({"task_data": {}, "priority": "high"}),
+        json!({"task_data": {}, "kind": 7}),
+    ] {
+        let (s, err) = api.post("/api/tasks", body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {err}");
+    }
+    for body in [
+        json!({"processor": "w", "kinds": []}),
+        json!({"processor": "w", "kinds": [""]}),
+        json!({"processor": "w", "queue": ""}),
+        json!({"processor": "w", "kinds": "email"}),
+    ] {
+        let (s, err) = api.post("/api/tasks/next", body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {err}");
+    }
+    let (_, tasks) = api.get("/api/tasks").await;
+    assert_eq!(
+        tasks.as_array().map(Vec::len),
+        Some(0),
+        "nothing stored: {tasks}"
+    );
+}

@@ -19,9 +19,11 @@ async fn enqueue(db: &TestDb, n: usize) -> Vec<i32> {
     for i in 0..n {
         let task = store::enqueue(
             &mut conn,
-            &json!({"sleep_duration_seconds": 0, "n": i}),
-            3,
-            None,
+            &leasekeeper::queue::NewTask::new(
+                leasekeeper::worker::simulated::KIND,
+                json!({"sleep_duration_seconds": 0, "n": i}),
+            )
+            .max_attempts(3),
         )
         .await
         .unwrap();
@@ -103,9 +105,14 @@ async fn nothing_to_claim_returns_none_and_delayed_tasks_wait() {
             .unwrap()
             .is_none()
     );
-    store::enqueue(&mut conn, &json!({}), 3, Some(Duration::from_secs(60)))
-        .await
-        .unwrap();
+    store::enqueue(
+        &mut conn,
+        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
+            .max_attempts(3)
+            .delay(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
     assert!(
         store::claim_next(&mut conn, &holder("w"), TTL)
             .await
@@ -365,7 +372,7 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
     let db = TestDb::with_connections(12).await;
     let mut conn = db.pool.acquire().await.unwrap();
     sqlx::query(
-        "INSERT INTO tasks (task_data, max_attempts) SELECT jsonb_build_object('n', n), 3 FROM generate_series(1, 2000) n",
+        "INSERT INTO tasks (kind, task_data, max_attempts) SELECT 'sleep', jsonb_build_object('n', n), 3 FROM generate_series(1, 2000) n",
     )
     .execute(&mut *conn)
     .await
@@ -425,7 +432,7 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
 
     // A batch with one stale claim: the current one completes, the stale
     // one (taken over meanwhile) is refused and recorded, not written.
-    sqlx::query("INSERT INTO tasks (task_data) VALUES ('{}'), ('{}')")
+    sqlx::query("INSERT INTO tasks (kind, task_data) VALUES ('sleep', '{}'), ('sleep', '{}')")
         .execute(&mut *conn)
         .await
         .unwrap();

@@ -56,9 +56,11 @@ async fn enqueue(db: &TestDb, sleep_secs: u64, n: usize) -> Vec<i32> {
     for _ in 0..n {
         let task = store::enqueue(
             &mut conn,
-            &json!({ "sleep_duration_seconds": sleep_secs }),
-            5,
-            None,
+            &leasekeeper::queue::NewTask::new(
+                leasekeeper::worker::simulated::KIND,
+                json!({ "sleep_duration_seconds": sleep_secs }),
+            )
+            .max_attempts(5),
         )
         .await
         .unwrap();

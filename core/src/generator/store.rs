@@ -3,8 +3,8 @@
 
 use super::{Desired, GeneratorStatus, RESOURCE};
 use crate::lease::Holder;
-use crate::queue::Task;
 use crate::queue::store::{self as tasks, TaskError};
+use crate::queue::{NewTask, Task};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
@@ -72,18 +72,16 @@ pub async fn status(conn: &mut PgConnection) -> sqlx::Result<GeneratorStatus> {
 /// it does not: nothing is inserted and the refusal is recorded in
 /// `lease_events` as `stale_write_refused`.
 ///
-/// `task_data` gets `generator` and `generator_token` added, naming the term
-/// that produced the task.
+/// The task's data gets `generator` and `generator_token` added, naming
+/// the term that produced it.
 pub async fn insert_task(
     conn: &mut PgConnection,
     holder: &Holder,
     token: i64,
-    task_data: Value,
-    max_attempts: i32,
+    mut task: NewTask,
 ) -> Result<Option<Task>, TaskError> {
     let _announced = crate::live::announce_on_return(crate::live::Topics::TASKS);
-    let mut task_data = task_data;
-    if let Value::Object(map) = &mut task_data {
+    if let Value::Object(map) = &mut task.data {
         map.insert("generator".into(), json!(holder.as_str()));
         map.insert("generator_token".into(), json!(token));
     }
@@ -139,7 +137,7 @@ pub async fn insert_task(
         tx.commit().await?;
         return Ok(None);
     }
-    let task = tasks::enqueue(&mut tx, &task_data, max_attempts, None).await?;
+    let task = tasks::enqueue(&mut tx, &task).await?;
     tx.commit().await?;
     Ok(Some(task))
 }

@@ -63,6 +63,12 @@ impl TaskStatus {
 pub struct Task {
     /// Row id; the task's lease is on resource `task:<id>`.
     pub id: i32,
+    /// Which handler runs it.
+    pub kind: String,
+    /// The queue it waits in (`default` unless enqueued elsewhere).
+    pub queue: String,
+    /// Lower runs first (0 by default).
+    pub priority: i16,
     /// What to do, e.g. `{"sleep_duration_seconds": 5}`.
     pub task_data: serde_json::Value,
     /// Not claimed before this moment.
@@ -106,6 +112,134 @@ impl Task {
     /// True when started and past its heartbeat deadline: anyone may take it over.
     pub fn is_late(&self) -> bool {
         self.status == TaskStatus::Started && self.heartbeat_in_ms.is_some_and(|ms| ms <= 0)
+    }
+}
+
+/// The queue a task waits in when its enqueue names none.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// The longest task kind or queue name, in characters.
+pub const MAX_NAME_CHARS: usize = 128;
+
+/// Checks a task kind or queue name: 1 to [`MAX_NAME_CHARS`] characters,
+/// none of them a control character. `what` names it in the error.
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > MAX_NAME_CHARS {
+        return Err(format!(
+            "{what} must be 1 to {MAX_NAME_CHARS} characters, got {chars}"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("{what} must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// A task to enqueue: what to do (`kind` and `data`), where it waits
+/// (`queue`), how urgent it is (`priority`), and how often it may be tried.
+///
+/// ```
+/// use leasekeeper_core::queue::NewTask;
+/// use serde_json::json;
+/// use std::time::Duration;
+///
+/// let task = NewTask::new("email", json!({"to": "ada@example.org"}))
+///     .queue("mail")
+///     .priority(-1)
+///     .max_attempts(3)
+///     .delay(Duration::from_secs(10));
+/// assert_eq!(task.kind, "email");
+/// assert_eq!(task.queue, "mail");
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewTask {
+    /// Which handler runs it.
+    pub kind: String,
+    /// What the handler gets.
+    pub data: serde_json::Value,
+    /// The queue it waits in ([`DEFAULT_QUEUE`] unless set).
+    pub queue: String,
+    /// Lower runs first; 0 unless set.
+    pub priority: i16,
+    /// Claims allowed before it is marked failed (1 to 1000; 5 unless set).
+    pub max_attempts: i32,
+    /// Not claimed before this much time has passed (by the database clock).
+    pub delay: Option<std::time::Duration>,
+}
+
+impl NewTask {
+    /// A task of `kind` with `data`, in the default queue, priority 0, five attempts.
+    pub fn new(kind: impl Into<String>, data: serde_json::Value) -> Self {
+        NewTask {
+            kind: kind.into(),
+            data,
+            queue: DEFAULT_QUEUE.to_string(),
+            priority: 0,
+            max_attempts: 5,
+            delay: None,
+        }
+    }
+
+    /// Waits in `queue`.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Runs before tasks with a higher number (lower runs first).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// May be claimed at most `max_attempts` times.
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Is not claimed before `delay` has passed.
+    pub fn delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+}
+
+/// Which tasks a claim may take: those of one queue, and of the given kinds
+/// only (every kind when `kinds` is `None`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimFilter {
+    /// The queue claimed from.
+    pub queue: String,
+    /// The kinds claimed; `None` for all.
+    pub kinds: Option<Vec<String>>,
+}
+
+impl ClaimFilter {
+    /// Every kind in `queue`.
+    pub fn queue(queue: impl Into<String>) -> Self {
+        ClaimFilter {
+            queue: queue.into(),
+            kinds: None,
+        }
+    }
+
+    /// Only these kinds.
+    pub fn kinds<I, S>(mut self, kinds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.kinds = Some(kinds.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
+impl Default for ClaimFilter {
+    /// Every kind in the default queue: the original one-queue contract.
+    fn default() -> Self {
+        ClaimFilter::queue(DEFAULT_QUEUE)
     }
 }
 

@@ -7,7 +7,7 @@
 //! refused write changes nothing and is recorded in `lease_events` as
 //! `stale_write_refused`, in the same transaction as the refusal.
 
-use super::{Task, TaskStatus};
+use super::{ClaimFilter, NewTask, Task, TaskStatus, check_name};
 use crate::lease::store::{self as leases, LeaseError, Page};
 use crate::lease::{Holder, Resource};
 use serde_json::{Value, json};
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Columns of a [`Task`], with the time to its deadline computed by the
 /// database clock. Usable after `SELECT` and after `RETURNING`.
-pub(crate) const TASK_COLUMNS: &str = "id, task_data, scheduled_at, processor, last_heartbeat_at, \
+pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, scheduled_at, processor, last_heartbeat_at, \
     must_heartbeat_before, started_at, processed_at, task_output, status, attempts, max_attempts, \
     fencing_token, last_error, failed_at, created_at, \
     CASE WHEN status = 'started' \
@@ -88,33 +88,37 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Adds a task. `delay` holds it back; `max_attempts` bounds its retries.
-pub async fn enqueue(
-    conn: &mut PgConnection,
-    task_data: &Value,
-    max_attempts: i32,
-    delay: Option<Duration>,
-) -> Result<Task, TaskError> {
+/// Adds `task` and answers it as stored. Refuses (with
+/// [`TaskError::BadInput`]) an empty or over-long kind or queue and
+/// `max_attempts` outside 1 to 1000. In the caller's transaction when
+/// `conn` is one, so a service can enqueue together with its own writes.
+pub async fn enqueue(conn: &mut PgConnection, task: &NewTask) -> Result<Task, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::WORK);
-    if !(1..=1000).contains(&max_attempts) {
+    if !(1..=1000).contains(&task.max_attempts) {
         return Err(TaskError::BadInput(
             "max_attempts must be between 1 and 1000".into(),
         ));
     }
-    let delay_ms = millis(delay.unwrap_or_default());
+    check_name("kind", &task.kind).map_err(TaskError::BadInput)?;
+    check_name("queue", &task.queue).map_err(TaskError::BadInput)?;
+    let delay_ms = millis(task.delay.unwrap_or_default());
     // scheduled_at is truncated to the column's milliseconds, not rounded:
     // rounded up, a task enqueued without delay was "not yet due" for up to
     // half a millisecond, and a worker woken by its announcement could find
     // nothing to claim and go back to sleep.
     let task = sqlx::query_as(&format!(
-        "INSERT INTO tasks (task_data, max_attempts, scheduled_at)
-         VALUES ($1, $2, date_trunc('milliseconds', now() + make_interval(secs => $3::float8 / 1000)))
+        "INSERT INTO tasks (task_data, max_attempts, scheduled_at, kind, queue, priority)
+         VALUES ($1, $2, date_trunc('milliseconds', now() + make_interval(secs => $3::float8 / 1000)),
+                 $4, $5, $6)
          RETURNING {TASK_COLUMNS}"
     ))
-    .bind(task_data)
-    .bind(max_attempts)
+    .bind(&task.data)
+    .bind(task.max_attempts)
     .bind(delay_ms)
+    .bind(&task.kind)
+    .bind(&task.queue)
+    .bind(task.priority)
     .fetch_one(&mut *conn)
     .await?;
     Ok(task)
@@ -145,16 +149,29 @@ pub async fn claim_next(
     processor: &Holder,
     ttl: Duration,
 ) -> Result<Option<Task>, TaskError> {
+    claim_next_in(conn, processor, ttl, &ClaimFilter::default()).await
+}
+
+/// [`claim_next`] among the tasks `filter` lets through (one queue, and
+/// some kinds or all): what a runtime serving that queue with handlers for
+/// those kinds claims. Within the queue, late tasks first, then pending
+/// ones by priority (lower first), then `scheduled_at`, then id.
+pub async fn claim_next_in(
+    conn: &mut PgConnection,
+    processor: &Holder,
+    ttl: Duration,
+    filter: &ClaimFilter,
+) -> Result<Option<Task>, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let batch = claim_up_to(conn, processor, ttl, 1).await?;
+    let batch = claim_up_to(conn, processor, ttl, 1, filter).await?;
     if let Some(task) = batch.claimed.into_iter().next() {
         return Ok(Some(task));
     }
     if batch.candidates == 0 {
         return Ok(None);
     }
-    claim_carefully(conn, processor, ttl).await
+    claim_carefully(conn, processor, ttl, filter).await
 }
 
 /// What one claim statement did: the tasks it claimed, and how many
@@ -185,30 +202,42 @@ pub async fn claim_batch(
             "a batch claims 1 to {MAX_BATCH} tasks, not {limit}"
         )));
     }
-    Ok(claim_up_to(conn, processor, ttl, limit).await?.claimed)
+    Ok(
+        claim_up_to(conn, processor, ttl, limit, &ClaimFilter::default())
+            .await?
+            .claimed,
+    )
 }
 
-/// The one statement that claims up to `limit` tasks for processor `$1` with
-/// a lease of `$2` milliseconds each (see [`claim_batch`]); public so the
-/// benchmark can drive the very same SQL without application code.
+/// The one statement that claims up to `limit` tasks of queue `$3` for
+/// processor `$1` with a lease of `$2` milliseconds each (see
+/// [`claim_batch`]); with `by_kind`, only tasks whose kind is in the array
+/// `$4`. Public so the benchmark can drive the very same SQL without
+/// application code.
 ///
 /// The limit is written into the statement, not bound: with a bound limit
 /// PostgreSQL cannot tell a one-task claim from a thousand-task one when it
 /// plans the prepared statement, finds its generic plan too dear, and plans
 /// the statement anew on every claim (measured: 1,400 claims/s instead of
 /// 2,600). One cached statement per batch size instead.
-pub fn claim_sql(limit: usize) -> String {
+///
+/// The kind filter is written in or left out, not bound as `($4 IS NULL OR
+/// kind = ANY($4))`, for the same reason: a generic plan could not tell.
+pub fn claim_sql(limit: usize, by_kind: bool) -> String {
+    let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
     format!(
         "WITH late AS (
             SELECT id, attempts, max_attempts, true AS late FROM tasks
              WHERE status = 'started' AND must_heartbeat_before <= now()
+               AND queue = $3 {kinds}
              ORDER BY must_heartbeat_before, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), fresh AS (
             SELECT id, attempts, max_attempts, false AS late FROM tasks
              WHERE status = 'pending' AND scheduled_at <= now()
+               AND queue = $3 {kinds}
                AND NOT EXISTS (SELECT 1 FROM late)
-             ORDER BY scheduled_at, id
+             ORDER BY priority, scheduled_at, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), candidate AS (
             SELECT * FROM late UNION ALL SELECT * FROM fresh
@@ -248,6 +277,7 @@ async fn claim_up_to(
     processor: &Holder,
     ttl: Duration,
     limit: usize,
+    filter: &ClaimFilter,
 ) -> Result<ClaimBatch, TaskError> {
     let ttl_ms = leases::ttl_ms(ttl)?;
     // Races prevented, all in one statement:
@@ -266,13 +296,16 @@ async fn claim_up_to(
     //   left alone; its candidate is counted but not claimed.
     // Late claims go first (they are older than anything pending); pending
     // tasks are looked at only when no late one is.
-    let sql = claim_sql(limit.clamp(1, MAX_BATCH));
+    let sql = claim_sql(limit.clamp(1, MAX_BATCH), filter.kinds.is_some());
     for attempt in 0.. {
-        let rows = sqlx::query(&sql)
+        let mut query = sqlx::query(&sql)
             .bind(processor.as_str())
             .bind(ttl_ms)
-            .fetch_all(&mut *conn)
-            .await;
+            .bind(&filter.queue);
+        if let Some(kinds) = &filter.kinds {
+            query = query.bind(kinds);
+        }
+        let rows = query.fetch_all(&mut *conn).await;
         match rows {
             Ok(rows) => {
                 use sqlx::Row;
@@ -309,7 +342,10 @@ async fn claim_carefully(
     conn: &mut PgConnection,
     processor: &Holder,
     ttl: Duration,
+    filter: &ClaimFilter,
 ) -> Result<Option<Task>, TaskError> {
+    // An absent kind filter is every kind: NULL makes the condition true.
+    let kinds = filter.kinds.as_deref();
     let mut tx = conn.begin().await?;
     let mut passed_over: Vec<i32> = Vec::new();
     for _ in 0..CLAIM_CANDIDATES {
@@ -323,10 +359,13 @@ async fn claim_carefully(
         let late: Option<Candidate> = sqlx::query_as(
             "SELECT id, status, attempts, max_attempts FROM tasks
               WHERE status = 'started' AND must_heartbeat_before <= now() AND id <> ALL($1)
+                AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
               ORDER BY must_heartbeat_before, id
               LIMIT 1 FOR UPDATE SKIP LOCKED",
         )
         .bind(&passed_over)
+        .bind(&filter.queue)
+        .bind(kinds)
         .fetch_optional(&mut *tx)
         .await?;
         let candidate = match late {
@@ -336,10 +375,13 @@ async fn claim_carefully(
                 sqlx::query_as(
                     "SELECT id, status, attempts, max_attempts FROM tasks
                       WHERE status = 'pending' AND scheduled_at <= now() AND id <> ALL($1)
-                      ORDER BY scheduled_at, id
+                        AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
+                      ORDER BY priority, scheduled_at, id
                       LIMIT 1 FOR UPDATE SKIP LOCKED",
                 )
                 .bind(&passed_over)
+                .bind(&filter.queue)
+                .bind(kinds)
                 .fetch_optional(&mut *tx)
                 .await?
             }
@@ -550,24 +592,32 @@ pub async fn complete_batch(
 /// processor `$3` with output `$4` (see [`complete_batch`]); public so the
 /// benchmark can drive the very same SQL without application code.
 pub fn complete_sql() -> String {
+    complete_sql_at("now()")
+}
+
+/// [`complete_sql`] judging the deadline by `clock`: `now()` (the
+/// transaction's start, which for a one-statement transaction is the
+/// statement's) or `statement_timestamp()` for a transaction that began
+/// earlier (see [`FencedTransaction`]).
+fn complete_sql_at(clock: &str) -> String {
     format!(
         "WITH claim AS (
             SELECT * FROM unnest($1::int4[], $2::int8[]) AS c(id, token)
          ), done AS (
             UPDATE tasks t
-               SET status = 'processed', processed_at = now(), task_output = $4,
+               SET status = 'processed', processed_at = {clock}, task_output = $4,
                    must_heartbeat_before = NULL
               FROM claim
              WHERE t.id = claim.id AND t.fencing_token = claim.token AND t.processor = $3
-               AND t.status = 'started' AND t.must_heartbeat_before > now()
+               AND t.status = 'started' AND t.must_heartbeat_before > {clock}
             RETURNING t.*
          ), released AS (
             UPDATE leases l
-               SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+               SET released_at = {clock}, expires_at = date_trunc('milliseconds', {clock})
               FROM done
              WHERE l.resource = 'task:' || done.id AND l.holder = $3
                AND l.fencing_token = done.fencing_token
-               AND l.released_at IS NULL AND l.expires_at > now()
+               AND l.released_at IS NULL AND l.expires_at > {clock}
          )
          SELECT {TASK_COLUMNS} FROM done ORDER BY id"
     )
@@ -598,6 +648,126 @@ async fn complete_claims(
         .bind(output)
         .fetch_all(&mut *conn)
         .await?)
+}
+
+/// The savepoint a [`FencedTransaction`] rolls back to when its completion
+/// is refused: everything the handler wrote comes after it.
+const FENCE_SAVEPOINT: &str = "leasekeeper_fence";
+
+/// A transaction for a handler's own writes that commits only together
+/// with the task's completion, and only if the completion is accepted:
+/// exactly-once effects in the database.
+///
+/// It runs on a connection of the queue's pool with the host's
+/// `search_path` (so the handler's SQL names its own tables as usual), and
+/// a savepoint taken before the first write. [`FencedTransaction::complete`]
+/// then runs the fenced completion in the same transaction: accepted, and
+/// everything commits at once; refused (a stale holder: the claim was taken
+/// over, or its lease ran out), and the handler's writes are rolled back to
+/// the savepoint, the refusal is recorded in `lease_events`, and that alone
+/// commits.
+///
+/// Begin it when the handler is ready to write, not at its start: the
+/// transaction holds a connection of the pool while it is open.
+pub struct FencedTransaction {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// The pool's own `search_path`, restored for the completion.
+    queue_search_path: String,
+}
+
+impl std::fmt::Debug for FencedTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedTransaction")
+            .field("queue_search_path", &self.queue_search_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FencedTransaction {
+    /// Begins a transaction on `pool` whose statements see `search_path`
+    /// (the host's, e.g. `"$user", public`).
+    pub async fn begin(pool: &sqlx::PgPool, search_path: &str) -> Result<Self, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        let queue_search_path: String = sqlx::query_scalar("SELECT current_setting('search_path')")
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query("SELECT set_config('search_path', $1, true)")
+            .bind(search_path)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&format!("SAVEPOINT {FENCE_SAVEPOINT}"))
+            .execute(&mut *tx)
+            .await?;
+        Ok(FencedTransaction {
+            tx,
+            queue_search_path,
+        })
+    }
+
+    /// Completes task `id` of `processor`'s claim with `token` and commits
+    /// the handler's writes with it; see the type's documentation. Answers
+    /// [`TaskError::Stale`] when refused (nothing of the handler's stays).
+    pub async fn complete(
+        mut self,
+        id: i32,
+        processor: &Holder,
+        token: i64,
+        output: Option<&Value>,
+    ) -> Result<Task, TaskError> {
+        let _announced = crate::live::announce_on_return(
+            crate::live::Topics::TASKS | crate::live::Topics::LEASES,
+        );
+        sqlx::query("SELECT set_config('search_path', $1, true)")
+            .bind(&self.queue_search_path)
+            .execute(&mut *self.tx)
+            .await?;
+        // Race prevented: a stale holder's effects committing. The handler
+        // wrote in this transaction; the completion below locks the task
+        // row and re-checks the claim (processor, token, status, deadline)
+        // on its newest version, as `complete` does. Accepted, the row
+        // stays locked until the commit, so no takeover can begin between
+        // the check and the commit of the handler's writes (a claim skips
+        // the locked row; heartbeats and refusals wait). The deadline is
+        // judged at this statement's start, not the transaction's, which
+        // may have begun long before (`now()` would accept a completion
+        // made after the lease ran out).
+        let sql = complete_sql_at("statement_timestamp()");
+        let done: Option<Task> = sqlx::query_as(&sql)
+            .bind([id].as_slice())
+            .bind([token].as_slice())
+            .bind(processor.as_str())
+            .bind(output)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        if let Some(task) = done {
+            self.tx.commit().await?;
+            return Ok(task);
+        }
+        // Refused: undo the handler's writes, record the refusal, commit that.
+        sqlx::query(&format!("ROLLBACK TO SAVEPOINT {FENCE_SAVEPOINT}"))
+            .execute(&mut *self.tx)
+            .await?;
+        sqlx::query("SELECT set_config('search_path', $1, true)")
+            .bind(&self.queue_search_path)
+            .execute(&mut *self.tx)
+            .await?;
+        let err = refuse(&mut self.tx, id, processor, token, "complete").await?;
+        self.tx.commit().await?;
+        Err(err)
+    }
+}
+
+impl std::ops::Deref for FencedTransaction {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for FencedTransaction {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
 }
 
 /// [`refuse`] in a transaction of its own.

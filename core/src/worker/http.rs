@@ -3,6 +3,7 @@
 
 use super::transport::{Claim, Report, Transport, TransportError, ms};
 use crate::lease::Holder;
+use crate::queue::ClaimFilter;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -13,6 +14,7 @@ use std::time::Duration;
 pub struct Http {
     client: reqwest::Client,
     base: reqwest::Url,
+    filter: ClaimFilter,
 }
 
 /// The parts of a task answer a worker reads.
@@ -20,6 +22,9 @@ pub struct Http {
 struct TaskAnswer {
     id: i32,
     fencing_token: Option<i64>,
+    kind: String,
+    queue: String,
+    attempts: i32,
     #[serde(default)]
     task_data: Value,
     heartbeat_in_ms: Option<i64>,
@@ -40,7 +45,18 @@ impl Http {
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Http { client, base })
+        Ok(Http {
+            client,
+            base,
+            filter: ClaimFilter::default(),
+        })
+    }
+
+    /// Claims only what `filter` lets through (every kind in the default
+    /// queue unless set).
+    pub fn serving(mut self, filter: ClaimFilter) -> Self {
+        self.filter = filter;
+        self
     }
 
     fn url(&self, segments: &[&str]) -> reqwest::Url {
@@ -109,7 +125,11 @@ impl Transport for Http {
             .call(
                 reqwest::Method::POST,
                 &["api", "tasks", "next"],
-                &json!({ "processor": worker }),
+                &json!({
+                    "processor": worker,
+                    "queue": self.filter.queue,
+                    "kinds": self.filter.kinds,
+                }),
             )
             .await?;
         match status {
@@ -123,6 +143,9 @@ impl Transport for Http {
                 Ok(Some(Claim {
                     task_id: task.id,
                     token,
+                    kind: task.kind,
+                    queue: task.queue,
+                    attempt: task.attempts,
                     task_data: task.task_data,
                     remaining: ms(task.heartbeat_in_ms),
                 }))

@@ -21,12 +21,18 @@
 
 #[cfg(feature = "postgres")]
 pub mod chaos;
+#[cfg(feature = "postgres")]
+pub mod handler;
 #[cfg(feature = "http-client")]
 pub mod http;
 #[cfg(feature = "postgres")]
 pub mod registry;
 #[cfg(feature = "postgres")]
 pub mod run;
+#[cfg(feature = "postgres")]
+pub mod runtime;
+#[cfg(feature = "postgres")]
+pub mod simulated;
 #[cfg(feature = "postgres")]
 pub mod transport;
 
@@ -89,6 +95,9 @@ pub enum WorkerKind {
     Simulated,
     /// A separate `leasekeeper worker` process, over the REST API.
     Http,
+    /// A worker of a service's own [`runtime::Runtime`]: in-process, doing
+    /// the service's real work.
+    Embedded,
 }
 
 impl WorkerKind {
@@ -97,6 +106,7 @@ impl WorkerKind {
         match self {
             WorkerKind::Simulated => "simulated",
             WorkerKind::Http => "http",
+            WorkerKind::Embedded => "embedded",
         }
     }
 }
@@ -134,4 +144,28 @@ pub struct WorkerInfo {
     pub last_seen_age_ms: i64,
     /// Not crashed or stopped, and seen within two lease TTLs.
     pub alive: bool,
+}
+
+/// What a worker tells the `workers` table about itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// What it is doing.
+    pub state: WorkerState,
+    /// The task it holds, if any.
+    pub task_id: Option<i32>,
+    /// That claim's fencing token.
+    pub fencing_token: Option<i64>,
+    /// True when this report follows an accepted claim or heartbeat.
+    #[serde(default)]
+    pub heartbeat: bool,
+    /// Tasks completed so far by this run.
+    #[serde(default)]
+    pub tasks_done: i32,
+    /// Tasks abandoned so far by this run.
+    #[serde(default)]
+    pub tasks_abandoned: i32,
+    /// True for the first report of a run: it replaces whatever an earlier
+    /// run under the same id left (even `crashed` or `stopped`).
+    #[serde(default)]
+    pub fresh: bool,
 }

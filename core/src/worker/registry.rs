@@ -5,8 +5,7 @@
 //! watching only: no correctness decision reads it (the task's lease and
 //! fencing token decide who may write).
 
-use super::transport::Report;
-use super::{WorkerInfo, WorkerKind, WorkerState};
+use super::{Report, WorkerInfo, WorkerKind, WorkerState};
 use crate::lease::Holder;
 use sqlx::PgConnection;
 use std::time::Duration;

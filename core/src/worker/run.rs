@@ -22,29 +22,32 @@
 //! - A graceful stop gives the task back at once as a failed attempt (it is
 //!   retried after a short backoff) instead of making it wait out the lease.
 //!
-//! Task data: `sleep_duration_seconds` (0 to 3600, fractions allowed) is
-//! how long the work takes, in ticks of at most one second. When it is
-//! missing the work takes one second; when it is present but not such a
-//! number the attempt fails with an error naming the field, so a malformed
-//! task ends `failed` after its attempts instead of being guessed at.
+//! The work itself is the [`Handler`](super::handler::Handler) registered
+//! for the task's kind. It runs inside the loop (polled, not spawned), so a
+//! pause freezes it too; a panic in it is caught and reported as a failed
+//! attempt. When the claim is lost, the handler's
+//! [`lease_lost`](super::handler::TaskContext::lease_lost) signal fires and
+//! it gets [`WorkerConfig::lost_grace`] to return; whatever it answers then
+//! is discarded. A task whose kind has no handler fails its attempt.
 
 use super::WorkerState;
 use super::chaos::Chaos;
+use super::handler::{Handler, Handlers, SimulatedCrash, TaskContext};
 use super::transport::{Claim, Report, Transport, TransportError};
 use crate::lease::Holder;
+use crate::queue::store::FencedTransaction;
 use crate::queue::wake::WorkSignal;
-use serde_json::{Value, json};
+use futures::FutureExt;
+use serde_json::Value;
 use std::future::Future;
 use std::ops::RangeInclusive;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
-
-/// The longest `sleep_duration_seconds` a task may ask for.
-pub const MAX_SLEEP: Duration = Duration::from_secs(3600);
 
 /// Timing of a worker.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +75,9 @@ pub struct WorkerConfig {
     /// last deadline check would. Only the queue's fencing stands between
     /// that write and a task done twice.
     pub trust_claims: bool,
+    /// How long a handler may take to return after its claim was lost
+    /// (its result is discarded either way; the worker then claims anew).
+    pub lost_grace: Duration,
 }
 
 impl WorkerConfig {
@@ -86,6 +92,7 @@ impl WorkerConfig {
             pause_for: lease_ttl + Duration::from_secs(2),
             report_timeout: Duration::from_secs(2),
             trust_claims: false,
+            lost_grace: Duration::from_secs(1),
         }
     }
 }
@@ -94,22 +101,6 @@ impl WorkerConfig {
 /// the database said was left of the lease: a tenth less.
 fn trusted(remaining: Duration) -> Duration {
     remaining - remaining / 10
-}
-
-/// How long the work on `task_data` takes (see the module docs).
-pub fn sleep_duration(task_data: &Value) -> Result<Duration, String> {
-    match task_data.get("sleep_duration_seconds") {
-        None | Some(Value::Null) => Ok(Duration::from_secs(1)),
-        Some(value) => match value.as_f64() {
-            Some(secs) if secs.is_finite() && (0.0..=MAX_SLEEP.as_secs_f64()).contains(&secs) => {
-                Ok(Duration::from_secs_f64(secs))
-            }
-            _ => Err(format!(
-                "task_data.sleep_duration_seconds must be a number of seconds from 0 to {}, got {value}",
-                MAX_SLEEP.as_secs()
-            )),
-        },
-    }
 }
 
 /// An order for a running worker.
@@ -191,10 +182,32 @@ async fn answer(beat: &mut Option<Beat>) -> (Instant, Result<Option<Duration>, T
     }
 }
 
+/// A handler at work on one claim, polled by the loop (so a pause freezes
+/// it too), its panics caught.
+struct Running(futures::future::CatchUnwind<AssertUnwindSafe<super::handler::HandlerFuture>>);
+
+impl Running {
+    fn start(handler: &dyn Handler, claim: &Claim, ctx: TaskContext) -> Self {
+        Running(AssertUnwindSafe(handler.handle(claim.job(), ctx)).catch_unwind())
+    }
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 /// One worker: the loop and its state.
 pub struct Worker<T> {
     id: Holder,
     transport: Arc<T>,
+    handlers: Handlers,
     config: WorkerConfig,
     chaos: Chaos,
     wake: WorkSignal,
@@ -206,14 +219,22 @@ pub struct Worker<T> {
 }
 
 impl<T: Transport> Worker<T> {
-    /// A worker named `id` (its holder name in every claim), and the
-    /// controls that stop or pause it.
-    pub fn new(id: Holder, transport: T, config: WorkerConfig, chaos: Chaos) -> (Self, Controls) {
+    /// A worker named `id` (its holder name in every claim) that runs
+    /// `handlers`, and the controls that stop or pause it. `chaos` stalls
+    /// its heartbeats and jitters its polls (see [`Chaos`]).
+    pub fn new(
+        id: Holder,
+        transport: T,
+        handlers: Handlers,
+        config: WorkerConfig,
+        chaos: Chaos,
+    ) -> (Self, Controls) {
         let stop = CancellationToken::new();
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Worker {
             id,
             transport: Arc::new(transport),
+            handlers,
             config,
             chaos,
             wake: WorkSignal::deaf(),
@@ -294,42 +315,59 @@ impl<T: Transport> Worker<T> {
         let remaining = claim.remaining.unwrap_or(self.config.lease_ttl);
         let mut deadline = sent + trusted(remaining);
         let mut interval = self.config.heartbeat_interval.min(remaining / 3);
-        tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token, "claimed a task");
+        tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token,
+            kind = %claim.kind, "claimed a task");
         self.report(WorkerState::Working, Some(&claim), true, false)
             .await;
-        let plan = match sleep_duration(&claim.task_data) {
-            Ok(plan) => plan,
-            Err(why) => {
-                self.give_back(&claim, &why).await;
-                return Flow::Claim;
-            }
+        let Some(handler) = self.handlers.get(&claim.kind).cloned() else {
+            let why = format!(
+                "no handler for task kind {:?} on worker {}",
+                claim.kind, self.id
+            );
+            self.give_back(&claim, &why).await;
+            return Flow::Claim;
         };
-        let tick = self.config.tick;
-        let mut left = plan;
-        let mut ticks: u32 = 0;
-        let mut next_tick = Instant::now() + left.min(tick);
+        let lost = CancellationToken::new();
+        let ctx = TaskContext {
+            worker: self.id.clone(),
+            lost: lost.clone(),
+            database: self.transport.database(),
+        };
+        let mut running = Running::start(handler.as_ref(), &claim, ctx);
         let mut next_beat = sent + interval;
         let mut in_flight: Option<Beat> = None;
-        let mut paused = false;
-        while !left.is_zero() {
+        let (result, paused) = loop {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => {
                     drop(in_flight.take());
+                    lost.cancel();
+                    drop(running);
                     self.give_back(&claim, &format!("worker {} stopped before finishing", self.id)).await;
                     return Flow::Exit(self.stopped().await);
                 }
                 () = sleep_until(deadline), if !self.config.trust_claims => {
-                    self.abandon(&claim, "its local deadline passed without an accepted heartbeat").await;
-                    return Flow::Claim;
+                    return self.lose(&claim, &lost, running,
+                        "its local deadline passed without an accepted heartbeat").await;
                 }
                 Some(Command::Pause(duration)) = self.commands.recv() => {
                     drop(in_flight.take());
                     if self.freeze(duration, Some(&claim)).await {
                         return Flow::Exit(self.stopped().await);
                     }
-                    paused = true;
-                    break;
+                    // Resumed, as a process after a long GC pause: it still
+                    // believes it holds the claim, so no heartbeat and no
+                    // deadline; it finishes and writes its completion, which
+                    // the fencing token refuses if the task was taken over.
+                    tokio::select! {
+                        biased;
+                        () = self.stop.cancelled() => {
+                            lost.cancel();
+                            drop(running);
+                            return Flow::Exit(self.stopped().await);
+                        }
+                        result = &mut running.0 => break (result, true),
+                    }
                 }
                 (beat_sent, answer) = answer(&mut in_flight) => {
                     in_flight = None;
@@ -342,8 +380,8 @@ impl<T: Transport> Worker<T> {
                             self.report(WorkerState::Working, Some(&claim), true, false).await;
                         }
                         Err(TransportError::Lost(why)) if !self.config.trust_claims => {
-                            self.abandon(&claim, &format!("heartbeat refused: {why}")).await;
-                            return Flow::Claim;
+                            return self.lose(&claim, &lost, running,
+                                &format!("heartbeat refused: {why}")).await;
                         }
                         Err(TransportError::Lost(why)) => {
                             tracing::warn!(worker = %self.id, task_id = claim.task_id, error = %why,
@@ -357,34 +395,85 @@ impl<T: Transport> Worker<T> {
                         }
                     }
                 }
-                () = sleep_until(next_tick) => {
-                    left -= left.min(tick);
-                    ticks += 1;
-                    if self.chaos.crash_at_tick(ticks) {
-                        tracing::warn!(worker = %self.id, task_id = claim.task_id, ticks,
-                            "chaos: crashing (no completion, no release)");
-                        return Flow::Exit(Exit::Crashed);
-                    }
-                    next_tick += left.min(tick);
-                }
+                result = &mut running.0 => break (result, false),
                 () = sleep_until(next_beat), if in_flight.is_none() => {
                     let stall = self.chaos.stall_before_heartbeat();
                     in_flight = Some(beat(self.transport.clone(), self.id.clone(), &claim, stall));
                 }
             }
-        }
+        };
         drop(in_flight);
         if !paused && !self.config.trust_claims && Instant::now() >= deadline {
             self.abandon(&claim, "its local deadline passed before completion")
                 .await;
             return Flow::Claim;
         }
-        let output = json!({
-            "worker": self.id,
-            "ticks": ticks,
-            "slept_seconds": plan.as_secs_f64(),
-        });
-        self.complete(&claim, &output, deadline).await
+        match result {
+            Err(panic) => {
+                let why = format!("the handler panicked: {}", panic_message(&*panic));
+                tracing::error!(worker = %self.id, task_id = claim.task_id, error = %why, "handler panicked");
+                self.give_back(&claim, &why).await;
+                Flow::Claim
+            }
+            Ok(Err(e)) if e.is::<SimulatedCrash>() => Flow::Exit(Exit::Crashed),
+            Ok(Err(e)) => {
+                self.give_back(&claim, &e.to_string()).await;
+                Flow::Claim
+            }
+            Ok(Ok(done)) => match done.transaction {
+                None => self.complete(&claim, &done.output, deadline).await,
+                Some(tx) => self.complete_in(tx, &claim, &done.output).await,
+            },
+        }
+    }
+
+    /// The claim is lost: signals the handler, gives it
+    /// [`WorkerConfig::lost_grace`] to return (discarding what it answers),
+    /// and abandons the task.
+    async fn lose(
+        &mut self,
+        claim: &Claim,
+        lost: &CancellationToken,
+        mut running: Running,
+        why: &str,
+    ) -> Flow {
+        lost.cancel();
+        let _ = tokio::time::timeout(self.config.lost_grace, &mut running.0).await;
+        drop(running);
+        self.abandon(claim, why).await;
+        Flow::Claim
+    }
+
+    /// Completes `claim` in the handler's transaction `tx`: its writes
+    /// commit with the completion or not at all. Not retried: a failed
+    /// commit leaves nothing behind, and the lease runs out.
+    async fn complete_in(&mut self, tx: FencedTransaction, claim: &Claim, output: &Value) -> Flow {
+        match tx
+            .complete(claim.task_id, &self.id, claim.token, Some(output))
+            .await
+        {
+            Ok(_) => {
+                self.done += 1;
+                tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token,
+                    "completed a task with its transaction");
+                self.report(WorkerState::Idle, None, false, false).await;
+            }
+            Err(crate::queue::store::TaskError::Stale { reason, .. }) => {
+                self.abandon(
+                    claim,
+                    &format!("completion refused, its writes rolled back: {reason}"),
+                )
+                .await;
+            }
+            Err(e) => {
+                self.abandon(
+                    claim,
+                    &format!("completion with its transaction failed: {e}"),
+                )
+                .await;
+            }
+        }
+        Flow::Claim
     }
 
     /// Sends the completion, retrying transient failures until the deadline.
@@ -517,6 +606,9 @@ mod tests {
 
     use super::*;
     use crate::worker::chaos::ChaosSettings;
+    use crate::worker::handler::{Done, HandlerResult, Job};
+    use crate::worker::simulated;
+    use serde_json::json;
     use std::collections::VecDeque;
     use std::sync::Mutex;
 
@@ -658,9 +750,16 @@ mod tests {
         Claim {
             task_id,
             token,
+            kind: simulated::KIND.into(),
+            queue: "default".into(),
+            attempt: 1,
             task_data: data,
             remaining: Some(remaining),
         }
+    }
+
+    fn sleeper(chaos: &ChaosSettings) -> Handlers {
+        Handlers::new().register(simulated::KIND, simulated::handler(chaos.clone()))
     }
 
     fn secs(s: f64) -> Duration {
@@ -669,9 +768,19 @@ mod tests {
 
     fn start(fake: &Fake, chaos: ChaosSettings) -> (tokio::task::JoinHandle<Exit>, Controls) {
         let config = WorkerConfig::new(secs(3.0), secs(1.0));
+        start_with(fake, sleeper(&chaos), config, chaos)
+    }
+
+    fn start_with(
+        fake: &Fake,
+        handlers: Handlers,
+        config: WorkerConfig,
+        chaos: ChaosSettings,
+    ) -> (tokio::task::JoinHandle<Exit>, Controls) {
         let (worker, controls) = Worker::new(
             Holder::parse("w1").unwrap(),
             fake.clone(),
+            handlers,
             config,
             Chaos::seeded(chaos, 1),
         );
@@ -721,13 +830,12 @@ mod tests {
         );
         let mut config = WorkerConfig::new(secs(3.0), secs(1.0));
         config.trust_claims = true;
-        let (worker, controls) = Worker::new(
-            Holder::parse("w1").unwrap(),
-            fake.clone(),
+        let (worker, controls) = start_with(
+            &fake,
+            sleeper(&ChaosSettings::off()),
             config,
-            Chaos::seeded(ChaosSettings::off(), 1),
+            ChaosSettings::off(),
         );
-        let worker = tokio::spawn(worker.run());
         sleep(secs(6.0)).await;
         let done = fake.completions();
         assert!(
@@ -922,20 +1030,98 @@ mod tests {
         );
     }
 
-    #[test]
-    fn sleep_durations() {
-        assert_eq!(sleep_duration(&json!({})), Ok(secs(1.0)));
-        assert_eq!(sleep_duration(&json!("text")), Ok(secs(1.0)));
-        assert_eq!(
-            sleep_duration(&json!({"sleep_duration_seconds": 0})),
-            Ok(Duration::ZERO)
-        );
-        assert_eq!(
-            sleep_duration(&json!({"sleep_duration_seconds": 2.5})),
-            Ok(secs(2.5))
-        );
-        for bad in [json!(-1), json!(3601), json!("5"), json!(true)] {
-            assert!(sleep_duration(&json!({ "sleep_duration_seconds": bad })).is_err());
+    fn kind_claim(task_id: i32, kind: &str) -> Claim {
+        Claim {
+            kind: kind.into(),
+            ..claim(task_id, 7, json!({}), secs(3.0))
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_error_fails_the_attempt_and_a_panic_does_not_kill_the_worker() {
+        let fake = Fake::new(
+            vec![
+                kind_claim(1, "fails"),
+                kind_claim(2, "panics"),
+                kind_claim(3, "unknown"),
+                kind_claim(4, "works"),
+            ],
+            Beats::Accept(secs(3.0)),
+        );
+        let handlers = Handlers::new()
+            .register("fails", |_: Job, _: TaskContext| async {
+                Err::<Done, _>("the mail server said no".into())
+            })
+            .register("panics", |job: Job, _: TaskContext| async move {
+                if job.id == 2 {
+                    panic!("index out of bounds in task {}", job.id);
+                }
+                Ok(Done::empty())
+            })
+            .register("works", |job: Job, ctx: TaskContext| async move {
+                Ok(Done::output(json!({
+                    "id": job.id, "attempt": job.attempt, "token": job.fencing_token,
+                    "worker": ctx.worker(),
+                })))
+            });
+        let config = WorkerConfig::new(secs(3.0), secs(1.0));
+        let (worker, controls) = start_with(&fake, handlers, config, ChaosSettings::off());
+        sleep(secs(2.0)).await;
+        let done: Vec<Call> = fake.completions().into_iter().map(|(_, c)| c).collect();
+        assert_eq!(done.len(), 4, "{done:?}");
+        assert_eq!(done[0], Call::Fail(1, 7, "the mail server said no".into()));
+        assert!(
+            matches!(&done[1], Call::Fail(2, 7, why)
+                if why == "the handler panicked: index out of bounds in task 2"),
+            "{done:?}"
+        );
+        assert!(
+            matches!(&done[2], Call::Fail(3, 7, why) if why.contains("no handler for task kind \"unknown\"")),
+            "{done:?}"
+        );
+        assert_eq!(
+            done[3],
+            Call::Complete(
+                4,
+                7,
+                json!({"id": 4, "attempt": 1, "token": 7, "worker": "w1"})
+            )
+        );
+        controls.stop();
+        assert_eq!(
+            worker.await.unwrap(),
+            Exit::Stopped,
+            "alive after the panic"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_claim_signals_the_handler_and_discards_its_answer() {
+        let fake = Fake::new(vec![kind_claim(1, "watchful")], Beats::Refuse);
+        let noticed = Arc::new(std::sync::Mutex::new(None));
+        let seen = noticed.clone();
+        let handlers = Handlers::new().register("watchful", move |_: Job, ctx: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                let started = Instant::now();
+                ctx.lease_lost().await;
+                *seen.lock().unwrap() = Some(started.elapsed());
+                assert!(ctx.is_lost());
+                // Answering after the loss: discarded, never written.
+                HandlerResult::Ok(Done::output(json!("too late")))
+            }
+        });
+        let config = WorkerConfig::new(secs(3.0), secs(1.0));
+        let (worker, controls) = start_with(&fake, handlers, config, ChaosSettings::off());
+        sleep(secs(5.0)).await;
+        assert_eq!(
+            *noticed.lock().unwrap(),
+            Some(secs(1.0)),
+            "at the refused heartbeat"
+        );
+        assert_eq!(fake.completions(), vec![], "nothing written after the loss");
+        assert_eq!(fake.claims()[1], secs(1.0), "back to claiming at once");
+        controls.stop();
+        worker.await.unwrap();
     }
 }

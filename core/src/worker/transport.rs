@@ -8,11 +8,13 @@
 //! could not be asked: network, database or server trouble; worth retrying
 //! while the local deadline allows).
 
-use super::{WorkerKind, WorkerState};
+pub use super::Report;
+use super::WorkerKind;
+use super::handler::{Database, Job};
+use super::registry;
 use crate::lease::Holder;
 use crate::queue::store::{self, RetryPolicy, TaskError};
-use crate::worker::registry;
-use serde::{Deserialize, Serialize};
+use crate::queue::{ClaimFilter, Task};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::future::Future;
@@ -38,35 +40,17 @@ pub struct Claim {
     pub task_id: i32,
     /// The claim's fencing token; every later write carries it.
     pub token: i64,
+    /// Which handler runs it.
+    pub kind: String,
+    /// The queue it came from.
+    pub queue: String,
+    /// This attempt's number, from 1.
+    pub attempt: i32,
     /// What to do.
     pub task_data: Value,
     /// What is left of the lease by the database clock when it answered
     /// (`None` if the answer did not say; the worker then assumes its TTL).
     pub remaining: Option<Duration>,
-}
-
-/// What a worker tells the `workers` table about itself.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    /// What it is doing.
-    pub state: WorkerState,
-    /// The task it holds, if any.
-    pub task_id: Option<i32>,
-    /// That claim's fencing token.
-    pub fencing_token: Option<i64>,
-    /// True when this report follows an accepted claim or heartbeat.
-    #[serde(default)]
-    pub heartbeat: bool,
-    /// Tasks completed so far by this run.
-    #[serde(default)]
-    pub tasks_done: i32,
-    /// Tasks abandoned so far by this run.
-    #[serde(default)]
-    pub tasks_abandoned: i32,
-    /// True for the first report of a run: it replaces whatever an earlier
-    /// run under the same id left (even `crashed` or `stopped`).
-    #[serde(default)]
-    pub fresh: bool,
 }
 
 /// The operations a worker needs from the queue.
@@ -109,6 +93,39 @@ pub trait Transport: Send + Sync + 'static {
         worker: &Holder,
         report: &Report,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// The database a handler's fenced transactions run on; `None` (the
+    /// default) for a transport that reaches the queue from afar.
+    fn database(&self) -> Option<Database> {
+        None
+    }
+}
+
+impl Claim {
+    /// The claim as the task's [`Job`].
+    pub fn job(&self) -> Job {
+        Job {
+            id: self.task_id,
+            kind: self.kind.clone(),
+            queue: self.queue.clone(),
+            data: self.task_data.clone(),
+            attempt: self.attempt,
+            fencing_token: self.token,
+        }
+    }
+
+    /// The claim of `task` as the queue answered it.
+    pub fn of(task: Task) -> Self {
+        Claim {
+            task_id: task.id,
+            token: task.fencing_token.unwrap_or_default(),
+            kind: task.kind,
+            queue: task.queue,
+            attempt: task.attempts,
+            remaining: ms(task.heartbeat_in_ms),
+            task_data: task.task_data,
+        }
+    }
 }
 
 pub(crate) fn ms(ms: Option<i64>) -> Option<Duration> {
@@ -122,17 +139,54 @@ pub struct InProcess {
     ttl: Duration,
     retry: RetryPolicy,
     instance_id: Arc<str>,
+    filter: ClaimFilter,
+    kind: WorkerKind,
+    host_search_path: Arc<str>,
 }
+
+/// The `search_path` a handler's fenced transaction sees unless told
+/// otherwise: PostgreSQL's own default.
+pub const DEFAULT_HOST_SEARCH_PATH: &str = "\"$user\", public";
 
 impl InProcess {
     /// Claims and heartbeats ask for `ttl`; reports name `instance_id`.
+    /// Claims take every kind in the default queue, and the workers are
+    /// recorded as simulated (see [`InProcess::serving`] and
+    /// [`InProcess::recorded_as`]).
     pub fn new(pool: PgPool, ttl: Duration, instance_id: Arc<str>) -> Self {
         InProcess {
             pool,
             ttl,
             retry: RetryPolicy::default(),
             instance_id,
+            filter: ClaimFilter::default(),
+            kind: WorkerKind::Simulated,
+            host_search_path: Arc::from(DEFAULT_HOST_SEARCH_PATH),
         }
+    }
+
+    /// Claims only what `filter` lets through.
+    pub fn serving(mut self, filter: ClaimFilter) -> Self {
+        self.filter = filter;
+        self
+    }
+
+    /// Records its workers in the `workers` table as `kind`.
+    pub fn recorded_as(mut self, kind: WorkerKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Failed attempts are retried after `retry`'s backoff.
+    pub fn retrying(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Handlers' fenced transactions see `search_path` (the host's tables).
+    pub fn host_search_path(mut self, search_path: &str) -> Self {
+        self.host_search_path = Arc::from(search_path);
+        self
     }
 
     async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, TransportError> {
@@ -156,13 +210,9 @@ impl From<TaskError> for TransportError {
 
 impl Transport for InProcess {
     async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
-        let task = store::claim_next(&mut *self.conn().await?, worker, self.ttl).await?;
-        Ok(task.map(|task| Claim {
-            task_id: task.id,
-            token: task.fencing_token.unwrap_or_default(),
-            remaining: ms(task.heartbeat_in_ms),
-            task_data: task.task_data,
-        }))
+        let task =
+            store::claim_next_in(&mut *self.conn().await?, worker, self.ttl, &self.filter).await?;
+        Ok(task.map(Claim::of))
     }
 
     async fn heartbeat(
@@ -217,7 +267,7 @@ impl Transport for InProcess {
         let recorded = registry::record(
             &mut *self.conn().await?,
             worker,
-            WorkerKind::Simulated,
+            self.kind,
             Some(&self.instance_id),
             report,
             self.ttl,
@@ -230,6 +280,13 @@ impl Transport for InProcess {
                 "the workers table refused the report of {worker}"
             ))),
         }
+    }
+
+    fn database(&self) -> Option<Database> {
+        Some(Database {
+            pool: self.pool.clone(),
+            search_path: self.host_search_path.clone(),
+        })
     }
 }
 

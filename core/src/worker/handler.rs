@@ -1,0 +1,208 @@
+//! Handlers: the work a runtime does for each task `kind`.
+//!
+//! A handler is an async function of the claimed [`Job`] and its
+//! [`TaskContext`]. It answers [`Done`] (the task is completed with its
+//! output, by the holder of the claim's fencing token only) or an error (a
+//! failed attempt: the queue retries it after a backoff, then marks it
+//! failed). A panic inside a handler is a failed attempt too: the worker
+//! catches it and carries on.
+//!
+//! While a handler runs, its worker heartbeats the claim's lease. The
+//! moment the claim is lost (a refused heartbeat, or the local deadline
+//! passing before the database could consider the lease expired), the
+//! context's [`TaskContext::lease_lost`] signal fires; the handler's result
+//! after that is discarded, and whatever it had written through a
+//! [`FencedTransaction`] is rolled back.
+
+use crate::lease::Holder;
+use crate::queue::store::FencedTransaction;
+use serde_json::Value;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// A claimed task, as its handler gets it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// The task's id (its lease is on `task:<id>`).
+    pub id: i32,
+    /// Which handler runs it.
+    pub kind: String,
+    /// The queue it came from.
+    pub queue: String,
+    /// What the enqueue asked for.
+    pub data: Value,
+    /// This attempt's number, from 1.
+    pub attempt: i32,
+    /// The claim's fencing token: every write of this attempt carries it.
+    pub fencing_token: i64,
+}
+
+/// What a handler failed with. Anything that is an error converts with `?`;
+/// the message becomes the task's `last_error`.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What a handler answers.
+pub type HandlerResult = Result<Done, HandlerError>;
+
+/// A finished handler's result: the output to complete the task with, and
+/// optionally the transaction holding the handler's own writes, which then
+/// commits with the completion or not at all.
+#[derive(Debug)]
+pub struct Done {
+    pub(crate) output: Value,
+    pub(crate) transaction: Option<FencedTransaction>,
+}
+
+impl Done {
+    /// Completes the task with `output` (stored as the task's `task_output`).
+    pub fn output(output: Value) -> Self {
+        Done {
+            output,
+            transaction: None,
+        }
+    }
+
+    /// Completes the task with `output` in `transaction`: the handler's
+    /// writes in it commit only if this completion is accepted (see
+    /// [`FencedTransaction`]).
+    pub fn in_transaction(output: Value, transaction: FencedTransaction) -> Self {
+        Done {
+            output,
+            transaction: Some(transaction),
+        }
+    }
+
+    /// Completes the task with no output.
+    pub fn empty() -> Self {
+        Done::output(Value::Null)
+    }
+}
+
+/// Fault injection only: a handler that fails with this error makes its
+/// worker stop dead, as if its process had crashed mid-task: nothing is
+/// completed, failed or released, and the lease runs out. The dashboard's
+/// simulated work uses it to show takeovers; a real handler has no reason to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimulatedCrash;
+
+impl std::fmt::Display for SimulatedCrash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("simulated crash")
+    }
+}
+
+impl std::error::Error for SimulatedCrash {}
+
+/// What a running handler can ask of its worker.
+#[derive(Clone, Debug)]
+pub struct TaskContext {
+    pub(crate) worker: Holder,
+    pub(crate) lost: CancellationToken,
+    pub(crate) database: Option<Database>,
+}
+
+/// Where a handler's fenced transactions run.
+#[derive(Clone, Debug)]
+pub struct Database {
+    /// The queue's pool.
+    pub pool: PgPool,
+    /// The `search_path` a handler's transaction sees (the host's tables).
+    pub search_path: Arc<str>,
+}
+
+impl TaskContext {
+    /// The worker running this task (the holder of its lease).
+    pub fn worker(&self) -> &Holder {
+        &self.worker
+    }
+
+    /// Completes when the claim is lost: stop working, nothing more of
+    /// this attempt will be accepted. Use it in a `select!` around long
+    /// work, or check [`TaskContext::is_lost`] between steps.
+    pub async fn lease_lost(&self) {
+        self.lost.cancelled().await;
+    }
+
+    /// Whether the claim has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Begins a transaction for the handler's own writes, to be handed back
+    /// in [`Done::in_transaction`]: it commits with the completion, and
+    /// only if the completion is accepted. Its statements see the host's
+    /// `search_path`. Fails when the worker has no database of its own
+    /// (a worker over the REST API).
+    pub async fn transaction(&self) -> Result<FencedTransaction, HandlerError> {
+        let Some(db) = &self.database else {
+            return Err(
+                "this worker reaches the queue over HTTP and has no database \
+                        for a fenced transaction"
+                    .into(),
+            );
+        };
+        Ok(FencedTransaction::begin(&db.pool, &db.search_path).await?)
+    }
+}
+
+/// The future a handler returns.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send + 'static>>;
+
+/// The work for one task kind. Implemented for every
+/// `Fn(Job, TaskContext) -> impl Future<Output = HandlerResult>`, so an
+/// async closure or function is a handler.
+pub trait Handler: Send + Sync + 'static {
+    /// Works on `job`.
+    fn handle(&self, job: Job, ctx: TaskContext) -> HandlerFuture;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Job, TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    fn handle(&self, job: Job, ctx: TaskContext) -> HandlerFuture {
+        Box::pin(self(job, ctx))
+    }
+}
+
+/// Handlers by task kind.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    by_kind: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.kinds()).finish()
+    }
+}
+
+impl Handlers {
+    /// No handlers.
+    pub fn new() -> Self {
+        Handlers::default()
+    }
+
+    /// Registers `handler` for tasks of `kind` (replacing any earlier one).
+    pub fn register(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
+        self.by_kind.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// The handler for `kind`.
+    pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
+        self.by_kind.get(kind)
+    }
+
+    /// The kinds with a handler, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<String> = self.by_kind.keys().cloned().collect();
+        kinds.sort();
+        kinds
+    }
+}

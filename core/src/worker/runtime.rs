@@ -1,0 +1,271 @@
+//! The worker runtime a service embeds: handlers by task kind, a set of
+//! queues each with its own concurrency, and workers that claim, heartbeat
+//! and complete on the service's own pool.
+//!
+//! ```no_run
+//! use leasekeeper_core::worker::handler::{Done, Job, TaskContext};
+//! use leasekeeper_core::worker::runtime::Runtime;
+//! use serde_json::json;
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = Runtime::builder(pool)
+//!     .queue("default", 8)
+//!     .handler("resize", |job: Job, _ctx: TaskContext| async move {
+//!         Ok(Done::output(json!({ "resized": job.data["image"] })))
+//!     })
+//!     .start()
+//!     .await?;
+//! // ... serve requests ...
+//! runtime.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Each worker is one loop ([`super::run::Worker`]) over the in-process
+//! transport: it claims one task at a time from its queue, only of the
+//! kinds the runtime has handlers for, and is woken by the queue's `NOTIFY`
+//! on every enqueue instead of polling. The runtime registers itself as an
+//! instance and its workers in the `workers` table (kind `embedded`), so
+//! the dashboard shows them.
+
+use super::WorkerKind;
+use super::chaos::{Chaos, ChaosSettings};
+use super::handler::{Handler, Handlers};
+use super::run::{Controls, Exit, Worker, WorkerConfig};
+use super::transport::{DEFAULT_HOST_SEARCH_PATH, InProcess};
+use crate::instance::Registration;
+use crate::lease::Holder;
+use crate::live::LiveHub;
+use crate::queue::store::RetryPolicy;
+use crate::queue::wake::WorkSignal;
+use crate::queue::{ClaimFilter, DEFAULT_QUEUE, check_name};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Why a runtime did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The configuration cannot work (no handler, a bad queue name, ...).
+    #[error("{0}")]
+    Config(String),
+    /// The database failed while registering.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Configures a [`Runtime`]; see the module documentation.
+pub struct RuntimeBuilder {
+    pool: PgPool,
+    handlers: Handlers,
+    queues: Vec<(String, usize)>,
+    id: Option<String>,
+    address: String,
+    worker: WorkerConfig,
+    retry: RetryPolicy,
+    host_search_path: String,
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("handlers", &self.handlers)
+            .field("queues", &self.queues)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RuntimeBuilder {
+    /// Registers `handler` for tasks of `kind`.
+    pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
+        self.handlers = self.handlers.register(kind, handler);
+        self
+    }
+
+    /// Serves `queue` with `concurrency` workers (tasks at once). Without
+    /// any, the runtime serves the default queue with 10.
+    pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
+        self.queues.push((queue.into(), concurrency));
+        self
+    }
+
+    /// Names the runtime: its instance id, and the prefix of its workers'
+    /// ids (`<id>-<queue>-<n>`). Default: `rt-<4 random hex digits>`.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The address the instance row shows (e.g. the service's own
+    /// `host:port`); `embedded` by default.
+    pub fn address(mut self, address: impl Into<String>) -> Self {
+        self.address = address.into();
+        self
+    }
+
+    /// How long each claim's lease lasts, and how often it is heartbeated
+    /// (at most a third of it). Default: 15 s and 5 s.
+    pub fn lease(mut self, ttl: Duration, heartbeat_interval: Duration) -> Self {
+        self.worker = WorkerConfig {
+            lease_ttl: ttl,
+            heartbeat_interval,
+            pause_for: ttl + Duration::from_secs(2),
+            ..self.worker
+        };
+        self
+    }
+
+    /// Backoff between failed attempts. Default: 1 s doubling up to 60 s.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The `search_path` handlers' fenced transactions see (where the
+    /// service's own tables are). Default: `"$user", public`.
+    pub fn host_search_path(mut self, search_path: impl Into<String>) -> Self {
+        self.host_search_path = search_path.into();
+        self
+    }
+
+    /// How long a handler may run on after its claim was lost (its answer
+    /// is discarded). Default: 1 s.
+    pub fn lost_grace(mut self, grace: Duration) -> Self {
+        self.worker.lost_grace = grace;
+        self
+    }
+
+    /// Registers the instance and its workers and starts them. Refuses a
+    /// runtime without handlers, a bad queue name, a concurrency of 0 or
+    /// over 1,000, and a bad id.
+    pub async fn start(self) -> Result<Runtime, RuntimeError> {
+        let kinds = self.handlers.kinds();
+        if kinds.is_empty() {
+            return Err(RuntimeError::Config(
+                "a runtime needs at least one handler".into(),
+            ));
+        }
+        let mut queues = self.queues;
+        if queues.is_empty() {
+            queues.push((DEFAULT_QUEUE.to_string(), 10));
+        }
+        for (queue, concurrency) in &queues {
+            check_name("queue", queue).map_err(RuntimeError::Config)?;
+            if !(1..=1000).contains(concurrency) {
+                return Err(RuntimeError::Config(format!(
+                    "queue {queue:?}: concurrency must be 1 to 1000, got {concurrency}"
+                )));
+            }
+        }
+        let id = self
+            .id
+            .unwrap_or_else(|| format!("rt-{:04x}", rand::random::<u16>()));
+        Holder::parse(format!("{id}-x-1")).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        let id: Arc<str> = Arc::from(id);
+        let registration = Registration::start(
+            self.pool.clone(),
+            id.clone(),
+            &self.address,
+            self.worker.heartbeat_interval,
+        )
+        .await?;
+        let live = LiveHub::start(self.pool.clone());
+        let mut workers = Vec::new();
+        for (queue, concurrency) in &queues {
+            let transport = InProcess::new(self.pool.clone(), self.worker.lease_ttl, id.clone())
+                .serving(ClaimFilter::queue(queue.clone()).kinds(kinds.clone()))
+                .recorded_as(WorkerKind::Embedded)
+                .retrying(self.retry)
+                .host_search_path(&self.host_search_path);
+            for n in 1..=*concurrency {
+                let name = Holder::parse(format!("{id}-{queue}-{n}"))
+                    .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                let (worker, controls) = Worker::new(
+                    name,
+                    transport.clone(),
+                    self.handlers.clone(),
+                    self.worker.clone(),
+                    Chaos::from_os(ChaosSettings::off()),
+                );
+                let worker = worker.waking_on(WorkSignal::new(&live));
+                workers.push((controls, tokio::spawn(worker.run())));
+            }
+        }
+        tracing::info!(runtime = %id, queues = ?queues, kinds = ?kinds, "runtime started");
+        Ok(Runtime {
+            id,
+            registration,
+            live,
+            workers,
+        })
+    }
+}
+
+/// A running set of workers; see the module documentation. Dropping it
+/// without [`Runtime::shutdown`] leaves the workers running until the
+/// process ends.
+#[derive(Debug)]
+pub struct Runtime {
+    id: Arc<str>,
+    registration: Registration,
+    live: LiveHub,
+    workers: Vec<(Controls, JoinHandle<Exit>)>,
+}
+
+impl Runtime {
+    /// A runtime on `pool` (a pool of the queue's schema, see
+    /// [`crate::db`]); add handlers and queues, then
+    /// [`start`](RuntimeBuilder::start) it.
+    pub fn builder(pool: PgPool) -> RuntimeBuilder {
+        RuntimeBuilder {
+            pool,
+            handlers: Handlers::new(),
+            queues: Vec::new(),
+            id: None,
+            address: "embedded".to_string(),
+            worker: WorkerConfig::new(Duration::from_secs(15), Duration::from_secs(5)),
+            retry: RetryPolicy::default(),
+            host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
+        }
+    }
+
+    /// The runtime's instance id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How many workers it runs (the sum of its queues' concurrency).
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Stops gracefully: every worker gives its task back at once (a
+    /// failed attempt, retried after the backoff) and stops; then the
+    /// instance is marked stopped.
+    pub async fn shutdown(self) {
+        for (controls, _) in &self.workers {
+            controls.stop();
+        }
+        for (_, task) in self.workers {
+            let _ = task.await;
+        }
+        self.live.shutdown();
+        if let Err(e) = self.registration.shutdown().await {
+            tracing::warn!(runtime = %self.id, error = %e, "could not mark the instance stopped");
+        }
+    }
+
+    /// Stops as a crash would: workers die holding their tasks (their
+    /// leases run out and other runtimes take the tasks over), nothing is
+    /// released and the instance row goes stale. For tests and demos.
+    pub async fn crash(self) {
+        for (_, task) in &self.workers {
+            task.abort();
+        }
+        for (_, task) in self.workers {
+            let _ = task.await;
+        }
+        self.live.shutdown();
+        self.registration.abort();
+    }
+}

@@ -1,0 +1,263 @@
+//! The worker runtime a service embeds, against a real database: handlers
+//! by kind, queues with their own concurrency, priorities, retries of
+//! errors and panics, and fenced transactional effects.
+
+use crate::common::TestDb;
+use leasekeeper::queue::store::{self, RetryPolicy};
+use leasekeeper::queue::{NewTask, Task, TaskStatus};
+use leasekeeper::worker::handler::{Done, HandlerResult, Job, TaskContext};
+use leasekeeper::worker::runtime::{Runtime, RuntimeError};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+async fn enqueue(db: &TestDb, task: NewTask) -> Task {
+    store::enqueue(&mut *db.pool.acquire().await.unwrap(), &task)
+        .await
+        .unwrap()
+}
+
+async fn task(db: &TestDb, id: i32) -> Task {
+    store::get(&mut *db.pool.acquire().await.unwrap(), id)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Waits up to `within` for `check` to hold.
+async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < within, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_honour_priority_then_due_time_and_serve_only_their_queue_and_kinds() {
+    let db = TestDb::new().await;
+    // Enqueued before the runtime starts, in an order priority must undo.
+    let mut ids = Vec::new();
+    for (n, priority) in [(0, 5), (1, 0), (2, -3), (3, 0), (4, 5)] {
+        let t = enqueue(
+            &db,
+            NewTask::new("note", json!({ "n": n })).priority(priority),
+        )
+        .await;
+        ids.push(t.id);
+    }
+    let other_queue = enqueue(&db, NewTask::new("note", json!({})).queue("elsewhere")).await;
+    let other_kind = enqueue(&db, NewTask::new("unhandled", json!({}))).await;
+
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seen = order.clone();
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("rt-prio")
+        .queue("default", 1)
+        .handler("note", move |job: Job, _: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(job.data["n"].as_i64().unwrap());
+                HandlerResult::Ok(Done::output(json!({ "noted": job.id })))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    until("five notes", Duration::from_secs(10), || async {
+        order.lock().unwrap().len() == 5
+    })
+    .await;
+    // Priority -3 first, then the two 0s in enqueue order, then the 5s.
+    assert_eq!(*order.lock().unwrap(), vec![2, 1, 3, 0, 4]);
+    for id in &ids {
+        let t = task(&db, *id).await;
+        assert_eq!(t.status, TaskStatus::Processed);
+        assert_eq!(t.task_output, Some(json!({ "noted": id })));
+        assert!(t.processor.unwrap().starts_with("rt-prio-default-"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(task(&db, other_queue.id).await.status, TaskStatus::Pending);
+    let untouched = task(&db, other_kind.id).await;
+    assert_eq!(untouched.status, TaskStatus::Pending);
+    assert_eq!(
+        untouched.attempts, 0,
+        "a kind without a handler is not even claimed"
+    );
+
+    // The runtime and its worker are visible like any instance.
+    let (alive, kind): (bool, String) = sqlx::query_as(
+        "SELECT stopped_at IS NULL, (SELECT kind FROM workers WHERE instance_id = 'rt-prio' LIMIT 1)
+           FROM instances WHERE id = 'rt-prio'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(alive);
+    assert_eq!(kind, "embedded");
+    runtime.shutdown().await;
+    let stopped: bool =
+        sqlx::query_scalar("SELECT stopped_at IS NOT NULL FROM instances WHERE id = 'rt-prio'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_queue_runs_at_its_own_concurrency() {
+    let db = TestDb::new().await;
+    for _ in 0..6 {
+        enqueue(&db, NewTask::new("slow", json!({})).queue("wide")).await;
+        enqueue(&db, NewTask::new("slow", json!({})).queue("narrow")).await;
+    }
+    let running: Arc<Mutex<std::collections::HashMap<String, (usize, usize)>>> = Arc::default();
+    let seen = running.clone();
+    let runtime = Runtime::builder(db.pool.clone())
+        .queue("wide", 3)
+        .queue("narrow", 1)
+        .handler("slow", move |job: Job, _: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                {
+                    let mut map = seen.lock().unwrap();
+                    let (now, peak) = map.entry(job.queue.clone()).or_default();
+                    *now += 1;
+                    *peak = (*peak).max(*now);
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                seen.lock().unwrap().get_mut(&job.queue).unwrap().0 -= 1;
+                HandlerResult::Ok(Done::empty())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(runtime.worker_count(), 4);
+    until("all twelve done", Duration::from_secs(20), || async {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status <> 'processed'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        left == 0
+    })
+    .await;
+    let map = running.lock().unwrap().clone();
+    assert_eq!(map["wide"].1, 3, "{map:?}");
+    assert_eq!(map["narrow"].1, 1, "{map:?}");
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_and_panics_are_failed_attempts_retried_then_failed() {
+    let db = TestDb::new().await;
+    let flaky = enqueue(&db, NewTask::new("flaky", json!({})).max_attempts(3)).await;
+    let broken = enqueue(&db, NewTask::new("broken", json!({})).max_attempts(2)).await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let runtime = Runtime::builder(db.pool.clone())
+        .queue("default", 2)
+        .retry(RetryPolicy {
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(100),
+        })
+        .handler("flaky", move |job: Job, _: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(job.attempt);
+                if job.attempt < 3 {
+                    panic!("attempt {} blew up", job.attempt);
+                }
+                HandlerResult::Ok(Done::output(json!({ "attempt": job.attempt })))
+            }
+        })
+        .handler("broken", |_: Job, _: TaskContext| async {
+            Err::<Done, _>(std::io::Error::other("disk on fire").into())
+        })
+        .start()
+        .await
+        .unwrap();
+    until("both finished", Duration::from_secs(20), || async {
+        let a = task(&db, flaky.id).await.status;
+        let b = task(&db, broken.id).await.status;
+        a == TaskStatus::Processed && b == TaskStatus::Failed
+    })
+    .await;
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![1, 2, 3],
+        "panics retried, runtime alive"
+    );
+    let flaky = task(&db, flaky.id).await;
+    assert_eq!(flaky.task_output, Some(json!({ "attempt": 3 })));
+    assert_eq!(
+        flaky.last_error.as_deref(),
+        Some("the handler panicked: attempt 2 blew up")
+    );
+    let broken = task(&db, broken.id).await;
+    assert_eq!(broken.attempts, 2);
+    assert_eq!(broken.last_error.as_deref(), Some("disk on fire"));
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handlers_transaction_commits_with_its_completion() {
+    let db = TestDb::new().await;
+    sqlx::query("CREATE TABLE public.outbox (task_id int PRIMARY KEY, body text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let t = enqueue(&db, NewTask::new("mail", json!({ "to": "ada" }))).await;
+    let runtime = Runtime::builder(db.pool.clone())
+        .handler("mail", |job: Job, ctx: TaskContext| async move {
+            let mut tx = ctx.transaction().await?;
+            sqlx::query("INSERT INTO outbox (task_id, body) VALUES ($1, $2)")
+                .bind(job.id)
+                .bind(format!("hello {}", job.data["to"].as_str().unwrap_or("?")))
+                .execute(&mut *tx)
+                .await?;
+            Ok(Done::in_transaction(json!("queued"), tx))
+        })
+        .start()
+        .await
+        .unwrap();
+    until("processed", Duration::from_secs(10), || async {
+        task(&db, t.id).await.status == TaskStatus::Processed
+    })
+    .await;
+    let body: String = sqlx::query_scalar("SELECT body FROM public.outbox WHERE task_id = $1")
+        .bind(t.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(body, "hello ada");
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_runtime_that_cannot_work_is_refused_with_a_clear_error() {
+    let db = TestDb::new().await;
+    let none = Runtime::builder(db.pool.clone()).start().await;
+    assert!(matches!(&none, Err(RuntimeError::Config(m)) if m.contains("at least one handler")));
+    let zero = Runtime::builder(db.pool.clone())
+        .queue("default", 0)
+        .handler("x", |_: Job, _: TaskContext| async {
+            HandlerResult::Ok(Done::empty())
+        })
+        .start()
+        .await;
+    assert!(matches!(&zero, Err(RuntimeError::Config(m)) if m.contains("concurrency")));
+    let bad_queue = Runtime::builder(db.pool.clone())
+        .queue("", 1)
+        .handler("x", |_: Job, _: TaskContext| async {
+            HandlerResult::Ok(Done::empty())
+        })
+        .start()
+        .await;
+    assert!(matches!(&bad_queue, Err(RuntimeError::Config(m)) if m.contains("queue")));
+}
