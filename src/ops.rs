@@ -11,8 +11,8 @@
 use crate::error::AppError;
 use crate::lease::store::{LEASE_COLUMNS, record_operator_action};
 use crate::lease::{Holder, Lease};
-use crate::server::AppState;
 use crate::settings::Settings;
+use crate::state::AppState;
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;

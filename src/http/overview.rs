@@ -2,7 +2,7 @@
 
 use crate::error::AppError;
 use crate::overview::{Overview, store};
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};

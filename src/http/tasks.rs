@@ -6,7 +6,7 @@ use crate::lease::Holder;
 use crate::lease::store::Page;
 use crate::queue::store::{self, RetryPolicy};
 use crate::queue::{Task, TaskStatus};
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

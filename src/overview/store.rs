@@ -2,7 +2,7 @@
 //! the whole [`Overview`] assembled for the page and the REST route.
 
 use super::{Counts, LATE_CAP, Overview};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::worker::WorkerState;
 use sqlx::PgConnection;
 
