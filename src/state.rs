@@ -33,6 +33,19 @@ pub struct AppState {
     pub overview: crate::overview::sampler::Sampler,
 }
 
+impl AppState {
+    /// This instance's view for [`crate::overview::store::read`].
+    pub fn viewpoint(&self) -> crate::overview::store::Viewpoint<'_> {
+        crate::overview::store::Viewpoint {
+            pool: &self.pool,
+            instance_id: &self.instance_id,
+            sampler: &self.overview,
+            renew_interval: self.settings.renew_interval,
+            lease_ttl: self.settings.lease_ttl,
+        }
+    }
+}
+
 impl FromRef<AppState> for LeptosOptions {
     fn from_ref(state: &AppState) -> Self {
         state.leptos_options.clone()

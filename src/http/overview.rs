@@ -13,5 +13,5 @@ pub fn routes() -> Router<AppState> {
 }
 
 async fn overview(State(s): State<AppState>) -> Result<Json<Overview>, AppError> {
-    Ok(Json(store::read(&s).await?))
+    Ok(Json(store::read(s.viewpoint()).await?))
 }
