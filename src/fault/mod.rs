@@ -26,7 +26,6 @@
 //! invariant is broken or any recovery took longer than its bound.
 
 pub mod check;
-pub mod history;
 pub mod proxy;
 pub mod race;
 
@@ -36,9 +35,9 @@ use crate::db::{MIGRATOR, pool_options};
 use crate::generator::{Desired, RESOURCE};
 use crate::queue::store;
 use crate::settings::Settings;
+use crate::worker::history::{self, Op, OpKind, Outcome, now_ms};
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
-use history::{Op, OpKind, Outcome, now_ms};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;

@@ -24,7 +24,7 @@ pub fn generated_id() -> String {
 #[derive(Clone, Debug, Default)]
 pub struct FaultOptions {
     /// Append every claim, heartbeat, completion and failure report, with
-    /// its outcome, to this file (see [`crate::fault::history`]).
+    /// its outcome, to this file (see [`super::history`]).
     pub history: Option<std::path::PathBuf>,
     /// Never give a claim up on this side (see [`WorkerConfig::trust_claims`]).
     pub trust_claims: bool,
@@ -40,8 +40,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let id = Holder::parse(id.unwrap_or_else(generated_id)).context("--id")?;
     let transport = Http::new(server).map_err(|e| anyhow!(e))?;
-    let transport = crate::fault::history::Recorded::new(transport, faults.history.as_deref())
-        .context("--history")?;
+    let transport =
+        super::history::Recorded::new(transport, faults.history.as_deref()).context("--history")?;
     let mut config = settings.worker_config();
     config.trust_claims = faults.trust_claims;
     let (worker, controls) = Worker::new(
