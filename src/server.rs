@@ -124,7 +124,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(instance = %instance_id, workers = settings.workers, "leasekeeper listening on http://{}", settings.site_addr);
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            crate::signals::shutdown_signal().await;
             // Open event streams would hold the graceful shutdown forever.
             live.shutdown();
         })
@@ -142,31 +142,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     db.close().await?;
     served
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sig) => {
-                sig.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
-    }
 }
 
 /// `leasekeeper db start|stop`: manage the embedded cluster by hand, e.g. to

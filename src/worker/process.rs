@@ -53,7 +53,7 @@ pub async fn run(
     tracing::info!(worker = %id, server, chaos = settings.chaos, "worker process started");
     let stop = controls.stop_token();
     tokio::spawn(async move {
-        crate::server::shutdown_signal().await;
+        crate::signals::shutdown_signal().await;
         stop.cancel();
     });
     match worker.run().await {
