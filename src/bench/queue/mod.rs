@@ -28,8 +28,9 @@
 //!    below the worker count); (c) graphile-worker from npm processing no-op
 //!    jobs on the same database.
 //!
-//! One file per idea: [`throughput`] (1-3), [`wakeup`] (2), [`leases`] (4),
-//! [`failover`] (5), [`baselines`] (6); this one plans the run and reports.
+//! One file per idea: `throughput.rs` (1-3), `wakeup.rs` (2), `leases.rs`
+//! (4), `failover.rs` (5), `baselines.rs` (6); this one plans the run and
+//! reports.
 //!
 //! Every queue run starts from an emptied queue, prefilled with enough
 //! tasks not to run dry, vacuumed and checkpointed, so no run pays for the
