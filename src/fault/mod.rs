@@ -174,7 +174,6 @@ async fn fresh_database(cluster: &EmbeddedPostgres, name: &str) -> Result<PgPool
     Ok(pool)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn one_round(
     cluster: &mut EmbeddedPostgres,
     config: &Path,
