@@ -49,7 +49,7 @@ pub async fn run(
     println!("Ctrl-C stops them all. Kill one (kill -9 <pid>) to watch another take over.");
 
     let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let stop = crate::server::shutdown_signal();
+    let stop = crate::signals::shutdown_signal();
     tokio::pin!(stop);
     loop {
         tokio::select! {

@@ -145,6 +145,17 @@ mod server {
         }
     }
 
+    impl From<crate::worker::fleet::FleetError> for AppError {
+        fn from(err: crate::worker::fleet::FleetError) -> Self {
+            use crate::worker::fleet::FleetError;
+            match err {
+                FleetError::NotHere { .. } => AppError::NotFound(err.to_string()),
+                FleetError::ShuttingDown => AppError::Conflict(err.to_string()),
+                FleetError::BadId(_) | FleetError::Db(_) => AppError::internal(err),
+            }
+        }
+    }
+
     impl From<anyhow::Error> for AppError {
         fn from(err: anyhow::Error) -> Self {
             AppError::internal(format!("{err:#}"))

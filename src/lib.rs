@@ -33,6 +33,10 @@ pub mod ops;
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod settings;
+#[cfg(feature = "ssr")]
+pub mod signals;
+#[cfg(feature = "ssr")]
+pub mod state;
 
 /// Browser entry point: hydrates the server-rendered dashboard.
 #[cfg(feature = "hydrate")]

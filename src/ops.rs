@@ -9,10 +9,10 @@
 //! taken is written to `lease_events` as an `operator` row.
 
 use crate::error::AppError;
-use crate::lease::store::{LEASE_COLUMNS, record_operator_action};
+use crate::lease::store::{self as lease_store, record_operator_action};
 use crate::lease::{Holder, Lease};
-use crate::server::AppState;
 use crate::settings::Settings;
+use crate::state::AppState;
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
@@ -101,45 +101,13 @@ pub async fn force_release(
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::LEASES | crate::live::Topics::TASKS);
     let mut tx = conn.begin().await?;
-    // Race prevented: releasing a term other than the one the operator saw.
-    // The token in the WHERE (re-checked on the newest row version after any
-    // concurrent renew or takeover commits) makes a release of term #7 a
-    // no-op once #8 has begun; the holder's own renew, racing this, either
-    // commits first (and we still end its term, same token) or finds the
-    // lease released and steps down.
-    let released: Option<Lease> = sqlx::query_as(&format!(
-        "UPDATE leases
-            SET released_at = now(), expires_at = date_trunc('milliseconds', now())
-          WHERE id = $1 AND fencing_token = $2
-            AND released_at IS NULL AND expires_at > now()
-         RETURNING {LEASE_COLUMNS}"
-    ))
-    .bind(id)
-    .bind(token)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(lease) = released else {
+    let Some(lease) = lease_store::force_release(&mut tx, id, token).await? else {
         return Err(AppError::Conflict(format!(
             "lease {id} has no live term with token {token} (it ended, or another term began); nothing released"
         )));
     };
-    if let Some(task_id) = lease
-        .resource
-        .strip_prefix("task:")
-        .and_then(|n| n.parse::<i32>().ok())
-    {
-        // Race prevented: the processor heartbeating its claim while the
-        // operator ends it. Same token check as above; after this commits
-        // the claim is late, so its heartbeat and completion are refused.
-        sqlx::query(
-            "UPDATE tasks SET must_heartbeat_before = now() - interval '1 millisecond'
-              WHERE id = $1 AND status = 'started' AND fencing_token = $2",
-        )
-        .bind(task_id)
-        .bind(token)
-        .execute(&mut *tx)
-        .await?;
-    }
+    // A task lease's claim ends with it, in the same transaction.
+    crate::queue::store::end_claim_of(&mut tx, &lease).await?;
     record_operator_action(
         &mut tx,
         &lease.resource,
@@ -272,12 +240,7 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     let id = id.as_str();
     if id != &*state.instance_id {
         let mut conn = state.pool.acquire().await?;
-        let running: Option<bool> =
-            sqlx::query_scalar("SELECT stopped_at IS NULL FROM instances WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&mut *conn)
-                .await?;
-        return match running {
+        return match crate::instance::store::is_running(&mut conn, id).await? {
             None => Err(AppError::NotFound(format!("no instance with id {id}"))),
             Some(false) => Err(AppError::Conflict(format!(
                 "instance {id} has already stopped"
@@ -288,12 +251,7 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     let mut conn = state.pool.acquire().await?;
     // The stopwatch starts on the generator lease and every task lease of
     // this instance's workers.
-    let mut holders: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM workers WHERE instance_id = $1 AND state IN ('idle', 'working', 'paused')",
-    )
-    .bind(id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let mut holders = crate::worker::registry::running_ids(&mut conn, id).await?;
     holders.push(id.to_string());
     crate::lease::stopwatch::record_kill(&mut conn, "instance", id, &holders).await?;
     record_operator_action(
@@ -320,13 +278,10 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
 /// `owner` (looked up in `instances`) with this instance's admin token, and
 /// answers its `message`.
 async fn forward(state: &AppState, owner: &str, segments: &[&str]) -> Result<String, AppError> {
-    let address: Option<String> =
-        sqlx::query_scalar("SELECT address FROM instances WHERE id = $1 AND stopped_at IS NULL")
-            .bind(owner)
-            .fetch_optional(&mut *state.pool.acquire().await?)
-            .await?;
     let address =
-        address.ok_or_else(|| AppError::Conflict(format!("instance {owner} is not running")))?;
+        crate::instance::store::address_if_running(&mut *state.pool.acquire().await?, owner)
+            .await?
+            .ok_or_else(|| AppError::Conflict(format!("instance {owner} is not running")))?;
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
         .build()

@@ -5,48 +5,19 @@ use crate::app::{App, shell};
 use crate::cli::DbAction;
 use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
-use crate::generator::{Generator, GeneratorConfig, GeneratorHandle};
+use crate::generator::{Generator, GeneratorConfig};
 use crate::http;
 use crate::instance::{self, Registration};
 use crate::lease::Holder;
 use crate::live::LiveHub;
 use crate::settings::Settings;
+use crate::state::AppState;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
-use axum::extract::FromRef;
 use leptos::config::{Env, LeptosOptions};
 use leptos_axum::{LeptosRoutes, generate_route_list};
-use sqlx::PgPool;
 use std::sync::Arc;
-
-/// What every request handler and server function can reach.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// Leptos' rendering options (site root, output name, address).
-    pub leptos_options: LeptosOptions,
-    /// The database pool.
-    pub pool: PgPool,
-    /// The resolved settings.
-    pub settings: Arc<Settings>,
-    /// This process's instance id (its row in `instances`, its holder name
-    /// for the generator lease; simulated workers are named after it).
-    pub instance_id: Arc<str>,
-    /// The local generator runtime, when one runs in this process.
-    pub generator: Option<GeneratorHandle>,
-    /// This instance's simulated workers.
-    pub fleet: Fleet,
-    /// The fan-out of database changes to this instance's browsers.
-    pub live: LiveHub,
-    /// The overview's throughput sampler and split-brain check.
-    pub overview: crate::overview::sampler::Sampler,
-}
-
-impl FromRef<AppState> for LeptosOptions {
-    fn from_ref(state: &AppState) -> Self {
-        state.leptos_options.clone()
-    }
-}
 
 /// Logs to stderr; `RUST_LOG` picks the level (default: info, sqlx quiet).
 pub fn init_tracing() {
@@ -153,7 +124,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(instance = %instance_id, workers = settings.workers, "leasekeeper listening on http://{}", settings.site_addr);
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            crate::signals::shutdown_signal().await;
             // Open event streams would hold the graceful shutdown forever.
             live.shutdown();
         })
@@ -171,31 +142,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     db.close().await?;
     served
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sig) => {
-                sig.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
-    }
 }
 
 /// `leasekeeper db start|stop`: manage the embedded cluster by hand, e.g. to

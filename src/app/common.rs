@@ -12,8 +12,8 @@ use std::time::Duration;
 
 /// The server's state, inside a server function.
 #[cfg(feature = "ssr")]
-pub fn state() -> Result<crate::server::AppState, AppError> {
-    use_context::<crate::server::AppState>()
+pub fn state() -> Result<crate::state::AppState, AppError> {
+    use_context::<crate::state::AppState>()
         .ok_or_else(|| AppError::internal("AppState missing from server function context"))
 }
 
@@ -26,7 +26,7 @@ pub fn pool() -> Result<sqlx::PgPool, AppError> {
 /// The server's state, inside a server function that changes something:
 /// 401 unless the request may take operator actions (see [`crate::ops`]).
 #[cfg(feature = "ssr")]
-pub async fn operator_state() -> Result<crate::server::AppState, AppError> {
+pub async fn operator_state() -> Result<crate::state::AppState, AppError> {
     let state = state()?;
     let headers: axum::http::HeaderMap =
         leptos_axum::extract().await.map_err(AppError::internal)?;

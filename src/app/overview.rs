@@ -15,7 +15,7 @@ use leptos::prelude::*;
 #[server(prefix = "/sfn")]
 pub async fn get_overview() -> Result<Overview, AppError> {
     let state = super::common::state()?;
-    Ok(crate::overview::store::read(&state).await?)
+    Ok(crate::overview::store::read(state.viewpoint()).await?)
 }
 
 /// The overview page.

@@ -18,7 +18,7 @@
 //!   previous one was unreleased is recorded as `taken_over`; every write a
 //!   worker saw refused is there as `stale_write_refused`.
 
-use super::history::{Op, OpKind, Outcome};
+use crate::worker::history::{Op, OpKind, Outcome};
 use anyhow::Result;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;

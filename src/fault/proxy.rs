@@ -7,7 +7,7 @@
 //! die and cannot tell whether its claim or completion happened; the queue
 //! must stay right whichever it guesses.
 
-use super::history::now_ms;
+use crate::worker::history::now_ms;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

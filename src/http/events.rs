@@ -1,7 +1,7 @@
 //! `GET /api/events`: the live-update stream to browsers (server-sent
 //! events), fed by this instance's [`leasekeeper_core::live::LiveHub`].
 
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};

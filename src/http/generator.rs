@@ -4,7 +4,7 @@
 use crate::error::AppError;
 use crate::generator::{self, Desired, GeneratorStatus};
 use crate::ops::Operator;
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};

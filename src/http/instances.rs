@@ -5,7 +5,7 @@ use super::extract::WorkerId as NameSegment;
 use crate::error::AppError;
 use crate::instance::{Instance, alive_window, store};
 use crate::ops::{self, Operator};
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};

@@ -4,7 +4,7 @@ use super::extract::{ApiQuery, Id, JsonBody};
 use crate::error::AppError;
 use crate::lease::store::{self, Acquired, Page};
 use crate::lease::{Holder, Lease, LeaseFilter, Resource};
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, put};

@@ -13,7 +13,7 @@ pub mod tasks;
 pub mod workers;
 
 use crate::error::AppError;
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::any;

@@ -2,7 +2,7 @@
 
 use crate::error::AppError;
 use crate::overview::{Overview, store};
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -13,5 +13,5 @@ pub fn routes() -> Router<AppState> {
 }
 
 async fn overview(State(s): State<AppState>) -> Result<Json<Overview>, AppError> {
-    Ok(Json(store::read(&s).await?))
+    Ok(Json(store::read(s.viewpoint()).await?))
 }

@@ -6,7 +6,7 @@ use crate::lease::Holder;
 use crate::lease::store::Page;
 use crate::queue::store::{self, RetryPolicy};
 use crate::queue::{ClaimFilter, NewTask, Task, TaskStatus, check_name};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::worker::simulated;
 use axum::extract::State;
 use axum::http::StatusCode;

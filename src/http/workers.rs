@@ -6,7 +6,7 @@ use super::extract::{JsonBody, WorkerId};
 use crate::error::AppError;
 use crate::lease::Holder;
 use crate::ops::{self, Operator, WorkerAction};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::worker::transport::Report;
 use crate::worker::{WorkerInfo, WorkerKind, registry};
 use axum::extract::State;

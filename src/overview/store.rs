@@ -1,10 +1,11 @@
 //! The overview's reads: counts that stay cheap with a million tasks, and
 //! the whole [`Overview`] assembled for the page and the REST route.
 
+use super::sampler::Sampler;
 use super::{Counts, LATE_CAP, Overview};
-use crate::server::AppState;
 use crate::worker::WorkerState;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
+use std::time::Duration;
 
 /// Counts by state. Task counts are sums over `task_counts` (16 rows); "late" is counted over the partial index of started tasks and
 /// stops at [`LATE_CAP`]; active leases are a range scan of
@@ -40,21 +41,38 @@ pub async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64,
     .await
 }
 
-/// Everything the overview shows, as `state`'s instance sees it: counts,
+/// Whose overview [`read`] assembles: the answering instance, its sampler,
+/// and how it judges who is alive.
+#[derive(Clone, Copy, Debug)]
+pub struct Viewpoint<'a> {
+    /// The database.
+    pub pool: &'a PgPool,
+    /// The instance that answers (shown as `answered_by`).
+    pub instance_id: &'a str,
+    /// That instance's throughput sampler and split-brain check.
+    pub sampler: &'a Sampler,
+    /// The instances' heartbeat period; an instance silent for
+    /// [`crate::instance::alive_window`] of it is no longer alive.
+    pub renew_interval: Duration,
+    /// The lease TTL; a worker silent for longer is no longer alive.
+    pub lease_ttl: Duration,
+}
+
+/// Everything the overview shows, as `at`'s instance sees it: counts,
 /// instances and workers read now; throughput and the split-brain result
 /// from the instance's sampler (the check runs here when the sampler has
 /// none yet). The REST route and the page's server function both call this.
-pub async fn read(state: &AppState) -> sqlx::Result<Overview> {
+pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
     use super::split_brain::{MAX_EVENTS, WINDOW, check};
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = at.pool.acquire().await?;
     let counts = counts(&mut conn).await?;
-    let alive_window = crate::instance::alive_window(state.settings.renew_interval);
+    let alive_window = crate::instance::alive_window(at.renew_interval);
     let instances = crate::instance::store::list(&mut conn, alive_window).await?;
-    let workers = crate::worker::registry::list_alive(&mut conn, state.settings.lease_ttl).await?;
+    let workers = crate::worker::registry::list_alive(&mut conn, at.lease_ttl).await?;
     let now_ms: i64 = sqlx::query_scalar("SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint")
         .fetch_one(&mut *conn)
         .await?;
-    let split_brain = match state.overview.split_brain() {
+    let split_brain = match at.sampler.split_brain() {
         Some(known) => known,
         None => check(&mut conn, WINDOW, MAX_EVENTS).await?,
     };
@@ -69,8 +87,8 @@ pub async fn read(state: &AppState) -> sqlx::Result<Overview> {
         workers_busy: busy as i64,
         instances,
         workers,
-        throughput: state.overview.throughput(now_ms),
+        throughput: at.sampler.throughput(now_ms),
         split_brain,
-        answered_by: state.instance_id.to_string(),
+        answered_by: at.instance_id.to_string(),
     })
 }

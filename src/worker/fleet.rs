@@ -87,17 +87,6 @@ pub enum FleetError {
     Db(#[from] sqlx::Error),
 }
 
-impl From<FleetError> for crate::error::AppError {
-    fn from(err: FleetError) -> Self {
-        use crate::error::AppError;
-        match err {
-            FleetError::NotHere { .. } => AppError::NotFound(err.to_string()),
-            FleetError::ShuttingDown => AppError::Conflict(err.to_string()),
-            FleetError::BadId(_) | FleetError::Db(_) => AppError::internal(err),
-        }
-    }
-}
-
 /// A worker named and recorded, not yet running.
 struct Prepared {
     n: u64,

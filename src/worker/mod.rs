@@ -8,4 +8,6 @@ pub use leasekeeper_core::worker::*;
 #[cfg(feature = "ssr")]
 pub mod fleet;
 #[cfg(feature = "ssr")]
+pub mod history;
+#[cfg(feature = "ssr")]
 pub mod process;

@@ -25,7 +25,7 @@ pub fn generated_id() -> String {
 #[derive(Clone, Debug, Default)]
 pub struct FaultOptions {
     /// Append every claim, heartbeat, completion and failure report, with
-    /// its outcome, to this file (see [`crate::fault::history`]).
+    /// its outcome, to this file (see [`super::history`]).
     pub history: Option<std::path::PathBuf>,
     /// Never give a claim up on this side (see [`WorkerConfig::trust_claims`]).
     pub trust_claims: bool,
@@ -44,8 +44,8 @@ pub async fn run(
     let transport = Http::new(server)
         .map_err(|e| anyhow!(e))?
         .serving(ClaimFilter::default().kinds(handlers.kinds()));
-    let transport = crate::fault::history::Recorded::new(transport, faults.history.as_deref())
-        .context("--history")?;
+    let transport =
+        super::history::Recorded::new(transport, faults.history.as_deref()).context("--history")?;
     let mut config = settings.worker_config();
     config.trust_claims = faults.trust_claims;
     let (worker, controls) = Worker::new(
@@ -58,7 +58,7 @@ pub async fn run(
     tracing::info!(worker = %id, server, chaos = settings.chaos, "worker process started");
     let stop = controls.stop_token();
     tokio::spawn(async move {
-        crate::server::shutdown_signal().await;
+        crate::signals::shutdown_signal().await;
         stop.cancel();
     });
     match worker.run().await {

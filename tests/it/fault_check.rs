@@ -6,8 +6,8 @@
 
 use crate::common::{TestDb, holder};
 use leasekeeper::fault::check::check;
-use leasekeeper::fault::history::{Op, OpKind, Outcome};
 use leasekeeper::queue::store;
+use leasekeeper::worker::history::{Op, OpKind, Outcome};
 use serde_json::json;
 use std::time::Duration;
 

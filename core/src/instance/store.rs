@@ -65,3 +65,20 @@ pub async fn list(conn: &mut PgConnection, alive_within: Duration) -> sqlx::Resu
     .fetch_all(&mut *conn)
     .await
 }
+
+/// Whether instance `id` is running (registered and not stopped); `None`
+/// when there is no such instance.
+pub async fn is_running(conn: &mut PgConnection, id: &str) -> sqlx::Result<Option<bool>> {
+    sqlx::query_scalar("SELECT stopped_at IS NULL FROM instances WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await
+}
+
+/// The address instance `id` serves on, if it is registered and not stopped.
+pub async fn address_if_running(conn: &mut PgConnection, id: &str) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT address FROM instances WHERE id = $1 AND stopped_at IS NULL")
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// Columns of a [`Lease`], with the state and time-to-expiry computed by the
 /// database clock. Usable after `SELECT` and after `RETURNING`.
-pub const LEASE_COLUMNS: &str = "id, resource, holder, created_at, acquired_at, \
+pub(crate) const LEASE_COLUMNS: &str = "id, resource, holder, created_at, acquired_at, \
     renewed_at, released_at, expires_at, ttl_ms, fencing_token, renew_count, \
     CASE WHEN released_at IS NOT NULL THEN 'released' \
          WHEN expires_at > now() THEN 'active' ELSE 'expired' END AS state, \
@@ -404,4 +404,34 @@ pub async fn detail(conn: &mut PgConnection, id: i32) -> Result<Option<LeaseDeta
     };
     let history = history(conn, &lease.resource, 50).await?;
     Ok(Some(LeaseDetail { lease, history }))
+}
+
+/// Ends the live term of lease `id` whose fencing token is `token` now,
+/// whoever holds it (an operator's force-release). Answers the ended lease,
+/// or `None` when that term is not live any more (it ended, or another term
+/// began), and then nothing changes. Meant for a transaction with the
+/// action's audit row, so it announces nothing: the caller announces
+/// [`Topics::LEASES`](crate::live::Topics::LEASES) after its commit.
+pub async fn force_release(
+    conn: &mut PgConnection,
+    id: i32,
+    token: i64,
+) -> Result<Option<Lease>, sqlx::Error> {
+    // Race prevented: releasing a term other than the one the operator saw.
+    // The token in the WHERE (re-checked on the newest row version after any
+    // concurrent renew or takeover commits) makes a release of term #7 a
+    // no-op once #8 has begun; the holder's own renew, racing this, either
+    // commits first (and we still end its term, same token) or finds the
+    // lease released and steps down.
+    sqlx::query_as(&format!(
+        "UPDATE leases
+            SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+          WHERE id = $1 AND fencing_token = $2
+            AND released_at IS NULL AND expires_at > now()
+         RETURNING {LEASE_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(token)
+    .fetch_optional(&mut *conn)
+    .await
 }

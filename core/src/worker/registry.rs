@@ -142,3 +142,17 @@ pub async fn list_alive(
     .fetch_all(&mut *conn)
     .await
 }
+
+/// The ids of instance `instance_id`'s workers that have not stopped or
+/// crashed (idle, working or paused), as last recorded.
+pub async fn running_ids(
+    conn: &mut PgConnection,
+    instance_id: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM workers WHERE instance_id = $1 AND state IN ('idle', 'working', 'paused')",
+    )
+    .bind(instance_id)
+    .fetch_all(&mut *conn)
+    .await
+}

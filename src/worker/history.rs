@@ -1,5 +1,7 @@
 //! The client's side of the history: every claim, heartbeat, completion and
-//! failure report a worker process sends, with what it saw come back.
+//! failure report a worker process sends, with what it saw come back: what
+//! `leasekeeper worker --history FILE` writes, and what the fault harness
+//! (`leasekeeper chaos`) reads back to check against the database.
 //!
 //! [`Recorded`] wraps a worker's [`Transport`] and appends one JSON line per
 //! call to a file once the call returns (claims that found nothing are left

@@ -1,0 +1,53 @@
+//! What every request handler and server function can reach: the state the
+//! router is built over, assembled once at start-up (`server::serve`) or by a
+//! test or benchmark harness.
+
+use crate::generator::GeneratorHandle;
+use crate::live::LiveHub;
+use crate::settings::Settings;
+use crate::worker::fleet::Fleet;
+use axum::extract::FromRef;
+use leptos::config::LeptosOptions;
+use sqlx::PgPool;
+use std::sync::Arc;
+
+/// What every request handler and server function can reach.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Leptos' rendering options (site root, output name, address).
+    pub leptos_options: LeptosOptions,
+    /// The database pool.
+    pub pool: PgPool,
+    /// The resolved settings.
+    pub settings: Arc<Settings>,
+    /// This process's instance id (its row in `instances`, its holder name
+    /// for the generator lease; simulated workers are named after it).
+    pub instance_id: Arc<str>,
+    /// The local generator runtime, when one runs in this process.
+    pub generator: Option<GeneratorHandle>,
+    /// This instance's simulated workers.
+    pub fleet: Fleet,
+    /// The fan-out of database changes to this instance's browsers.
+    pub live: LiveHub,
+    /// The overview's throughput sampler and split-brain check.
+    pub overview: crate::overview::sampler::Sampler,
+}
+
+impl AppState {
+    /// This instance's view for [`crate::overview::store::read`].
+    pub fn viewpoint(&self) -> crate::overview::store::Viewpoint<'_> {
+        crate::overview::store::Viewpoint {
+            pool: &self.pool,
+            instance_id: &self.instance_id,
+            sampler: &self.overview,
+            renew_interval: self.settings.renew_interval,
+            lease_ttl: self.settings.lease_ttl,
+        }
+    }
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
