@@ -62,3 +62,38 @@ test("a claimed task shows its processor and countdown, turns late, and its hist
   const kinds = await detail.getByTestId("history-event").evaluateAll((els) => els.map((e) => e.getAttribute("data-kind")));
   expect(kinds).toEqual(["released", "taken_over", "stale_write_refused", "acquired"]);
 });
+
+test("a service's task shows its kind, queue and priority in the list and the detail", async ({ page, request }) => {
+  // A task of a kind no simulated worker handles, in a queue of its own:
+  // it stays pending (the dashboard's workers claim only `sleep`).
+  const created = await request.post("/api/tasks", {
+    data: { task_data: { order_id: Date.now() }, kind: "invoice", queue: "billing", priority: -2 },
+  });
+  expect(created.status()).toBe(201);
+  const task = await created.json();
+
+  await page.goto("/tasks?status=pending");
+  const row = page.locator(`[data-testid="task-row"][data-task-id="${task.id}"]`);
+  await expect(row.getByTestId("task-kind")).toHaveText("invoice · billing");
+  await row.getByTestId("task-link").click();
+  const detail = page.getByTestId("task-detail");
+  await expect(detail.getByTestId("detail-kind")).toHaveText("invoice");
+  await expect(detail.getByTestId("detail-queue")).toHaveText("billing (priority -2)");
+
+  // Finish it as a worker of that queue would, so no other test finds it pending.
+  const claim = await request.post("/api/tasks/next", {
+    data: { processor: "pw-billing", queue: "billing", kinds: ["invoice"] },
+  });
+  expect(claim.status()).toBe(202);
+  const claimed = await claim.json();
+  expect(claimed.id).toBe(task.id);
+  const done = await request.put(`/api/tasks/${task.id}/complete`, {
+    data: { processor: "pw-billing", fencing_token: claimed.fencing_token, task_output: "invoiced" },
+  });
+  expect(done.status()).toBe(200);
+
+  // A bad kind is refused with a clear error and stores nothing.
+  const bad = await request.post("/api/tasks", { data: { task_data: {}, kind: "" } });
+  expect(bad.status()).toBe(400);
+  expect((await bad.json()).error).toContain("kind must be 1 to 128 characters");
+});
