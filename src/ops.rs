@@ -190,6 +190,11 @@ pub async fn control_worker(
                     "worker {id} is a separate `leasekeeper worker` process: stop it where it runs"
                 )));
             }
+            (crate::worker::WorkerKind::Embedded, _) => {
+                return Err(AppError::Conflict(format!(
+                    "worker {id} belongs to a service's own runtime: stop it in that service"
+                )));
+            }
             _ => {
                 return Err(AppError::Conflict(format!(
                     "worker {id} is not running (state {}); nothing to {}",
