@@ -1,6 +1,9 @@
 //! Database access: the pool, migrations, and the embedded local PostgreSQL.
 
 pub mod embedded;
+mod schema;
+
+pub use schema::{DEFAULT_SCHEMA, MAX_SCHEMA_CHARS, Schema, SchemaError};
 
 use anyhow::Context;
 use embedded::EmbeddedPostgres;
