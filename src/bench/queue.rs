@@ -35,6 +35,7 @@
 use super::{
     BenchDb, BenchServer, Options, Progress, Results, Samples, fresh_database, ratio, report,
 };
+use crate::db::Schema;
 use crate::lease::store as leases;
 use crate::lease::{Holder, Resource};
 use crate::live::LiveHub;
@@ -172,7 +173,7 @@ async fn run(
             ours16_runs.push(drive(pool, Algo::Ours, 16, plan, progress).await?.per_s);
         }
         prepare(pool, plan.prefill(8_000.0)).await?;
-        match raw_ceiling(&db.conninfo, 16, plan).await {
+        match raw_ceiling(&db.conninfo, &db.schema, 16, plan).await {
             Ok(tps) => raw_runs.push(tps),
             Err(e) => {
                 progress.note(&format!("bench: the raw SQL ceiling could not run: {e:#}"));
@@ -527,8 +528,9 @@ fn pgbench_binary() -> Result<PathBuf> {
 }
 
 /// Tasks per second when pgbench drives the same statements with
-/// `clients` connections (prepared statements, two threads).
-async fn raw_ceiling(conninfo: &str, clients: usize, plan: &Plan) -> Result<f64> {
+/// `clients` connections (prepared statements, two threads) on the tables
+/// in `schema`.
+async fn raw_ceiling(conninfo: &str, schema: &Schema, clients: usize, plan: &Plan) -> Result<f64> {
     let script = std::env::temp_dir().join(format!("leasekeeper-bench-{}.sql", std::process::id()));
     std::fs::write(&script, pgbench_script())?;
     let seconds = (plan.warmup + plan.run).as_secs().max(1).to_string();
@@ -549,6 +551,7 @@ async fn raw_ceiling(conninfo: &str, clients: usize, plan: &Plan) -> Result<f64>
         .arg(conninfo)
         .env_remove("PGHOST")
         .env_remove("PGPORT")
+        .env("PGOPTIONS", format!("-c search_path={}", schema.quoted()))
         .output()
         .await
         .context("running pgbench")?;

@@ -32,7 +32,7 @@ pub mod race;
 
 use crate::cli::ChaosArgs;
 use crate::db::embedded::EmbeddedPostgres;
-use crate::db::{MIGRATOR, pool_options};
+use crate::db::{Schema, connect_options, migrate, pool_options};
 use crate::generator::{Desired, RESOURCE};
 use crate::queue::store;
 use crate::settings::Settings;
@@ -167,6 +167,8 @@ struct Rig {
     exe: PathBuf,
     dir: PathBuf,
     url: String,
+    /// The schema of the round's tables, the harness's and its servers'.
+    schema: Schema,
     config: PathBuf,
     instances: Vec<Instance>,
     workers: Vec<WorkerProc>,
@@ -196,6 +198,7 @@ impl Rig {
     fn base_command(&self, log: &str) -> Result<Command> {
         let mut cmd = Command::new(&self.exe);
         cmd.env("LEASEKEEPER_CONFIG", &self.config)
+            .env("LEASEKEEPER_SCHEMA", self.schema.as_str())
             .env("LEASEKEEPER_LEASE_TTL_SECS", TTL.as_secs_f64().to_string())
             .env("LEASEKEEPER_CHAOS", "0")
             .env("LEASEKEEPER_WORKERS", "0")
@@ -346,10 +349,11 @@ struct RoundResult {
     late: Vec<String>,
 }
 
-/// Runs the harness; fails when an invariant is broken. The program's own
-/// settings are not used: every process of the harness gets the harness's
-/// (2 s TTL, no simulated workers, chaos off) through its environment.
-pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
+/// Runs the harness; fails when an invariant is broken. Of the program's own
+/// settings only the schema is used: every process of the harness gets the
+/// harness's (2 s TTL, no simulated workers, chaos off) through its
+/// environment.
+pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }) as usize;
     let seconds = args.seconds.unwrap_or(if args.quick { 45 } else { 120 });
     let gaps = if args.quick {
@@ -381,6 +385,7 @@ pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             let result = one_round(
                 &mut cluster,
+                &settings.schema,
                 &config,
                 &dir,
                 round,
@@ -400,7 +405,7 @@ pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
             results.push(result);
         }
         eprintln!("chaos: {BARRIER_ROUNDS} barrier races …");
-        let pool = fresh_database(&cluster, "chaos_race").await?;
+        let pool = fresh_database(&cluster, "chaos_race", &settings.schema).await?;
         let races = race::run(&pool, BARRIER_ROUNDS).await;
         pool.close().await;
         anyhow::Ok((results, races))
@@ -425,20 +430,21 @@ pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
     Ok(())
 }
 
-async fn fresh_database(cluster: &EmbeddedPostgres, name: &str) -> Result<PgPool> {
+async fn fresh_database(cluster: &EmbeddedPostgres, name: &str, schema: &Schema) -> Result<PgPool> {
     cluster.recreate_database(name).await?;
     let pool = pool_options()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(cluster.connect_options(name))
+        .connect_with(connect_options(cluster.connect_options(name), schema))
         .await?;
-    MIGRATOR.run(&pool).await.context("migrating")?;
+    migrate(&pool, schema).await?;
     Ok(pool)
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn one_round(
     cluster: &mut EmbeddedPostgres,
+    schema: &Schema,
     config: &Path,
     dir: &Path,
     round: usize,
@@ -447,11 +453,12 @@ async fn one_round(
     rng: &mut StdRng,
 ) -> Result<RoundResult> {
     let name = format!("chaos_r{round}");
-    let pool = fresh_database(cluster, &name).await?;
+    let pool = fresh_database(cluster, &name, schema).await?;
     let mut rig = Rig {
         exe: std::env::current_exe()?,
         dir: dir.to_path_buf(),
         url: cluster.url(&name),
+        schema: schema.clone(),
         config: config.to_path_buf(),
         instances: Vec::new(),
         workers: Vec::new(),

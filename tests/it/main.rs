@@ -20,6 +20,7 @@ mod rest_leases;
 mod rest_origin;
 mod rest_tasks;
 mod rest_workers;
+mod schema;
 mod sfn_bad_input;
 mod singleton;
 mod stopwatch;
