@@ -5,6 +5,15 @@
 -- acquisition gets a fencing token one higher than the last one ever issued
 -- for that resource; lease_fencing remembers that number even when the lease
 -- row is deleted, so tokens never go back.
+--
+-- Where: every table, function and trigger of leasekeeper lives in the
+-- schema these migrations run in (db::migrate runs them with search_path
+-- set to that schema alone: `leasekeeper` unless configured), so nothing
+-- here names a schema, and nothing lands in public. Every function pins
+-- that search_path (SET search_path FROM CURRENT): a trigger fired from a
+-- session with another search_path (an operator in psql, a host's own
+-- transaction) still reads and writes this schema's tables, never a
+-- same-named table elsewhere.
 
 CREATE TABLE leases (
     id            serial PRIMARY KEY,
@@ -37,7 +46,7 @@ CREATE TABLE lease_fencing (
 -- not, the statement fails with serialization_failure and the caller retries
 -- with a fresh snapshot.
 CREATE FUNCTION leases_advance_fencing() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.fencing_token = OLD.fencing_token THEN
         RETURN NULL;

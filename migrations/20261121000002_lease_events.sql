@@ -19,7 +19,7 @@ CREATE TABLE lease_events (
 CREATE INDEX lease_events_resource_idx ON lease_events (resource, id);
 
 CREATE FUNCTION leases_record_event() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO lease_events (resource, holder, fencing_token, kind, expires_at)

@@ -1,15 +1,26 @@
 -- Live updates: rare changes announce themselves on the channel
--- 'leasekeeper_changes' from triggers, in the same transaction as the change
+-- changes_channel() from triggers, in the same transaction as the change
 -- (delivered only if it commits). Hot paths (claims, renewals, completions,
 -- worker reports) are announced by the application after commit, batched:
 -- a NOTIFY inside every write transaction would serialise their commits
--- (see src/live/mod.rs for the measurement).
+-- (see core/src/live/mod.rs for the measurement).
+
+-- The channel: '<schema>_changes' ('leasekeeper_changes' by default), one
+-- per schema, so two leasekeeper schemas in one database (channels are
+-- database-wide) do not wake each other's listeners. current_schema() is
+-- the schema this function was created in, pinned by its search_path.
+-- The application's announcer and listener ask this function too, so the
+-- name is decided here alone.
+CREATE FUNCTION changes_channel() RETURNS text
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT current_schema() || '_changes';
+$$;
 
 CREATE FUNCTION leasekeeper_announce() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     -- TG_ARGV[0]: the topic names this table's changes touch.
-    PERFORM pg_notify('leasekeeper_changes', TG_ARGV[0]);
+    PERFORM pg_notify(changes_channel(), TG_ARGV[0]);
     RETURN NULL;
 END;
 $$;

@@ -42,7 +42,7 @@ UPDATE task_counts
 -- trigger's WHEN clause keeps heartbeats and takeovers (started -> started)
 -- from calling it at all.
 CREATE FUNCTION task_counts_move() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     UPDATE task_counts
        SET pending   = pending   + (NEW.status = 'pending')::int   - (OLD.status = 'pending')::int,
@@ -64,7 +64,7 @@ CREATE TRIGGER task_counts_move
 -- million (INSERT ... SELECT generate_series).
 CREATE FUNCTION task_counts_add(sign int, pending bigint, started bigint,
                                 processed bigint, failed bigint) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path FROM CURRENT AS $$
     UPDATE task_counts c
        SET pending   = c.pending   + sign * task_counts_add.pending,
            started   = c.started   + sign * task_counts_add.started,
@@ -76,7 +76,7 @@ $$;
 -- Each trigger defines only its own transition table (new_rows for an
 -- insert, old_rows for a delete), hence the two branches.
 CREATE FUNCTION task_counts_rows() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         PERFORM task_counts_add(1,
@@ -104,7 +104,7 @@ CREATE TRIGGER task_counts_delete
     FOR EACH STATEMENT EXECUTE FUNCTION task_counts_rows();
 
 CREATE FUNCTION task_counts_truncate() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     UPDATE task_counts SET pending = 0, started = 0, processed = 0, failed = 0;
     RETURN NULL;

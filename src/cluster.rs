@@ -21,7 +21,12 @@ pub async fn run(
     let last_port = base_port
         .checked_add(instances - 1)
         .context("--base-port plus --instances runs past port 65535")?;
-    let db = Database::open(settings.database_url.as_deref(), &settings.data_dir).await?;
+    let db = Database::open(
+        settings.database_url.as_deref(),
+        &settings.data_dir,
+        &settings.schema,
+    )
+    .await?;
     let url = match (&settings.database_url, &db.embedded) {
         (Some(url), _) => url.clone(),
         (None, Some(cluster)) => cluster.url(crate::db::EMBEDDED_DATABASE),

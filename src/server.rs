@@ -80,7 +80,12 @@ pub fn router(state: AppState) -> Router {
 /// `leasekeeper serve`: open the database, serve until Ctrl-C or SIGTERM,
 /// then stop the embedded cluster if this process started it.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
-    let db = Database::open(settings.database_url.as_deref(), &settings.data_dir).await?;
+    let db = Database::open(
+        settings.database_url.as_deref(),
+        &settings.data_dir,
+        &settings.schema,
+    )
+    .await?;
     let listener = tokio::net::TcpListener::bind(settings.site_addr)
         .await
         .with_context(|| format!("cannot listen on {}", settings.site_addr))?;
@@ -149,7 +154,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 pub async fn db_command(settings: Settings, action: DbAction) -> anyhow::Result<()> {
     match action {
         DbAction::Start => {
-            let db = Database::open(None, &settings.data_dir).await?;
+            let db = Database::open(None, &settings.data_dir, &settings.schema).await?;
             let url = db
                 .embedded
                 .as_ref()

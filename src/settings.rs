@@ -4,6 +4,7 @@
 //! All three sources go through one parser, so a bad value gets the same
 //! one-line error, naming the setting, wherever it came from.
 
+use crate::db::Schema;
 use clap::Args;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,6 +28,9 @@ pub struct SettingArgs {
     /// Folder of the embedded PostgreSQL cluster.
     #[arg(long, global = true, env = "LEASEKEEPER_DATA_DIR")]
     pub data_dir: Option<String>,
+    /// PostgreSQL schema of leasekeeper's tables (default leasekeeper).
+    #[arg(long, global = true, env = "LEASEKEEPER_SCHEMA")]
+    pub schema: Option<String>,
     /// Lease TTL in seconds (fractions allowed).
     #[arg(long, global = true, env = "LEASEKEEPER_LEASE_TTL_SECS")]
     pub lease_ttl_secs: Option<String>,
@@ -77,6 +81,8 @@ pub struct Settings {
     pub database_url: Option<String>,
     /// Folder of the embedded cluster.
     pub data_dir: PathBuf,
+    /// The PostgreSQL schema holding every table, function and trigger.
+    pub schema: Schema,
     /// TTL of every acquisition and renewal.
     pub lease_ttl: Duration,
     /// Renewal period of held leases.
@@ -135,6 +141,11 @@ const DATA_DIR: Key = Key {
     env: "LEASEKEEPER_DATA_DIR",
     flag: "data-dir",
 };
+const SCHEMA: Key = Key {
+    file: "schema",
+    env: "LEASEKEEPER_SCHEMA",
+    flag: "schema",
+};
 const LEASE_TTL: Key = Key {
     file: "lease_ttl_secs",
     env: "LEASEKEEPER_LEASE_TTL_SECS",
@@ -192,10 +203,11 @@ const MAX_ATTEMPTS: Key = Key {
     flag: "max-attempts",
 };
 
-const ALL_KEYS: [&Key; 13] = [
+const ALL_KEYS: [&Key; 14] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &DATA_DIR,
+    &SCHEMA,
     &LEASE_TTL,
     &RENEW_INTERVAL,
     &HEARTBEAT_INTERVAL,
@@ -417,6 +429,9 @@ impl Settings {
                     }
                 },
             )?,
+            schema: src.parse(&SCHEMA, &args.schema, Schema::default(), |raw| {
+                Schema::parse(raw).map_err(|e| format!("cannot be used: {e}"))
+            })?,
             lease_ttl,
             renew_interval,
             heartbeat_interval,
@@ -495,11 +510,12 @@ impl Settings {
         }
     }
 
-    /// The behaviour settings as environment variables, for child processes
-    /// that must run exactly as this one was configured (`cluster`).
-    /// Address, database and data folder are left to the caller.
+    /// The behaviour settings and the schema as environment variables, for
+    /// child processes that must run exactly as this one was configured
+    /// (`cluster`). Address, database and data folder are left to the caller.
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         vec![
+            (SCHEMA.env, self.schema.to_string()),
             (LEASE_TTL.env, self.lease_ttl.as_secs_f64().to_string()),
             (
                 RENEW_INTERVAL.env,
@@ -544,7 +560,41 @@ mod tests {
         assert_eq!(s.renew_interval, Duration::from_secs(5));
         assert_eq!(s.site_addr.to_string(), "127.0.0.1:3000");
         assert_eq!(s.database_url, None);
+        assert_eq!(s.schema.as_str(), "leasekeeper");
         assert_eq!(s.workers, 4);
+    }
+
+    #[test]
+    fn schema_layers_file_env_and_flag_and_refuses_bad_names() {
+        let file = "[leasekeeper]\nschema = \"from_file\"\n";
+        assert_eq!(
+            resolve(Some(file), SettingArgs::default())
+                .unwrap()
+                .schema
+                .as_str(),
+            "from_file"
+        );
+        let args = SettingArgs {
+            schema: Some("svc_jobs".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolve(Some(file), args).unwrap().schema.as_str(),
+            "svc_jobs"
+        );
+        for bad in ["public", "Jobs", "svc-jobs", "pg_jobs", ""] {
+            let args = SettingArgs {
+                schema: Some(bad.into()),
+                ..Default::default()
+            };
+            let err = resolve(None, args).unwrap_err().to_string();
+            assert!(
+                err.contains("setting schema (--schema / LEASEKEEPER_SCHEMA)")
+                    && err.contains("schema name"),
+                "{bad}: {err}"
+            );
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]
@@ -645,6 +695,7 @@ mod tests {
             lease_ttl_secs: Some("2.5".into()),
             workers: Some("7".into()),
             chaos: Some("0".into()),
+            schema: Some("svc_jobs".into()),
             ..Default::default()
         };
         let original = resolve(None, args).unwrap();
@@ -652,6 +703,7 @@ mod tests {
         let again = resolve(
             None,
             SettingArgs {
+                schema: env.get("LEASEKEEPER_SCHEMA").cloned(),
                 lease_ttl_secs: env.get("LEASEKEEPER_LEASE_TTL_SECS").cloned(),
                 renew_interval_secs: env.get("LEASEKEEPER_RENEW_INTERVAL_SECS").cloned(),
                 heartbeat_interval_secs: env.get("LEASEKEEPER_HEARTBEAT_INTERVAL_SECS").cloned(),

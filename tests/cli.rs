@@ -64,3 +64,23 @@ fn changing_only_the_ttl_moves_the_renew_interval_with_it() {
     assert!(!stderr.contains("setting "), "{stderr}");
     assert!(stderr.contains("cannot connect to PostgreSQL"), "{stderr}");
 }
+
+#[test]
+fn a_schema_leasekeeper_must_not_use_stops_start_up_naming_it() {
+    // The flag wins over the environment's valid name.
+    let (code, stderr) = run(
+        &["--schema", "public"],
+        &[("LEASEKEEPER_SCHEMA", "svc_jobs")],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("setting schema (--schema / LEASEKEEPER_SCHEMA)")
+            && stderr.contains("\"public\"")
+            && stderr.contains("default schema"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(&[], &[("LEASEKEEPER_SCHEMA", "Svc-Jobs")]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("lowercase identifier"), "{stderr}");
+}

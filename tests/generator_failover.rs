@@ -73,6 +73,7 @@ impl Fleet {
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
             .env("DATABASE_URL", &self.url)
             .env("LEASEKEEPER_CONFIG", self.dir.join("settings.toml"))
+            .env_remove("LEASEKEEPER_SCHEMA")
             .env("LEASEKEEPER_WORKERS", "0")
             .env("LEASEKEEPER_CHAOS", "0")
             .env("LEASEKEEPER_LEASE_TTL_SECS", TTL.as_secs().to_string())
@@ -89,7 +90,7 @@ impl Fleet {
     }
 
     async fn pool(&self) -> PgPool {
-        PgPool::connect(&self.url)
+        leasekeeper::db::connect(&self.url, &Default::default())
             .await
             .expect("connecting to the shared cluster")
     }

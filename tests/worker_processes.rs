@@ -4,10 +4,13 @@
 //! must be taken over once their leases run out, and every task must end
 //! processed exactly once, as the database's own history shows.
 //!
-//! Children are killed and the cluster stopped even when the test fails
-//! (see [`Cleanup`]). Logs are kept in `target/worker-processes-test/`.
+//! The server keeps its tables in the schema [`SCHEMA`], not the default
+//! one, so the whole path (migration, REST, workers) runs on a configured
+//! schema. Children are killed and the cluster stopped even when the test
+//! fails (see [`Cleanup`]). Logs are kept in `target/worker-processes-test/`.
 
 use leasekeeper::db::embedded::EmbeddedPostgres;
+use leasekeeper::db::{Schema, connect_options};
 use leasekeeper::queue::Task;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
@@ -20,6 +23,8 @@ use tokio::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasekeeper");
 const TASKS: usize = 200;
+/// The server's schema (`LEASEKEEPER_SCHEMA`).
+const SCHEMA: &str = "wp_jobs";
 
 fn base_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/worker-processes-test")
@@ -95,6 +100,7 @@ fn command(data_dir: &Path, log: &Path) -> Command {
             concat!(env!("CARGO_MANIFEST_DIR"), "/Leptos.toml"),
         )
         .env("LEASEKEEPER_DATA_DIR", data_dir)
+        .env("LEASEKEEPER_SCHEMA", SCHEMA)
         .env("LEASEKEEPER_WORKERS", "0")
         .env("LEASEKEEPER_CHAOS", "0")
         .env("LEASEKEEPER_LEASE_TTL_SECS", "2")
@@ -162,9 +168,13 @@ async fn killed_worker_processes_lose_their_tasks_to_others_and_every_task_is_pr
         .await
         .expect("reusing the server's cluster");
     assert!(!cluster.started_here(), "the server owns the cluster");
-    let pool = PgPool::connect_with(cluster.connect_options("leasekeeper"))
-        .await
-        .expect("connecting to the server's database");
+    let schema = Schema::parse(SCHEMA).expect("a valid schema");
+    let pool = PgPool::connect_with(connect_options(
+        cluster.connect_options("leasekeeper"),
+        &schema,
+    ))
+    .await
+    .expect("connecting to the server's database");
 
     let names: Vec<String> = (1..=4).map(|n| format!("pw{n}")).collect();
     for name in &names {

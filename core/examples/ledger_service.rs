@@ -175,8 +175,11 @@ async fn report_while_held(pool: PgPool, replica: Arc<str>, term: Term) {
 async fn main() -> Result<(), Error> {
     let args = args()?;
     let replica: Arc<str> = Arc::from(args.replica.as_str());
-    let pool = db::pool_options().connect(&args.database_url).await?;
-    db::MIGRATOR.run(&pool).await?;
+    // leasekeeper's tables live in their own schema; many replicas may
+    // migrate at the same moment.
+    let schema = db::Schema::default();
+    let pool = db::connect(&args.database_url, &schema).await?;
+    db::migrate(&pool, &schema).await?;
     migrate_service(&pool).await?;
 
     if args.enqueue > 0 {

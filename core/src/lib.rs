@@ -13,7 +13,8 @@
 //!   `task:<id>`), heartbeat, complete, fail, retry with backoff.
 //! - [`worker`]: the worker loop and its transports.
 //! - [`instance`]: replicas registering themselves, so an operator sees them.
-//! - [`db`]: the pool, migrations, and an embedded local PostgreSQL.
+//! - [`db`]: the schema of its own (never `public`), the pool, migrations,
+//!   and an embedded local PostgreSQL.
 //!
 //! Without default features only the plain data types are compiled (they
 //! build for `wasm32`, which the dashboard's browser bundle uses).

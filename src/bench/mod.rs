@@ -18,7 +18,7 @@ pub mod dashboard;
 pub mod queue;
 
 use crate::db::embedded::EmbeddedPostgres;
-use crate::db::{MIGRATOR, pool_options};
+use crate::db::{Schema, connect_options, migrate, pool_options};
 use crate::live::LiveHub;
 use crate::server::{leptos_options, router};
 use crate::settings::Settings;
@@ -53,6 +53,9 @@ pub(crate) struct BenchDb {
     /// A libpq connection string for the same database (for pgbench, psql
     /// and node), e.g. `postgres://leasekeeper@localhost:5433/db?host=/sock`.
     pub conninfo: String,
+    /// The schema of leasekeeper's tables in it (`conninfo` does not set
+    /// it: graphile-worker gets the database as a host would give it).
+    pub schema: Schema,
     cluster: Option<EmbeddedPostgres>,
 }
 
@@ -94,13 +97,14 @@ pub(crate) async fn fresh_database(
     let pool = pool_options()
         .max_connections(connections)
         .acquire_timeout(Duration::from_secs(60))
-        .connect_with(options)
+        .connect_with(connect_options(options, &settings.schema))
         .await
         .context("connecting to the benchmark database")?;
-    MIGRATOR.run(&pool).await.context("migrating")?;
+    migrate(&pool, &settings.schema).await?;
     Ok(BenchDb {
         pool,
         conninfo,
+        schema: settings.schema.clone(),
         cluster,
     })
 }

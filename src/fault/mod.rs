@@ -40,7 +40,7 @@ pub use inject::FaultKind;
 
 use crate::cli::ChaosArgs;
 use crate::db::embedded::EmbeddedPostgres;
-use crate::db::{MIGRATOR, pool_options};
+use crate::db::{Schema, connect_options, migrate, pool_options};
 use crate::generator::{Desired, RESOURCE};
 use crate::queue::store;
 use crate::settings::Settings;
@@ -84,10 +84,11 @@ struct RoundResult {
     late: Vec<String>,
 }
 
-/// Runs the harness; fails when an invariant is broken. The program's own
-/// settings are not used: every process of the harness gets the harness's
-/// (2 s TTL, no simulated workers, chaos off) through its environment.
-pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
+/// Runs the harness; fails when an invariant is broken. Of the program's own
+/// settings only the schema is used: every process of the harness gets the
+/// harness's (2 s TTL, no simulated workers, chaos off) through its
+/// environment.
+pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }) as usize;
     let seconds = args.seconds.unwrap_or(if args.quick { 45 } else { 120 });
     let gaps = if args.quick {
@@ -119,6 +120,7 @@ pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             let result = one_round(
                 &mut cluster,
+                &settings.schema,
                 &config,
                 &dir,
                 round,
@@ -138,7 +140,7 @@ pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
             results.push(result);
         }
         eprintln!("chaos: {BARRIER_ROUNDS} barrier races …");
-        let pool = fresh_database(&cluster, "chaos_race").await?;
+        let pool = fresh_database(&cluster, "chaos_race", &settings.schema).await?;
         let races = race::run(&pool, BARRIER_ROUNDS).await;
         pool.close().await;
         anyhow::Ok((results, races))
@@ -163,19 +165,24 @@ pub async fn run(_settings: Settings, args: ChaosArgs) -> Result<()> {
     Ok(())
 }
 
-async fn fresh_database(cluster: &EmbeddedPostgres, name: &str) -> Result<PgPool> {
+async fn fresh_database(cluster: &EmbeddedPostgres, name: &str, schema: &Schema) -> Result<PgPool> {
     cluster.recreate_database(name).await?;
     let pool = pool_options()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(cluster.connect_options(name))
+        .connect_with(connect_options(cluster.connect_options(name), schema))
         .await?;
-    MIGRATOR.run(&pool).await.context("migrating")?;
+    migrate(&pool, schema).await?;
     Ok(pool)
 }
 
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one round's whole set-up, passed once from run()"
+)]
 async fn one_round(
     cluster: &mut EmbeddedPostgres,
+    schema: &Schema,
     config: &Path,
     dir: &Path,
     round: usize,
@@ -184,11 +191,12 @@ async fn one_round(
     rng: &mut StdRng,
 ) -> Result<RoundResult> {
     let name = format!("chaos_r{round}");
-    let pool = fresh_database(cluster, &name).await?;
+    let pool = fresh_database(cluster, &name, schema).await?;
     let mut rig = Rig {
         exe: std::env::current_exe()?,
         dir: dir.to_path_buf(),
         url: cluster.url(&name),
+        schema: schema.clone(),
         config: config.to_path_buf(),
         instances: Vec::new(),
         workers: Vec::new(),

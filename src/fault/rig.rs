@@ -3,6 +3,7 @@
 //! history, started, signalled, replaced and stopped by the harness.
 
 use super::{TTL, proxy};
+use crate::db::Schema;
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -33,6 +34,8 @@ pub(super) struct Rig {
     pub(super) exe: PathBuf,
     pub(super) dir: PathBuf,
     pub(super) url: String,
+    /// The schema of the round's tables, the harness's and its servers'.
+    pub(super) schema: Schema,
     pub(super) config: PathBuf,
     pub(super) instances: Vec<Instance>,
     pub(super) workers: Vec<WorkerProc>,
@@ -62,6 +65,7 @@ impl Rig {
     fn base_command(&self, log: &str) -> Result<Command> {
         let mut cmd = Command::new(&self.exe);
         cmd.env("LEASEKEEPER_CONFIG", &self.config)
+            .env("LEASEKEEPER_SCHEMA", self.schema.as_str())
             .env("LEASEKEEPER_LEASE_TTL_SECS", TTL.as_secs_f64().to_string())
             .env("LEASEKEEPER_CHAOS", "0")
             .env("LEASEKEEPER_WORKERS", "0")

@@ -31,9 +31,13 @@ impl Api {
 
     /// An API whose settings `adjust` changed first (e.g. an admin token).
     pub async fn with_settings(adjust: impl FnOnce(&mut Settings)) -> Self {
-        let db = TestDb::new().await;
-        let mut settings =
+        let settings =
             Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
+        Api::over(TestDb::new().await, settings, adjust)
+    }
+
+    /// An API over `db` (its pool already in `settings.schema`).
+    pub fn over(db: TestDb, mut settings: Settings, adjust: impl FnOnce(&mut Settings)) -> Self {
         adjust(&mut settings);
         let instance_id: Arc<str> = Arc::from("i-test");
         let fleet = Fleet::new(

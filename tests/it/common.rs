@@ -4,10 +4,12 @@
 //! URL, e.g. a local server for a quick inner loop); otherwise the embedded
 //! cluster in `target/leasekeeper-test-db`, started on first use and left
 //! running for the next run (`leasekeeper db stop --data-dir ...` stops it).
-//! Databases are cloned from a template migrated once per test process.
+//! Databases are cloned from a template migrated once per test process,
+//! in the default schema (`leasekeeper`); every pool sees that schema only,
+//! as the server's does.
 
 use leasekeeper::db::embedded::EmbeddedPostgres;
-use leasekeeper::db::{MIGRATOR, pool_options};
+use leasekeeper::db::{Schema, connect_options, migrate, pool_options};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::sync::OnceLock;
@@ -88,14 +90,16 @@ async fn template() -> &'static str {
                 .execute(&mut conn)
                 .await
                 .expect("creating the template");
-            let mut tpl = PgConnection::connect_with(&server().database(&name))
+            let schema = Schema::default();
+            let tpl = pool_options()
+                .max_connections(1)
+                .connect_with(connect_options(server().database(&name), &schema))
                 .await
                 .expect("connecting to the template");
-            MIGRATOR
-                .run(&mut tpl)
+            migrate(&tpl, &schema)
                 .await
                 .expect("migrating the template");
-            tpl.close().await.expect("closing the template");
+            tpl.close().await;
             name
         })
         .await
@@ -103,35 +107,59 @@ async fn template() -> &'static str {
 
 /// A fresh, migrated database of its own for one test.
 pub struct TestDb {
-    /// Connection options for it, for extra pools.
+    /// Connection options for it, for extra pools (search_path: the
+    /// default schema).
     pub options: PgConnectOptions,
     /// A pool on it.
     pub pool: PgPool,
+    /// Connection options as a host service would have them: no
+    /// search_path of ours.
+    pub plain: PgConnectOptions,
+}
+
+/// Creates a database of its own name, cloned from `template` (PostgreSQL's
+/// `template1` when `None`: nothing of leasekeeper's in it).
+async fn create_database(template: Option<&str>) -> String {
+    let name = format!(
+        "lk_test_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    );
+    let mut conn = maintenance().await;
+    let from = template.map_or(String::new(), |t| format!(" TEMPLATE \"{t}\""));
+    sqlx::query(&format!("CREATE DATABASE \"{name}\"{from}"))
+        .execute(&mut conn)
+        .await
+        .expect("creating a test database");
+    name
 }
 
 impl TestDb {
     /// Creates the database and a pool of up to `max_connections`.
     pub async fn with_connections(max_connections: u32) -> Self {
-        let template = template().await;
-        let name = format!(
-            "lk_test_{}_{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        let mut conn = maintenance().await;
-        sqlx::query(&format!(
-            "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
-        ))
-        .execute(&mut conn)
-        .await
-        .expect("creating a test database");
-        let options = server().database(&name);
+        let name = create_database(Some(template().await)).await;
+        TestDb::on(name, max_connections).await
+    }
+
+    /// A fresh database with nothing of leasekeeper's in it, not migrated
+    /// (its pool's schema does not exist yet).
+    pub async fn unmigrated() -> Self {
+        TestDb::on(create_database(None).await, 16).await
+    }
+
+    async fn on(name: String, max_connections: u32) -> Self {
+        let plain = server().database(&name);
+        let options = connect_options(plain.clone(), &Schema::default());
         let pool = pool_options()
             .max_connections(max_connections)
             .connect_with(options.clone())
             .await
             .expect("connecting to the test database");
-        TestDb { options, pool }
+        TestDb {
+            options,
+            pool,
+            plain,
+        }
     }
 
     /// A fresh database with a pool of the default size.
@@ -146,6 +174,30 @@ impl TestDb {
             .connect_with(self.options.clone())
             .await
             .expect("connecting another pool")
+    }
+
+    /// The same database seen through `schema` (a pool of 16 whose
+    /// connections see `schema` only), migrated there.
+    pub async fn migrated_in(&self, schema: &Schema) -> TestDb {
+        let options = connect_options(self.plain.clone(), schema);
+        let pool = self.pool_in(schema, 16).await;
+        migrate(&pool, schema)
+            .await
+            .expect("migrating another schema");
+        TestDb {
+            options,
+            pool,
+            plain: self.plain.clone(),
+        }
+    }
+
+    /// A pool on the same database whose connections see `schema` only.
+    pub async fn pool_in(&self, schema: &Schema, max_connections: u32) -> PgPool {
+        pool_options()
+            .max_connections(max_connections)
+            .connect_with(connect_options(self.plain.clone(), schema))
+            .await
+            .expect("connecting a pool in another schema")
     }
 }
 

@@ -22,6 +22,7 @@ mod rest_origin;
 mod rest_tasks;
 mod rest_workers;
 mod runtime;
+mod schema;
 mod sfn_bad_input;
 mod singleton;
 mod stopwatch;

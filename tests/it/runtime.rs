@@ -268,7 +268,9 @@ async fn the_dashboard_lists_a_services_runtime_and_refuses_to_kill_its_workers(
     let runtime = Runtime::builder(api.db.pool.clone())
         .id("svc-1")
         .queue("default", 2)
-        .handler("note", |_: Job, _: TaskContext| async { HandlerResult::Ok(Done::empty()) })
+        .handler("note", |_: Job, _: TaskContext| async {
+            HandlerResult::Ok(Done::empty())
+        })
         .start()
         .await
         .unwrap();
@@ -281,15 +283,28 @@ async fn the_dashboard_lists_a_services_runtime_and_refuses_to_kill_its_workers(
         .filter(|w| w["instance_id"] == "svc-1")
         .collect();
     assert_eq!(ours.len(), 2, "{workers}");
-    assert!(ours.iter().all(|w| w["kind"] == "embedded" && w["alive"] == true), "{workers}");
+    assert!(
+        ours.iter()
+            .all(|w| w["kind"] == "embedded" && w["alive"] == true),
+        "{workers}"
+    );
     let (_, instances) = api.get("/api/instances").await;
     assert!(
-        instances.as_array().unwrap().iter().any(|i| i["id"] == "svc-1" && i["alive"] == true),
+        instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == "svc-1" && i["alive"] == true),
         "{instances}"
     );
     let id = ours[0]["id"].as_str().unwrap();
-    let (s, err) = api.post(&format!("/api/workers/{id}/kill"), json!({})).await;
+    let (s, err) = api
+        .post(&format!("/api/workers/{id}/kill"), json!({}))
+        .await;
     assert_eq!(s, axum::http::StatusCode::CONFLICT, "{err}");
-    assert!(crate::api::error_of(&err).contains("service's own runtime"), "{err}");
+    assert!(
+        crate::api::error_of(&err).contains("service's own runtime"),
+        "{err}"
+    );
     runtime.shutdown().await;
 }

@@ -381,7 +381,7 @@ fn random_value(rng: &mut StdRng) -> Vec<u8> {
 /// Refused stale writes are history, not data, and are left out.
 async fn snapshot(api: &Api) -> Vec<(String, String)> {
     let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1",
     )
     .fetch_all(&api.db.pool)
     .await

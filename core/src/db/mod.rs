@@ -1,16 +1,29 @@
-//! Database access: the pool, migrations, and the embedded local PostgreSQL.
+//! Database access: the schema, the pool, migrations, and the embedded local
+//! PostgreSQL.
+//!
+//! Everything leasekeeper creates lives in one PostgreSQL [`Schema`]
+//! (`leasekeeper` unless configured), never in `public`, so it can share a
+//! database with a host service's own tables and its own `_sqlx_migrations`.
+//! Every connection leasekeeper opens sees that schema only: build pools with
+//! [`connect`] or [`connect_options`], and create or update the tables with
+//! [`migrate`].
 
 pub mod embedded;
+mod schema;
+
+pub use schema::{DEFAULT_SCHEMA, MAX_SCHEMA_CHARS, Schema, SchemaError};
 
 use anyhow::Context;
 use embedded::EmbeddedPostgres;
-use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 use std::path::Path;
 use std::time::Duration;
 
-/// The schema migrations in `migrations/`, embedded in the binary.
+/// The schema migrations in `migrations/`, embedded in the binary. Run them
+/// with [`migrate`], which puts them (and sqlx's record of them) in the
+/// schema, never with `MIGRATOR.run` directly.
 pub static MIGRATOR: Migrator = sqlx::migrate!();
 
 /// The database name used inside the embedded cluster.
@@ -18,7 +31,7 @@ pub const EMBEDDED_DATABASE: &str = "leasekeeper";
 
 /// A migrated pool, and the embedded cluster behind it when there is one.
 pub struct Database {
-    /// The connection pool.
+    /// The connection pool; its connections see `schema` only.
     pub pool: PgPool,
     /// The embedded cluster, when no `DATABASE_URL` was given.
     pub embedded: Option<EmbeddedPostgres>,
@@ -26,8 +39,12 @@ pub struct Database {
 
 impl Database {
     /// Connects to `database_url`, or starts (or reuses) the embedded cluster
-    /// in `data_dir` when there is none; then runs pending migrations.
-    pub async fn open(database_url: Option<&str>, data_dir: &Path) -> anyhow::Result<Self> {
+    /// in `data_dir` when there is none; then migrates `schema`.
+    pub async fn open(
+        database_url: Option<&str>,
+        data_dir: &Path,
+        schema: &Schema,
+    ) -> anyhow::Result<Self> {
         let (options, embedded) = match database_url {
             Some(url) => {
                 let options: PgConnectOptions = url
@@ -43,13 +60,11 @@ impl Database {
             }
         };
         let pool = pool_options()
-            .connect_with(options)
+            .connect_with(connect_options(options, schema))
             .await
             .context("cannot connect to PostgreSQL")?;
-        MIGRATOR
-            .run(&pool)
-            .await
-            .context("running database migrations")?;
+        migrate(&pool, schema).await?;
+        tracing::info!(%schema, "database migrated");
         Ok(Database { pool, embedded })
     }
 
@@ -68,4 +83,93 @@ pub fn pool_options() -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(32)
         .acquire_timeout(Duration::from_secs(10))
+}
+
+/// `options` with every session's `search_path` set to `schema` alone, so
+/// leasekeeper's unqualified table names mean its own tables and nothing it
+/// creates lands in `public`. Every pool leasekeeper uses is built on it.
+///
+/// A host's own tables are then not visible by their bare names on these
+/// connections, except in a handler's fenced transaction
+/// ([`crate::queue::store::FencedTransaction`]), which switches to the
+/// host's `search_path` for the handler's statements.
+pub fn connect_options(options: PgConnectOptions, schema: &Schema) -> PgConnectOptions {
+    // `-c search_path="name"` in the startup packet: applied before the
+    // first statement, and again on every new connection of a pool.
+    options.options([("search_path", schema.quoted())])
+}
+
+/// A pool on the database at `url` (a PostgreSQL URL) whose connections see
+/// `schema` only ([`connect_options`], [`pool_options`]). It does not
+/// migrate: call [`migrate`] once at start-up.
+pub async fn connect(url: &str, schema: &Schema) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = url.parse().context("not a valid PostgreSQL URL")?;
+    pool_options()
+        .connect_with(connect_options(options, schema))
+        .await
+        .context("cannot connect to PostgreSQL")
+}
+
+/// Creates `schema` if it does not exist and applies the pending
+/// [`MIGRATOR`] migrations inside it, on a connection of its own to `pool`'s
+/// database. sqlx records them in `<schema>._sqlx_migrations`, apart from a
+/// host's `public._sqlx_migrations`. Safe to call from every replica at
+/// once: one migrates, the others wait and then find nothing to do.
+pub async fn migrate(pool: &PgPool, schema: &Schema) -> anyhow::Result<()> {
+    let options = connect_options((*pool.connect_options()).clone(), schema);
+    let mut conn = PgConnection::connect_with(&options)
+        .await
+        .context("connecting to migrate")?;
+    let migrated = migrate_on(&mut conn, schema).await;
+    // Ending the session releases its advisory locks, ours and sqlx's,
+    // whatever happened (sqlx leaves its own held when a migration fails).
+    let closed = conn.close().await;
+    migrated?;
+    closed.context("closing the migration connection")
+}
+
+async fn migrate_on(conn: &mut PgConnection, schema: &Schema) -> anyhow::Result<()> {
+    // Race prevented: replicas starting together on a fresh database. Two
+    // `CREATE SCHEMA IF NOT EXISTS` at the same moment can both find no
+    // schema and one fails on the catalog's unique index; sqlx's own
+    // migration lock does not cover that step (it is taken inside
+    // `Migrator::run`, once the schema must already exist for its
+    // `_sqlx_migrations` table). So every migrator of this schema first
+    // waits for this session lock (a two-key advisory lock, a key space
+    // apart from sqlx's one-key lock on the database), and only the first
+    // creates the schema and applies migrations; the rest find them applied.
+    sqlx::query("SELECT pg_advisory_lock(hashtext('leasekeeper migrate'), hashtext($1))")
+        .bind(schema.as_str())
+        .execute(&mut *conn)
+        .await
+        .context("waiting for the migration lock")?;
+    // Asked first, not `CREATE SCHEMA IF NOT EXISTS`: that needs the CREATE
+    // privilege on the database even when the schema exists, and a host may
+    // have made the schema for a role that has no such privilege.
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .context("looking for the schema")?;
+    if !exists {
+        sqlx::query(&format!("CREATE SCHEMA {}", schema.quoted()))
+            .execute(&mut *conn)
+            .await
+            .with_context(|| format!("creating schema {schema}"))?;
+    }
+    // `run_direct`, not `run`: `run(&mut PgConnection)` makes this future
+    // not `Send` (sqlx's "`Acquire` is not general enough"), and a service
+    // must be able to migrate from a spawned task; sqlx keeps `run_direct`
+    // public for exactly that.
+    MIGRATOR
+        .run_direct(&mut *conn)
+        .await
+        .with_context(|| format!("running database migrations in schema {schema}"))?;
+    sqlx::query("SELECT pg_advisory_unlock(hashtext('leasekeeper migrate'), hashtext($1))")
+        .bind(schema.as_str())
+        .execute(&mut *conn)
+        .await
+        .context("releasing the migration lock")?;
+    Ok(())
 }

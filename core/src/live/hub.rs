@@ -10,9 +10,6 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The PostgreSQL channel every instance announces changes on and listens to.
-pub const CHANNEL: &str = "leasekeeper_changes";
-
 /// How long the announcer gathers changes before one `NOTIFY`.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(10);
 
@@ -93,10 +90,12 @@ impl Announcer {
                 // refetch everything anyway. So it does not wait: idle
                 // workers wake a flush sooner, and a busy instance's
                 // announcer adds no fsyncs to the load.
+                // The channel is the pool's schema's (see the module
+                // documentation), named by the same SQL function the
+                // triggers use.
                 if let Err(e) = sqlx::query(
-                    "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)",
+                    "SELECT set_config('synchronous_commit', 'off', true), pg_notify(changes_channel(), $1)",
                 )
-                .bind(CHANNEL)
                 .bind(topics.to_names())
                 .execute(&pool)
                 .await
@@ -163,7 +162,10 @@ async fn listen(pool: PgPool, hub: LiveHub) {
     loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(CHANNEL).await?;
+            let channel: String = sqlx::query_scalar("SELECT changes_channel()")
+                .fetch_one(&mut listener)
+                .await?;
+            listener.listen(&channel).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         let mut listener = tokio::select! {

@@ -1,8 +1,14 @@
 //! Live updates: every change to leases, tasks, workers, instances and the
-//! generator is announced on the PostgreSQL channel [`CHANNEL`]; one `LISTEN`
-//! connection per instance fans the announcements out to the browsers over
-//! server-sent events (`GET /api/events`), so a browser on instance B sees a
-//! change made through instance A.
+//! generator is announced on a PostgreSQL channel; one `LISTEN` connection
+//! per instance fans the announcements out to the browsers over server-sent
+//! events (`GET /api/events`), so a browser on instance B sees a change made
+//! through instance A.
+//!
+//! The channel is `<schema>_changes` (`leasekeeper_changes` by default), one
+//! per [`crate::db::Schema`]: two leasekeeper schemas in one database do not
+//! wake each other. The SQL function `changes_channel()` of the schema names
+//! it, for the triggers, the [`Announcer`] and the listener alike, so the
+//! name is derived in one place, from the pool's `search_path`.
 //!
 //! Where the announcement is made, and why:
 //!
@@ -34,9 +40,7 @@
 #[cfg(feature = "postgres")]
 mod hub;
 #[cfg(feature = "postgres")]
-pub use hub::{
-    AnnounceOnReturn, Announcer, BATCH_WINDOW, CHANNEL, LiveHub, announce, announce_on_return,
-};
+pub use hub::{AnnounceOnReturn, Announcer, BATCH_WINDOW, LiveHub, announce, announce_on_return};
 
 use serde::{Deserialize, Serialize};
 

@@ -4,6 +4,7 @@
 //! graphile-worker from npm.
 
 use super::{Plan, Progress};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::store as tasks;
 use anyhow::{Context, Result, bail};
@@ -126,8 +127,14 @@ fn pgbench_binary() -> Result<PathBuf> {
 }
 
 /// Tasks per second when pgbench drives the same statements with
-/// `clients` connections (prepared statements, two threads).
-pub(super) async fn raw_ceiling(conninfo: &str, clients: usize, plan: &Plan) -> Result<f64> {
+/// `clients` connections (prepared statements, two threads) on the tables
+/// in `schema`.
+pub(super) async fn raw_ceiling(
+    conninfo: &str,
+    schema: &Schema,
+    clients: usize,
+    plan: &Plan,
+) -> Result<f64> {
     let script = std::env::temp_dir().join(format!("leasekeeper-bench-{}.sql", std::process::id()));
     std::fs::write(&script, pgbench_script())?;
     let seconds = (plan.warmup + plan.run).as_secs().max(1).to_string();
@@ -148,6 +155,7 @@ pub(super) async fn raw_ceiling(conninfo: &str, clients: usize, plan: &Plan) -> 
         .arg(conninfo)
         .env_remove("PGHOST")
         .env_remove("PGPORT")
+        .env("PGOPTIONS", format!("-c search_path={}", schema.quoted()))
         .output()
         .await
         .context("running pgbench")?;

@@ -179,7 +179,7 @@ async fn run(
             ours16_runs.push(drive(pool, Algo::Ours, 16, plan, progress).await?.per_s);
         }
         prepare(pool, plan.prefill(8_000.0)).await?;
-        match raw_ceiling(&db.conninfo, 16, plan).await {
+        match raw_ceiling(&db.conninfo, &db.schema, 16, plan).await {
             Ok(tps) => raw_runs.push(tps),
             Err(e) => {
                 progress.note(&format!("bench: the raw SQL ceiling could not run: {e:#}"));
