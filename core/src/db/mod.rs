@@ -1,6 +1,8 @@
 //! Database access: the pool, migrations, and the embedded local PostgreSQL.
 
 pub mod embedded;
+#[doc(hidden)]
+pub mod testing;
 
 use anyhow::Context;
 use embedded::EmbeddedPostgres;
