@@ -20,8 +20,8 @@
 //! use std::time::Duration;
 //!
 //! let mailer = Resource::parse("mailer")?;
-//! // A one-second lease, renewed every third of a second.
-//! let timing = LeaseTiming::from_ttl(Duration::from_secs(1));
+//! // A two-second lease, renewed every third of that.
+//! let timing = LeaseTiming::from_ttl(Duration::from_secs(2));
 //! let a = LeaseClient::new(pool.clone(), mailer.clone(), Holder::parse("replica-a")?, timing);
 //! let b = LeaseClient::new(pool.clone(), mailer, Holder::parse("replica-b")?, timing);
 //!
@@ -32,7 +32,7 @@
 //! let lost = held.lost_token();
 //!
 //! // Past its TTL the lease is still held: the client renewed it.
-//! tokio::time::sleep(Duration::from_millis(1500)).await;
+//! tokio::time::sleep(Duration::from_millis(2500)).await;
 //! assert!(held.is_held() && !lost.is_cancelled());
 //! assert!(b.acquire().await?.is_none(), "still replica-a's");
 //!
