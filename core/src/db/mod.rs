@@ -10,6 +10,8 @@
 
 pub mod embedded;
 mod schema;
+#[doc(hidden)]
+pub mod testing;
 
 pub use schema::{DEFAULT_SCHEMA, MAX_SCHEMA_CHARS, Schema, SchemaError};
 

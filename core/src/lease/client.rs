@@ -7,6 +7,43 @@
 //! `expires_at` from its own `now()`, which is later than that. So the local
 //! deadline `sent + ttl - safety_margin` passes before the database could
 //! consider the lease expired, and [`HeldLease::is_held`] turns false first.
+//!
+//! Two replicas contend for one lease; the holder keeps it renewed past its
+//! TTL, and hands it over by releasing it:
+//!
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = leasekeeper_core::db::testing::fresh_pool().await;
+//! use leasekeeper_core::lease::client::{LeaseClient, LeaseTiming};
+//! use leasekeeper_core::lease::{Holder, Resource};
+//! use std::time::Duration;
+//!
+//! let mailer = Resource::parse("mailer")?;
+//! // A two-second lease, renewed every third of that.
+//! let timing = LeaseTiming::from_ttl(Duration::from_secs(2));
+//! let a = LeaseClient::new(pool.clone(), mailer.clone(), Holder::parse("replica-a")?, timing);
+//! let b = LeaseClient::new(pool.clone(), mailer, Holder::parse("replica-b")?, timing);
+//!
+//! let held = a.acquire().await?.expect("the lease is free");
+//! assert!(b.acquire().await?.is_none(), "replica-a holds it");
+//!
+//! // Work that must stop the moment the lease is lost watches this token.
+//! let lost = held.lost_token();
+//!
+//! // Past its TTL the lease is still held: the client renewed it.
+//! tokio::time::sleep(Duration::from_millis(2500)).await;
+//! assert!(held.is_held() && !lost.is_cancelled());
+//! assert!(b.acquire().await?.is_none(), "still replica-a's");
+//!
+//! // Releasing hands it over at once, to a new term with a higher token.
+//! let token = held.token();
+//! assert!(held.release().await?);
+//! let taken = b.acquire().await?.expect("released, so free");
+//! assert!(taken.token() > token);
+//! # Ok(())
+//! # }
+//! ```
 
 use super::store::{self, Acquired, LeaseError};
 use super::{Holder, Lease, Resource};

@@ -17,6 +17,59 @@
 //!
 //! [`transition`] is the whole table and is pure; [`Singleton`] drives it
 //! with the lease client.
+//!
+//! The same singleton on two replicas: one works, the other waits, and takes
+//! over (in a new term, with a higher fencing token) when the first stops:
+//!
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = leasekeeper_core::db::testing::fresh_pool().await;
+//! use leasekeeper_core::lease::client::{LeaseClient, LeaseTiming};
+//! use leasekeeper_core::lease::singleton::{Singleton, State, Work};
+//! use leasekeeper_core::lease::{Holder, Resource};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tokio::sync::mpsc;
+//! use tokio::time::timeout;
+//!
+//! // The work: tells which term it runs in, then runs until told to stop.
+//! // Its writes would carry the term's fencing token.
+//! let (started, mut terms) = mpsc::unbounded_channel();
+//! let work: Work = Arc::new(move |token, stop| {
+//!     let started = started.clone();
+//!     Box::pin(async move {
+//!         let _ = started.send(token);
+//!         stop.cancelled().await;
+//!     })
+//! });
+//!
+//! let resource = Resource::parse("singleton:nightly-report")?;
+//! let timing = LeaseTiming::from_ttl(Duration::from_secs(2));
+//! let retry = Duration::from_millis(100);
+//! let replica = |name: &str| -> Result<Singleton, Box<dyn std::error::Error>> {
+//!     let client = LeaseClient::new(pool.clone(), resource.clone(), Holder::parse(name)?, timing);
+//!     Ok(Singleton::spawn(client, retry, work.clone()))
+//! };
+//! let (a, b) = (replica("replica-a")?, replica("replica-b")?);
+//! let patience = Duration::from_secs(10);
+//!
+//! a.start();
+//! let first = timeout(patience, terms.recv()).await?.expect("a's term");
+//! assert_eq!(a.token(), Some(first));
+//!
+//! b.start();
+//! timeout(patience, b.watch_state().wait_for(|s| *s == State::Waiting)).await??;
+//!
+//! // a stops its work and releases the lease; b takes over.
+//! a.shutdown().await;
+//! let second = timeout(patience, terms.recv()).await?.expect("b's term");
+//! assert!(second > first);
+//! assert_eq!(b.token(), Some(second));
+//! b.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 
 use super::client::{HeldLease, LeaseClient, LeaseStatus};
 use serde::Serialize;

@@ -6,6 +6,51 @@
 //! `ON CONFLICT DO UPDATE`). That, and only the database clock (`now()`),
 //! decides ownership; no process clock takes part. History rows in
 //! `lease_events` are written by a trigger inside the same statement.
+//!
+//! Acquire, renew and release, by hand (the [`client`](super::client)
+//! renews in the background for you):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = leasekeeper_core::db::testing::fresh_pool().await;
+//! use leasekeeper_core::lease::store::{self, Acquired, LeaseError};
+//! use leasekeeper_core::lease::{Holder, LeaseState, Resource};
+//! use std::time::Duration;
+//!
+//! let mut conn = pool.acquire().await?;
+//! let report = Resource::parse("report:daily")?;
+//! let (alice, bob) = (Holder::parse("alice")?, Holder::parse("bob")?);
+//! let ttl = Duration::from_secs(30);
+//!
+//! // Alice acquires the free lease: a new term, fencing token 1.
+//! let first = store::acquire(&mut conn, &report, &alice, ttl).await?;
+//! assert!(matches!(first, Acquired::New(_)));
+//! let token = first.lease().fencing_token;
+//! assert_eq!(token, 1);
+//!
+//! // Bob is refused while Alice's lease is live.
+//! match store::acquire(&mut conn, &report, &bob, ttl).await {
+//!     Err(LeaseError::Held { holder, .. }) => assert_eq!(holder, "alice"),
+//!     other => panic!("expected Held, got {other:?}"),
+//! }
+//!
+//! // Alice renews her term (only the term with her token), then releases it.
+//! let renewed = store::renew(&mut conn, &report, &alice, Some(token), None).await?;
+//! assert_eq!(renewed.renew_count, 1);
+//! let released = store::release(&mut conn, &report, &alice, Some(token)).await?;
+//! assert_eq!(released.state, LeaseState::Released);
+//!
+//! // Bob gets it at once, in a new term with a higher token ...
+//! let second = store::acquire(&mut conn, &report, &bob, ttl).await?.into_lease();
+//! assert_eq!(second.fencing_token, 2);
+//!
+//! // ... and Alice's old term is over: her late renewal changes nothing.
+//! let late = store::renew(&mut conn, &report, &alice, Some(token), None).await;
+//! assert!(matches!(late, Err(LeaseError::NotFound(_))));
+//! # Ok(())
+//! # }
+//! ```
 
 use super::{Holder, Lease, LeaseDetail, LeaseEvent, LeaseFilter, Resource};
 use sqlx::PgConnection;

@@ -6,6 +6,46 @@
 //! holds the current claim, with its fencing token, before its deadline; a
 //! refused write changes nothing and is recorded in `lease_events` as
 //! `stale_write_refused`, in the same transaction as the refusal.
+//!
+//! Enqueue a task, claim it, complete it; a second completion is refused:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = leasekeeper_core::db::testing::fresh_pool().await;
+//! use leasekeeper_core::lease::Holder;
+//! use leasekeeper_core::queue::store::{self, TaskError};
+//! use leasekeeper_core::queue::{NewTask, TaskStatus};
+//! use serde_json::json;
+//! use std::time::Duration;
+//!
+//! let mut conn = pool.acquire().await?;
+//! // A task of kind `email` in the default queue, up to 3 attempts, claimable at once.
+//! let new = NewTask::new("email", json!({"to": "ada@example.com"})).max_attempts(3);
+//! let task = store::enqueue(&mut conn, &new).await?;
+//! assert_eq!((task.status, task.queue.as_str()), (TaskStatus::Pending, "default"));
+//!
+//! // A worker claims it: its lease on `task:<id>` for 30 s, with a fencing token.
+//! let worker = Holder::parse("worker-1")?;
+//! let ttl = Duration::from_secs(30);
+//! let claimed = store::claim_next(&mut conn, &worker, ttl).await?.expect("a task is due");
+//! assert_eq!((claimed.id, claimed.status), (task.id, TaskStatus::Started));
+//! let token = claimed.fencing_token.expect("a claim has a token");
+//!
+//! // While the claim is live nobody else gets the task.
+//! let other = Holder::parse("worker-2")?;
+//! assert!(store::claim_next(&mut conn, &other, ttl).await?.is_none());
+//!
+//! // The holder completes it with its token; the task completes only once.
+//! let output = json!({"sent": true});
+//! let done = store::complete(&mut conn, task.id, &worker, token, Some(&output)).await?;
+//! assert_eq!(done.status, TaskStatus::Processed);
+//! assert_eq!(done.task_output, Some(output));
+//! let again = store::complete(&mut conn, task.id, &worker, token, None).await;
+//! assert!(matches!(again, Err(TaskError::Stale { .. })));
+//! # Ok(())
+//! # }
+//! ```
 
 use super::{ClaimFilter, NewTask, Task, TaskStatus, check_name};
 use crate::lease::store::{self as leases, LeaseError, Page};

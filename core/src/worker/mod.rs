@@ -1,4 +1,4 @@
-//! Task workers: one worker loop, two transports, and the simulated fleet.
+//! Task workers: one worker loop, its two transports, and the `workers` table.
 //!
 //! A worker claims a task (taking its lease), works on it in one-second
 //! ticks while heartbeating the lease on its own timer, and completes it with
@@ -11,10 +11,11 @@
 //!
 //! The same loop ([`run::Worker`]) runs
 //! - inside each instance, as simulated workers over the in-process
-//!   transport ([`transport::InProcess`]), managed by a [`fleet::Fleet`]
-//!   that the dashboard can use to spawn, pause and kill them; and
+//!   transport ([`transport::InProcess`]), managed by the dashboard's fleet,
+//!   which can spawn, pause and kill them; and
 //! - as a separate `leasekeeper worker --server URL` process over the REST
-//!   API ([`transport::Http`]), where `kill -9` is the real crash.
+//!   API (`transport::Http`, feature `http-client`), where `kill -9` is the
+//!   real crash.
 //!
 //! This module holds the types the server and the browser share (a row of
 //! the `workers` table); the loop itself is server-only.
