@@ -84,3 +84,17 @@ pub mod worker;
 
 #[cfg(feature = "postgres")]
 pub mod db;
+
+// The items a service uses most, at the crate's root.
+#[cfg(feature = "postgres")]
+pub use queue::store::{FencedTransaction, enqueue};
+pub use queue::{NewTask, Task};
+#[cfg(feature = "postgres")]
+pub use worker::handler::{Done, HandlerError, HandlerResult, Job, TaskContext};
+#[cfg(feature = "postgres")]
+pub use worker::runtime::Runtime;
+
+/// The README's Rust examples, compiled as doc-tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 async fn enqueue(db: &TestDb, task: NewTask) -> Task {
-    store::enqueue(&mut *db.pool.acquire().await.unwrap(), &task)
+    store::enqueue(&mut db.pool.acquire().await.unwrap(), &task)
         .await
         .unwrap()
 }
 
 async fn task(db: &TestDb, id: i32) -> Task {
-    store::get(&mut *db.pool.acquire().await.unwrap(), id)
+    store::get(&mut db.pool.acquire().await.unwrap(), id)
         .await
         .unwrap()
         .unwrap()

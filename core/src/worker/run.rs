@@ -22,7 +22,7 @@
 //! - A graceful stop gives the task back at once as a failed attempt (it is
 //!   retried after a short backoff) instead of making it wait out the lease.
 //!
-//! The work itself is the [`Handler`](super::handler::Handler) registered
+//! The work itself is the [`Handler`] registered
 //! for the task's kind. It runs inside the loop (polled, not spawned), so a
 //! pause freezes it too; a panic in it is caught and reported as a failed
 //! attempt. When the claim is lost, the handler's

@@ -2,19 +2,35 @@
 //! queues each with its own concurrency, and workers that claim, heartbeat
 //! and complete on the service's own pool.
 //!
-//! ```no_run
-//! use leasekeeper_core::worker::handler::{Done, Job, TaskContext};
-//! use leasekeeper_core::worker::runtime::Runtime;
+//! ```
+//! use leasekeeper_core::queue::{TaskStatus, store};
+//! use leasekeeper_core::{Done, Job, NewTask, Runtime, TaskContext, enqueue};
 //! use serde_json::json;
-//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! let runtime = Runtime::builder(pool)
+//! use std::time::Duration;
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! # let pool = leasekeeper_core::db::testing::fresh_pool().await;
+//! let runtime = Runtime::builder(pool.clone())
 //!     .queue("default", 8)
 //!     .handler("resize", |job: Job, _ctx: TaskContext| async move {
-//!         Ok(Done::output(json!({ "resized": job.data["image"] })))
+//!         let width = job.data["width"].as_i64().ok_or("resize needs a width")?;
+//!         Ok(Done::output(json!({ "resized_to": width / 2, "attempt": job.attempt })))
 //!     })
 //!     .start()
 //!     .await?;
-//! // ... serve requests ...
+//!
+//! let mut conn = pool.acquire().await?;
+//! let task = enqueue(&mut conn, &NewTask::new("resize", json!({ "width": 640 }))).await?;
+//! // Woken by the enqueue's NOTIFY, a worker claims, runs and completes it.
+//! let done = loop {
+//!     let now = store::get(&mut conn, task.id).await?.expect("the task");
+//!     if now.status == TaskStatus::Processed {
+//!         break now;
+//!     }
+//!     tokio::time::sleep(Duration::from_millis(20)).await;
+//! };
+//! assert_eq!(done.task_output, Some(json!({ "resized_to": 320, "attempt": 1 })));
+//! assert!(done.processor.unwrap().starts_with(runtime.id()));
 //! runtime.shutdown().await;
 //! # Ok(()) }
 //! ```
