@@ -234,9 +234,10 @@ async fn main() -> Result<(), Error> {
     };
     println!("{replica}: running");
 
-    match args.run_for {
-        Some(d) => tokio::time::sleep(d).await,
-        None => tokio::signal::ctrl_c().await?,
+    let run_for = args.run_for.unwrap_or(Duration::MAX);
+    tokio::select! {
+        stopped = tokio::signal::ctrl_c() => stopped?,
+        () = tokio::time::sleep(run_for) => {}
     }
     reporter.shutdown().await;
     runtime.shutdown().await;

@@ -26,14 +26,20 @@ fn example() -> PathBuf {
     bin
 }
 
+/// The test database as a URL for the replicas: host and port as query
+/// parameters, so a socket folder (the embedded cluster's) works as well
+/// as an address.
 fn url(db: &TestDb) -> String {
-    let o = &db.options;
+    let o = &db.plain;
+    let host = match o.get_socket() {
+        Some(dir) => dir.display().to_string(),
+        None => o.get_host().to_string(),
+    };
     format!(
-        "postgres://{}@{}:{}/{}",
+        "postgres://{}@localhost/{}?host={host}&port={}&sslmode=disable",
         o.get_username(),
-        o.get_host(),
+        o.get_database().expect("a database name"),
         o.get_port(),
-        o.get_database().expect("a database name")
     )
 }
 

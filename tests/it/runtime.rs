@@ -274,6 +274,18 @@ async fn the_dashboard_lists_a_services_runtime_and_refuses_to_kill_its_workers(
         .start()
         .await
         .unwrap();
+    // Each worker records itself as it starts.
+    until("both workers listed", Duration::from_secs(10), || async {
+        let (_, workers) = api.get("/api/workers").await;
+        workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["instance_id"] == "svc-1")
+            .count()
+            == 2
+    })
+    .await;
     let (s, workers) = api.get("/api/workers").await;
     assert_eq!(s, axum::http::StatusCode::OK);
     let ours: Vec<&serde_json::Value> = workers

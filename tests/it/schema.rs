@@ -134,7 +134,7 @@ async fn migrating_creates_nothing_in_public_and_leaves_the_hosts_migrations_alo
     // table of the host's is also called task_counts) still write our
     // tables, not the host's.
     sqlx::raw_sql(
-        "INSERT INTO leasekeeper.tasks (task_data) VALUES ('{}');
+        "INSERT INTO leasekeeper.tasks (kind, task_data) VALUES ('sleep', '{}');
          INSERT INTO leasekeeper.leases (resource, holder, expires_at, ttl_ms, fencing_token)
          VALUES ('host:r', 'host', now() + interval '1 minute', 60000, 1);",
     )
