@@ -5,7 +5,7 @@ use crate::error::AppError;
 use crate::lease::Holder;
 use crate::lease::store::Page;
 use crate::queue::store::{self, RetryPolicy};
-use crate::queue::{ClaimFilter, NewTask, Task, TaskStatus, check_name};
+use crate::queue::{ClaimRequest, NewTask, Task, TaskStatus};
 use crate::state::AppState;
 use crate::worker::simulated;
 use axum::extract::State;
@@ -162,46 +162,11 @@ async fn enqueue(
     Ok((StatusCode::CREATED, Json(task)))
 }
 
-/// Body of `POST /api/tasks/next`: claims from `queue` (`default` when
-/// absent), only tasks of `kinds` when given (every kind when absent).
-#[derive(Deserialize)]
-pub struct ClaimBody {
-    processor: Holder,
-    queue: Option<String>,
-    kinds: Option<Vec<String>>,
-}
-
-/// The most kinds one claim may name.
-const MAX_CLAIM_KINDS: usize = 100;
-
-impl ClaimBody {
-    fn filter(&self) -> Result<ClaimFilter, AppError> {
-        let mut filter = ClaimFilter::default();
-        if let Some(queue) = &self.queue {
-            check_name("queue", queue).map_err(AppError::BadRequest)?;
-            filter = ClaimFilter::queue(queue.clone());
-        }
-        if let Some(kinds) = &self.kinds {
-            if kinds.is_empty() || kinds.len() > MAX_CLAIM_KINDS {
-                return Err(AppError::BadRequest(format!(
-                    "kinds must name 1 to {MAX_CLAIM_KINDS} kinds, got {}",
-                    kinds.len()
-                )));
-            }
-            for kind in kinds {
-                check_name("kind", kind).map_err(AppError::BadRequest)?;
-            }
-            filter = filter.kinds(kinds.iter().cloned());
-        }
-        Ok(filter)
-    }
-}
-
 async fn claim_next(
     State(s): State<AppState>,
-    JsonBody(body): JsonBody<ClaimBody>,
+    JsonBody(body): JsonBody<ClaimRequest>,
 ) -> Result<Response, AppError> {
-    let filter = body.filter()?;
+    let filter = body.filter().map_err(AppError::BadRequest)?;
     let claimed = store::claim_next_in(
         &mut *s.pool.acquire().await?,
         &body.processor,

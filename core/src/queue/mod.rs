@@ -243,6 +243,59 @@ impl Default for ClaimFilter {
     }
 }
 
+/// The most kinds one claim may name.
+pub const MAX_CLAIM_KINDS: usize = 100;
+
+/// The body of a claim over REST (`POST /api/tasks/next`), one type for the
+/// server that reads it and the HTTP worker transport that sends it: claims
+/// for `processor` from `queue` (`default` when absent), only tasks of
+/// `kinds` when given (every kind when absent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    /// Who claims (the holder of the task's lease).
+    pub processor: crate::lease::Holder,
+    /// The queue claimed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// The kinds claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<Vec<String>>,
+}
+
+impl ClaimRequest {
+    /// A claim by `processor` of what `filter` lets through.
+    pub fn new(processor: crate::lease::Holder, filter: &ClaimFilter) -> Self {
+        ClaimRequest {
+            processor,
+            queue: Some(filter.queue.clone()),
+            kinds: filter.kinds.clone(),
+        }
+    }
+
+    /// The filter this request asks for, or why it is not a valid one
+    /// (a bad queue or kind name, no kinds, or more than [`MAX_CLAIM_KINDS`]).
+    pub fn filter(&self) -> Result<ClaimFilter, String> {
+        let mut filter = ClaimFilter::default();
+        if let Some(queue) = &self.queue {
+            check_name("queue", queue)?;
+            filter = ClaimFilter::queue(queue.clone());
+        }
+        if let Some(kinds) = &self.kinds {
+            if kinds.is_empty() || kinds.len() > MAX_CLAIM_KINDS {
+                return Err(format!(
+                    "kinds must name 1 to {MAX_CLAIM_KINDS} kinds, got {}",
+                    kinds.len()
+                ));
+            }
+            for kind in kinds {
+                check_name("kind", kind)?;
+            }
+            filter = filter.kinds(kinds.iter().cloned());
+        }
+        Ok(filter)
+    }
+}
+
 /// A task with the history of its lease, for the detail view.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskDetail {

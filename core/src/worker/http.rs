@@ -3,7 +3,7 @@
 
 use super::transport::{Claim, Report, Transport, TransportError, ms};
 use crate::lease::Holder;
-use crate::queue::ClaimFilter;
+use crate::queue::{ClaimFilter, ClaimRequest};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -125,11 +125,7 @@ impl Transport for Http {
             .call(
                 reqwest::Method::POST,
                 &["api", "tasks", "next"],
-                &json!({
-                    "processor": worker,
-                    "queue": self.filter.queue,
-                    "kinds": self.filter.kinds,
-                }),
+                &json!(ClaimRequest::new(worker.clone(), &self.filter)),
             )
             .await?;
         match status {
