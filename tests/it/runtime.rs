@@ -129,7 +129,9 @@ async fn each_queue_runs_at_its_own_concurrency() {
                     *now += 1;
                     *peak = (*peak).max(*now);
                 }
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                // Long enough for every worker of a queue to be at work at
+                // once, even when claims are slow on a loaded machine.
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 seen.lock().unwrap().get_mut(&job.queue).unwrap().0 -= 1;
                 HandlerResult::Ok(Done::empty())
             }
