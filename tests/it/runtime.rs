@@ -322,3 +322,58 @@ async fn the_dashboard_lists_a_services_runtime_and_refuses_to_kill_its_workers(
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_the_tasks_at_hand_within_its_grace_and_gives_back_the_rest() {
+    let db = TestDb::new().await;
+    let quick = enqueue(&db, NewTask::new("quick", json!({})).priority(-1)).await;
+    let slow = enqueue(&db, NewTask::new("slow", json!({})).priority(-1)).await;
+    let waiting = enqueue(&db, NewTask::new("quick", json!({}))).await;
+    let runtime = Runtime::builder(db.pool.clone())
+        .queue("default", 2)
+        .shutdown_grace(Duration::from_secs(2))
+        .handler("quick", |_: Job, _: TaskContext| async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            HandlerResult::Ok(Done::output(json!("finished")))
+        })
+        .handler("slow", |_: Job, _: TaskContext| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            HandlerResult::Ok(Done::empty())
+        })
+        .start()
+        .await
+        .unwrap();
+    until(
+        "both first tasks started",
+        Duration::from_secs(10),
+        || async {
+            task(&db, quick.id).await.status == TaskStatus::Started
+                && task(&db, slow.id).await.status == TaskStatus::Started
+        },
+    )
+    .await;
+    let began = tokio::time::Instant::now();
+    runtime.shutdown().await;
+    let took = began.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(8),
+        "waited out the grace for the slow task, then stopped: {took:?}"
+    );
+    // The quick task was finished, not failed; nothing new was claimed.
+    let quick = task(&db, quick.id).await;
+    assert_eq!(quick.status, TaskStatus::Processed);
+    assert_eq!(quick.task_output, Some(json!("finished")));
+    let waiting = task(&db, waiting.id).await;
+    assert_eq!((waiting.status, waiting.attempts), (TaskStatus::Pending, 0));
+    // The slow one was given back at once, to be retried, not left to its lease.
+    let slow = task(&db, slow.id).await;
+    assert_eq!(slow.status, TaskStatus::Pending);
+    assert_eq!(slow.attempts, 1);
+    assert!(
+        slow.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("stopped before finishing"),
+        "{slow:?}"
+    );
+}

@@ -114,6 +114,7 @@ pub enum Command {
 #[derive(Clone, Debug)]
 pub struct Controls {
     stop: CancellationToken,
+    drain: CancellationToken,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -121,6 +122,13 @@ impl Controls {
     /// Asks the worker to stop gracefully (it gives back its task).
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+
+    /// Asks the worker to claim nothing more and stop once the task at
+    /// hand is finished (completed, failed or lost); [`Controls::stop`]
+    /// still stops it at once.
+    pub fn drain(&self) {
+        self.drain.cancel();
     }
 
     /// Freezes the worker for `duration`. False when the worker is gone.
@@ -212,6 +220,7 @@ pub struct Worker<T> {
     chaos: Chaos,
     wake: WorkSignal,
     stop: CancellationToken,
+    drain: CancellationToken,
     commands: mpsc::UnboundedReceiver<Command>,
     done: i32,
     abandoned: i32,
@@ -230,6 +239,7 @@ impl<T: Transport> Worker<T> {
         chaos: Chaos,
     ) -> (Self, Controls) {
         let stop = CancellationToken::new();
+        let drain = CancellationToken::new();
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Worker {
             id,
@@ -239,12 +249,20 @@ impl<T: Transport> Worker<T> {
             chaos,
             wake: WorkSignal::deaf(),
             stop: stop.clone(),
+            drain: drain.clone(),
             commands: rx,
             done: 0,
             abandoned: 0,
             last_report: Instant::now(),
         };
-        (worker, Controls { stop, commands: tx })
+        (
+            worker,
+            Controls {
+                stop,
+                drain,
+                commands: tx,
+            },
+        )
     }
 
     /// Wakes this worker from its idle wait when `wake` hears of new work
@@ -260,7 +278,7 @@ impl<T: Transport> Worker<T> {
         self.report(WorkerState::Idle, None, false, true).await;
         let mut failures: u32 = 0;
         loop {
-            if self.stop.is_cancelled() {
+            if self.stop.is_cancelled() || self.drain.is_cancelled() {
                 return self.stopped().await;
             }
             // Not raced against stop: a claim the queue granted must be
@@ -299,6 +317,7 @@ impl<T: Transport> Worker<T> {
         tokio::select! {
             biased;
             () = self.stop.cancelled() => Some(self.stopped().await),
+            () = self.drain.cancelled() => Some(self.stopped().await),
             Some(Command::Pause(duration)) = self.commands.recv() => {
                 if self.freeze(duration, None).await {
                     return Some(self.stopped().await);

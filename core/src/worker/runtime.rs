@@ -79,6 +79,7 @@ pub struct RuntimeBuilder {
     worker: WorkerConfig,
     retry: RetryPolicy,
     host_search_path: String,
+    shutdown_grace: Duration,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -141,6 +142,13 @@ impl RuntimeBuilder {
     /// service's own tables are). Default: `"$user", public`.
     pub fn host_search_path(mut self, search_path: impl Into<String>) -> Self {
         self.host_search_path = search_path.into();
+        self
+    }
+
+    /// How long [`Runtime::shutdown`] lets the tasks at hand finish before
+    /// giving the rest back. Default: 10 s.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 
@@ -213,6 +221,7 @@ impl RuntimeBuilder {
             registration,
             live,
             workers,
+            shutdown_grace: self.shutdown_grace,
         })
     }
 }
@@ -226,6 +235,7 @@ pub struct Runtime {
     registration: Registration,
     live: LiveHub,
     workers: Vec<(Controls, JoinHandle<Exit>)>,
+    shutdown_grace: Duration,
 }
 
 impl Runtime {
@@ -242,6 +252,7 @@ impl Runtime {
             worker: WorkerConfig::new(Duration::from_secs(15), Duration::from_secs(5)),
             retry: RetryPolicy::default(),
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 
@@ -255,15 +266,21 @@ impl Runtime {
         self.workers.len()
     }
 
-    /// Stops gracefully: every worker gives its task back at once (a
-    /// failed attempt, retried after the backoff) and stops; then the
-    /// instance is marked stopped.
+    /// Stops gracefully: the workers claim nothing more and finish the
+    /// tasks at hand, for up to the [shutdown
+    /// grace](RuntimeBuilder::shutdown_grace); a task still running then is
+    /// given back (a failed attempt, retried after the backoff, so a
+    /// deploy never waits out a lease). Then the instance is marked stopped.
     pub async fn shutdown(self) {
         for (controls, _) in &self.workers {
-            controls.stop();
+            controls.drain();
         }
-        for (_, task) in self.workers {
-            let _ = task.await;
+        let deadline = tokio::time::Instant::now() + self.shutdown_grace;
+        for (controls, mut task) in self.workers {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                controls.stop();
+                let _ = task.await;
+            }
         }
         self.live.shutdown();
         if let Err(e) = self.registration.shutdown().await {
