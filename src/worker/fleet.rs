@@ -10,7 +10,6 @@
 //! process supervisor would; an operator's kill is not replaced.
 
 use super::chaos::{Chaos, ChaosSettings};
-use super::handler::Handlers;
 use super::registry;
 use super::run::{Controls, Exit, Worker, WorkerConfig};
 use super::simulated;
@@ -29,12 +28,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// The one handler a simulated worker has: the simulated work (kind
-/// `sleep`), crashing as `chaos` says.
-pub fn simulated_work(chaos: &ChaosSettings) -> Handlers {
-    Handlers::new().register(simulated::KIND, simulated::handler(chaos.clone()))
-}
 
 /// How the fleet runs its workers.
 #[derive(Clone, Debug, PartialEq)]
@@ -210,7 +203,7 @@ impl Fleet {
             Some(seed) => Chaos::seeded(config.chaos.clone(), seed.wrapping_add(n)),
             None => Chaos::from_os(config.chaos.clone()),
         };
-        let handlers = simulated_work(&config.chaos);
+        let handlers = simulated::handlers(&config.chaos);
         let transport = InProcess::new(
             self.inner.pool.clone(),
             config.worker.lease_ttl,

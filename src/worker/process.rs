@@ -40,7 +40,7 @@ pub async fn run(
     faults: FaultOptions,
 ) -> anyhow::Result<()> {
     let id = Holder::parse(id.unwrap_or_else(generated_id)).context("--id")?;
-    let handlers = super::fleet::simulated_work(&settings.chaos_settings());
+    let handlers = super::simulated::handlers(&settings.chaos_settings());
     let transport = Http::new(server)
         .map_err(|e| anyhow!(e))?
         .serving(ClaimFilter::default().kinds(handlers.kinds()));

@@ -715,6 +715,15 @@ pub struct FencedTransaction {
     queue_search_path: String,
 }
 
+/// Sets `search_path` for the rest of the current transaction.
+async fn set_search_path(conn: &mut PgConnection, search_path: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT set_config('search_path', $1, true)")
+        .bind(search_path)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 impl std::fmt::Debug for FencedTransaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FencedTransaction")
@@ -731,10 +740,7 @@ impl FencedTransaction {
         let queue_search_path: String = sqlx::query_scalar("SELECT current_setting('search_path')")
             .fetch_one(&mut *tx)
             .await?;
-        sqlx::query("SELECT set_config('search_path', $1, true)")
-            .bind(search_path)
-            .execute(&mut *tx)
-            .await?;
+        set_search_path(&mut tx, search_path).await?;
         sqlx::query(&format!("SAVEPOINT {FENCE_SAVEPOINT}"))
             .execute(&mut *tx)
             .await?;
@@ -757,10 +763,7 @@ impl FencedTransaction {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::TASKS | crate::live::Topics::LEASES,
         );
-        sqlx::query("SELECT set_config('search_path', $1, true)")
-            .bind(&self.queue_search_path)
-            .execute(&mut *self.tx)
-            .await?;
+        set_search_path(&mut self.tx, &self.queue_search_path).await?;
         // Race prevented: a stale holder's effects committing. The handler
         // wrote in this transaction; the completion below locks the task
         // row and re-checks the claim (processor, token, status, deadline)
@@ -787,10 +790,7 @@ impl FencedTransaction {
         sqlx::query(&format!("ROLLBACK TO SAVEPOINT {FENCE_SAVEPOINT}"))
             .execute(&mut *self.tx)
             .await?;
-        sqlx::query("SELECT set_config('search_path', $1, true)")
-            .bind(&self.queue_search_path)
-            .execute(&mut *self.tx)
-            .await?;
+        set_search_path(&mut self.tx, &self.queue_search_path).await?;
         let err = refuse(&mut self.tx, id, processor, token, "complete").await?;
         self.tx.commit().await?;
         Err(err)

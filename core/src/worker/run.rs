@@ -777,17 +777,13 @@ mod tests {
         }
     }
 
-    fn sleeper(chaos: &ChaosSettings) -> Handlers {
-        Handlers::new().register(simulated::KIND, simulated::handler(chaos.clone()))
-    }
-
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)
     }
 
     fn start(fake: &Fake, chaos: ChaosSettings) -> (tokio::task::JoinHandle<Exit>, Controls) {
         let config = WorkerConfig::new(secs(3.0), secs(1.0));
-        start_with(fake, sleeper(&chaos), config, chaos)
+        start_with(fake, simulated::handlers(&chaos), config, chaos)
     }
 
     fn start_with(
@@ -851,7 +847,7 @@ mod tests {
         config.trust_claims = true;
         let (worker, controls) = start_with(
             &fake,
-            sleeper(&ChaosSettings::off()),
+            simulated::handlers(&ChaosSettings::off()),
             config,
             ChaosSettings::off(),
         );

@@ -124,10 +124,8 @@ impl RuntimeBuilder {
     /// (at most a third of it). Default: 15 s and 5 s.
     pub fn lease(mut self, ttl: Duration, heartbeat_interval: Duration) -> Self {
         self.worker = WorkerConfig {
-            lease_ttl: ttl,
-            heartbeat_interval,
-            pause_for: ttl + Duration::from_secs(2),
-            ..self.worker
+            lost_grace: self.worker.lost_grace,
+            ..WorkerConfig::new(ttl, heartbeat_interval)
         };
         self
     }
@@ -286,19 +284,5 @@ impl Runtime {
         if let Err(e) = self.registration.shutdown().await {
             tracing::warn!(runtime = %self.id, error = %e, "could not mark the instance stopped");
         }
-    }
-
-    /// Stops as a crash would: workers die holding their tasks (their
-    /// leases run out and other runtimes take the tasks over), nothing is
-    /// released and the instance row goes stale. For tests and demos.
-    pub async fn crash(self) {
-        for (_, task) in &self.workers {
-            task.abort();
-        }
-        for (_, task) in self.workers {
-            let _ = task.await;
-        }
-        self.live.shutdown();
-        self.registration.abort();
     }
 }

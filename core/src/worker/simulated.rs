@@ -15,7 +15,7 @@
 //! it resumes, as a process frozen mid-work would find its timers overdue.
 
 use super::chaos::{Chaos, ChaosSettings};
-use super::handler::{Done, HandlerResult, Job, SimulatedCrash, TaskContext};
+use super::handler::{Done, HandlerResult, Handlers, Job, SimulatedCrash, TaskContext};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
@@ -54,6 +54,11 @@ pub fn handler(
 + Sync
 + 'static {
     move |job, ctx| Box::pin(work(job, ctx, Chaos::from_os(chaos.clone())))
+}
+
+/// The handlers of a simulated worker: this work, under kind [`KIND`].
+pub fn handlers(chaos: &ChaosSettings) -> Handlers {
+    Handlers::new().register(KIND, handler(chaos.clone()))
 }
 
 async fn work(job: Job, ctx: TaskContext, mut chaos: Chaos) -> HandlerResult {
