@@ -101,6 +101,9 @@ struct Inner {
     next: AtomicU64,
     slots: Mutex<BTreeMap<String, Slot>>,
     shutdown: CancellationToken,
+    /// One transport for every worker, so their claims, completions,
+    /// heartbeats and reports are batched together.
+    transport: InProcess,
 }
 
 /// The simulated workers of this instance. Cheap to clone.
@@ -128,12 +131,16 @@ impl Fleet {
         config: FleetConfig,
         live: Option<LiveHub>,
     ) -> Self {
+        let kinds = simulated::handlers(&config.chaos).kinds();
+        let transport = InProcess::new(pool.clone(), config.worker.lease_ttl, instance_id.clone())
+            .serving(ClaimFilter::default().kinds(kinds));
         Fleet {
             inner: Arc::new(Inner {
                 pool,
                 live,
                 instance_id,
                 config,
+                transport,
                 next: AtomicU64::new(1),
                 slots: Mutex::new(BTreeMap::new()),
                 shutdown: CancellationToken::new(),
@@ -204,12 +211,7 @@ impl Fleet {
             None => Chaos::from_os(config.chaos.clone()),
         };
         let handlers = simulated::handlers(&config.chaos);
-        let transport = InProcess::new(
-            self.inner.pool.clone(),
-            config.worker.lease_ttl,
-            self.inner.instance_id.clone(),
-        )
-        .serving(ClaimFilter::default().kinds(handlers.kinds()));
+        let transport = self.inner.transport.clone();
         let name = id.as_str().to_string();
         let (worker, controls) = Worker::new(id, transport, handlers, config.worker.clone(), chaos);
         let worker = match &self.inner.live {
@@ -314,5 +316,7 @@ impl Fleet {
                 }
             }
         }
+        // The completions handed over and the workers' last reports.
+        self.inner.transport.flush().await;
     }
 }

@@ -5,6 +5,7 @@
 mod abandoned;
 mod api;
 mod bad_input;
+mod batch;
 mod common;
 mod fault_check;
 mod fenced;

@@ -204,7 +204,7 @@ pub async fn claim_next_in(
 ) -> Result<Option<Task>, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let batch = claim_up_to(conn, processor, ttl, 1, filter).await?;
+    let batch = claim_up_to(conn, &[processor.as_str()], ttl, filter).await?;
     if let Some(task) = batch.claimed.into_iter().next() {
         return Ok(Some(task));
     }
@@ -242,16 +242,19 @@ pub async fn claim_batch(
             "a batch claims 1 to {MAX_BATCH} tasks, not {limit}"
         )));
     }
+    let holders = vec![processor.as_str(); limit];
     Ok(
-        claim_up_to(conn, processor, ttl, limit, &ClaimFilter::default())
+        claim_up_to(conn, &holders, ttl, &ClaimFilter::default())
             .await?
             .claimed,
     )
 }
 
-/// The one statement that claims up to `limit` tasks of queue `$3` for
-/// processor `$1` with a lease of `$2` milliseconds each (see
-/// [`claim_batch`]); with `by_kind`, only tasks whose kind is in the array
+/// The one statement that claims up to `limit` tasks of queue `$3`, the
+/// n-th task claimed for the n-th holder of the array `$1` (which has
+/// `limit` names; one name repeated for a batch of one holder), with a
+/// lease of `$2` milliseconds each (see [`claim_batch`] and
+/// [`claim_for`]); with `by_kind`, only tasks whose kind is in the array
 /// `$4`. Public so the benchmark can drive the very same SQL without
 /// application code.
 ///
@@ -280,13 +283,16 @@ pub fn claim_sql(limit: usize, by_kind: bool) -> String {
              ORDER BY priority, scheduled_at, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), candidate AS (
-            SELECT * FROM late UNION ALL SELECT * FROM fresh
+            SELECT c.*, row_number() OVER () AS n
+              FROM (SELECT * FROM late UNION ALL SELECT * FROM fresh) c
+         ), holder AS (
+            SELECT h.name, h.n FROM unnest($1::text[]) WITH ORDINALITY AS h(name, n)
          ), lease AS (
             INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
-            SELECT 'task:' || c.id, $1, now(), now() + make_interval(secs => $2::float8 / 1000), $2,
+            SELECT 'task:' || c.id, h.name, now(), now() + make_interval(secs => $2::float8 / 1000), $2,
                    COALESCE((SELECT f.last_token FROM lease_fencing f
                               WHERE f.resource = 'task:' || c.id), 0) + 1
-              FROM candidate c
+              FROM candidate c JOIN holder h ON h.n = c.n
              WHERE NOT c.late OR c.attempts < c.max_attempts
              ORDER BY c.id
             ON CONFLICT (resource) DO UPDATE
@@ -295,10 +301,10 @@ pub fn claim_sql(limit: usize, by_kind: bool) -> String {
                    ttl_ms = EXCLUDED.ttl_ms, renew_count = 0,
                    fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
              WHERE l.expires_at <= now()
-            RETURNING resource, fencing_token, expires_at
+            RETURNING resource, holder, fencing_token, expires_at
          ), claimed AS (
             UPDATE tasks t
-               SET status = 'started', processor = $1, fencing_token = lease.fencing_token,
+               SET status = 'started', processor = lease.holder, fencing_token = lease.fencing_token,
                    started_at = now(), last_heartbeat_at = now(),
                    must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
               FROM candidate c JOIN lease ON lease.resource = 'task:' || c.id
@@ -312,11 +318,48 @@ pub fn claim_sql(limit: usize, by_kind: bool) -> String {
     )
 }
 
+/// What [`claim_for`] did: the tasks it claimed (each with its holder as
+/// `processor`), and whether it passed over candidates it could not claim
+/// in one statement (a late task out of attempts, or a task whose lease
+/// someone holds by hand), which [`claim_next_in`] then handles.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The tasks claimed, in deadline order.
+    pub tasks: Vec<Task>,
+    /// Candidates were left for the careful path.
+    pub passed_over: bool,
+}
+
+/// Claims up to one task for each of `holders` (distinct names) among the
+/// tasks `filter` lets through, in one statement (one round trip, one
+/// commit), each task with its own lease and fencing token: what a
+/// runtime's producer does for its free workers.
+pub async fn claim_for(
+    conn: &mut PgConnection,
+    holders: &[Holder],
+    ttl: Duration,
+    filter: &ClaimFilter,
+) -> Result<Claimed, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    if !(1..=MAX_BATCH).contains(&holders.len()) {
+        return Err(TaskError::BadInput(format!(
+            "a claim is for 1 to {MAX_BATCH} holders, not {}",
+            holders.len()
+        )));
+    }
+    let names: Vec<&str> = holders.iter().map(Holder::as_str).collect();
+    let batch = claim_up_to(conn, &names, ttl, filter).await?;
+    Ok(Claimed {
+        passed_over: batch.candidates > batch.claimed.len() as i64,
+        tasks: batch.claimed,
+    })
+}
+
 async fn claim_up_to(
     conn: &mut PgConnection,
-    processor: &Holder,
+    holders: &[&str],
     ttl: Duration,
-    limit: usize,
     filter: &ClaimFilter,
 ) -> Result<ClaimBatch, TaskError> {
     let ttl_ms = leases::ttl_ms(ttl)?;
@@ -336,10 +379,10 @@ async fn claim_up_to(
     //   left alone; its candidate is counted but not claimed.
     // Late claims go first (they are older than anything pending); pending
     // tasks are looked at only when no late one is.
-    let sql = claim_sql(limit.clamp(1, MAX_BATCH), filter.kinds.is_some());
+    let sql = claim_sql(holders.len().clamp(1, MAX_BATCH), filter.kinds.is_some());
     for attempt in 0.. {
         let mut query = sqlx::query(&sql)
-            .bind(processor.as_str())
+            .bind(holders)
             .bind(ttl_ms)
             .bind(&filter.queue);
         if let Some(kinds) = &filter.kinds {
@@ -580,6 +623,78 @@ pub async fn heartbeat(
     Ok(task)
 }
 
+/// Extends many claims at once, each `(task id, fencing token, processor)`,
+/// by `ttl` (task row and lease together): one statement, one commit, what
+/// a runtime's heartbeats of all its tasks cost. Answers each claim's
+/// outcome, in their order: the task with its new deadline, or why it was
+/// refused, each refusal recorded like a refused [`heartbeat`].
+pub async fn heartbeat_each(
+    conn: &mut PgConnection,
+    beats: &[(i32, i64, Holder)],
+    ttl: Duration,
+) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    if beats.len() > MAX_BATCH {
+        return Err(TaskError::BadInput(format!(
+            "a batch heartbeats at most {MAX_BATCH} claims, not {}",
+            beats.len()
+        )));
+    }
+    let mut ordered: Vec<&(i32, i64, Holder)> = beats.iter().collect();
+    ordered.sort_unstable_by_key(|b| (b.0, b.1));
+    let ids: Vec<i32> = ordered.iter().map(|b| b.0).collect();
+    let tokens: Vec<i64> = ordered.iter().map(|b| b.1).collect();
+    let processors: Vec<&str> = ordered.iter().map(|b| b.2.as_str()).collect();
+    // Race prevented: heartbeats from processors whose claims expired,
+    // racing takeovers by other workers (as `heartbeat`, for many claims).
+    // The UPDATE locks each task row (in id order: two batches never
+    // deadlock) and re-checks processor, token, status and deadline on its
+    // newest version; the lease of a term is renewed only with its task
+    // row, under the same holder and token, and only while it is live.
+    let renewed: Vec<Task> = sqlx::query_as(&format!(
+        "WITH beat AS (
+            SELECT * FROM unnest($1::int4[], $2::int8[], $3::text[]) AS b(id, token, processor)
+         ), renewed AS (
+            UPDATE tasks t
+               SET last_heartbeat_at = now(),
+                   must_heartbeat_before = now() + make_interval(secs => $4::float8 / 1000)
+              FROM beat
+             WHERE t.id = beat.id AND t.processor = beat.processor AND t.fencing_token = beat.token
+               AND t.status = 'started' AND t.must_heartbeat_before > now()
+            RETURNING t.*
+         ), lease AS (
+            UPDATE leases l
+               SET renewed_at = now(), ttl_ms = $4,
+                   expires_at = now() + make_interval(secs => $4::float8 / 1000),
+                   renew_count = l.renew_count + 1
+              FROM renewed
+             WHERE l.resource = 'task:' || renewed.id AND l.holder = renewed.processor
+               AND l.fencing_token = renewed.fencing_token
+               AND l.released_at IS NULL AND l.expires_at > now()
+         )
+         SELECT {TASK_COLUMNS} FROM renewed ORDER BY id"
+    ))
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&processors)
+    .bind(millis(ttl))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut accepted: std::collections::HashMap<(i32, i64), Task> = renewed
+        .into_iter()
+        .map(|t| ((t.id, t.fencing_token.unwrap_or_default()), t))
+        .collect();
+    let mut outcomes = Vec::with_capacity(beats.len());
+    for (id, token, processor) in beats {
+        outcomes.push(match accepted.remove(&(*id, *token)) {
+            Some(task) => Ok(task),
+            None => Err(refuse_alone(conn, *id, processor, *token, "heartbeat").await?),
+        });
+    }
+    Ok(outcomes)
+}
+
 /// Completes task `id` with `output`. Accepted only from the processor that
 /// holds the current claim with `token`, before its deadline; a task is
 /// therefore completed at most once. The task's lease is released. One
@@ -593,7 +708,8 @@ pub async fn complete(
 ) -> Result<Task, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let done = complete_claims(conn, processor, &[(id, token)], output).await?;
+    let done = complete_claims(conn, &[Completion::new(id, token, processor.clone(), output.cloned())])
+        .await?;
     if let Some(task) = done.into_iter().next() {
         return Ok(task);
     }
@@ -610,26 +726,77 @@ pub async fn complete_batch(
     claims: &[(i32, i64)],
     output: Option<&Value>,
 ) -> Result<Vec<Task>, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    if claims.len() > MAX_BATCH {
-        return Err(TaskError::BadInput(format!(
-            "a batch completes at most {MAX_BATCH} tasks, not {}",
-            claims.len()
-        )));
-    }
-    let done = complete_claims(conn, processor, claims, output).await?;
-    if done.len() < claims.len() {
-        let accepted: std::collections::HashSet<i32> = done.iter().map(|t| t.id).collect();
-        for &(id, token) in claims.iter().filter(|(id, _)| !accepted.contains(id)) {
-            refuse_alone(conn, id, processor, token, "complete").await?;
-        }
-    }
-    Ok(done)
+    let each: Vec<Completion> = claims
+        .iter()
+        .map(|&(id, token)| Completion::new(id, token, processor.clone(), output.cloned()))
+        .collect();
+    Ok(complete_each(conn, &each)
+        .await?
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect())
 }
 
-/// The one statement that completes the claims `($1 ids, $2 tokens)` of
-/// processor `$3` with output `$4` (see [`complete_batch`]); public so the
+/// One completion of [`complete_each`]: task `id` of `processor`'s claim
+/// with fencing token `token`, and its output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// The task.
+    pub id: i32,
+    /// The claim's fencing token.
+    pub token: i64,
+    /// Who claimed it.
+    pub processor: Holder,
+    /// What the task produced (`task_output`).
+    pub output: Option<Value>,
+}
+
+impl Completion {
+    /// Task `id`, completed by `processor` with `token` and `output`.
+    pub fn new(id: i32, token: i64, processor: Holder, output: Option<Value>) -> Self {
+        Completion {
+            id,
+            token,
+            processor,
+            output,
+        }
+    }
+}
+
+/// Completes each of `completions` (of any processors, with outputs of
+/// their own) in one statement and one commit: what a runtime's completer
+/// writes. Answers each completion's outcome, in their order: the task
+/// completed, or why it was refused (stale token, lost lease, finished
+/// task), each refusal recorded like a refused [`complete`].
+pub async fn complete_each(
+    conn: &mut PgConnection,
+    completions: &[Completion],
+) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    if completions.len() > MAX_BATCH {
+        return Err(TaskError::BadInput(format!(
+            "a batch completes at most {MAX_BATCH} tasks, not {}",
+            completions.len()
+        )));
+    }
+    let done = complete_claims(conn, completions).await?;
+    let mut accepted: std::collections::HashMap<(i32, i64), Task> = done
+        .into_iter()
+        .map(|t| ((t.id, t.fencing_token.unwrap_or_default()), t))
+        .collect();
+    let mut outcomes = Vec::with_capacity(completions.len());
+    for c in completions {
+        outcomes.push(match accepted.remove(&(c.id, c.token)) {
+            Some(task) => Ok(task),
+            None => Err(refuse_alone(conn, c.id, &c.processor, c.token, "complete").await?),
+        });
+    }
+    Ok(outcomes)
+}
+
+/// The one statement that completes the claims `($1 ids, $2 tokens, $3
+/// processors)` with outputs `$4` (see [`complete_each`]); public so the
 /// benchmark can drive the very same SQL without application code.
 pub fn complete_sql() -> String {
     complete_sql_at("now()")
@@ -642,20 +809,21 @@ pub fn complete_sql() -> String {
 fn complete_sql_at(clock: &str) -> String {
     format!(
         "WITH claim AS (
-            SELECT * FROM unnest($1::int4[], $2::int8[]) AS c(id, token)
+            SELECT * FROM unnest($1::int4[], $2::int8[], $3::text[], $4::jsonb[])
+                       AS c(id, token, processor, output)
          ), done AS (
             UPDATE tasks t
-               SET status = 'processed', processed_at = {clock}, task_output = $4,
+               SET status = 'processed', processed_at = {clock}, task_output = claim.output,
                    must_heartbeat_before = NULL
               FROM claim
-             WHERE t.id = claim.id AND t.fencing_token = claim.token AND t.processor = $3
+             WHERE t.id = claim.id AND t.fencing_token = claim.token AND t.processor = claim.processor
                AND t.status = 'started' AND t.must_heartbeat_before > {clock}
             RETURNING t.*
          ), released AS (
             UPDATE leases l
                SET released_at = {clock}, expires_at = date_trunc('milliseconds', {clock})
               FROM done
-             WHERE l.resource = 'task:' || done.id AND l.holder = $3
+             WHERE l.resource = 'task:' || done.id AND l.holder = done.processor
                AND l.fencing_token = done.fencing_token
                AND l.released_at IS NULL AND l.expires_at > {clock}
          )
@@ -663,11 +831,31 @@ fn complete_sql_at(clock: &str) -> String {
     )
 }
 
+/// The columns of `completions` as the arrays [`complete_sql`] binds, in
+/// task id order.
+fn completion_arrays(
+    completions: &[Completion],
+) -> (Vec<i32>, Vec<i64>, Vec<String>, Vec<Option<Value>>) {
+    let mut ordered: Vec<&Completion> = completions.iter().collect();
+    ordered.sort_unstable_by_key(|c| (c.id, c.token));
+    let mut arrays = (
+        Vec::with_capacity(ordered.len()),
+        Vec::with_capacity(ordered.len()),
+        Vec::with_capacity(ordered.len()),
+        Vec::with_capacity(ordered.len()),
+    );
+    for c in ordered {
+        arrays.0.push(c.id);
+        arrays.1.push(c.token);
+        arrays.2.push(c.processor.as_str().to_string());
+        arrays.3.push(c.output.clone());
+    }
+    arrays
+}
+
 async fn complete_claims(
     conn: &mut PgConnection,
-    processor: &Holder,
-    claims: &[(i32, i64)],
-    output: Option<&Value>,
+    completions: &[Completion],
 ) -> Result<Vec<Task>, TaskError> {
     // Race prevented: a paused processor waking up and completing a task
     // that was taken over meanwhile (the "stale completion"). The UPDATE
@@ -676,16 +864,16 @@ async fn complete_claims(
     // passed deadline means nothing is written for that task. The lease is
     // released in the same statement, only for the terms just completed
     // (same holder and token), so a late release never ends a newer term.
-    // Rows are locked in id order, so two batches never deadlock.
+    // Rows are locked in id order, so two batches never deadlock; one
+    // batch naming a task twice completes it at most once (the second
+    // row finds it processed).
     let sql = complete_sql();
-    let mut ordered = claims.to_vec();
-    ordered.sort_unstable();
-    let (ids, tokens): (Vec<i32>, Vec<i64>) = ordered.into_iter().unzip();
+    let (ids, tokens, processors, outputs) = completion_arrays(completions);
     Ok(sqlx::query_as(&sql)
         .bind(&ids)
         .bind(&tokens)
-        .bind(processor.as_str())
-        .bind(output)
+        .bind(&processors)
+        .bind(&outputs)
         .fetch_all(&mut *conn)
         .await?)
 }
@@ -775,11 +963,17 @@ impl FencedTransaction {
         // may have begun long before (`now()` would accept a completion
         // made after the lease ran out).
         let sql = complete_sql_at("statement_timestamp()");
+        let (ids, tokens, processors, outputs) = completion_arrays(&[Completion::new(
+            id,
+            token,
+            processor.clone(),
+            output.cloned(),
+        )]);
         let done: Option<Task> = sqlx::query_as(&sql)
-            .bind([id].as_slice())
-            .bind([token].as_slice())
-            .bind(processor.as_str())
-            .bind(output)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&processors)
+            .bind(&outputs)
             .fetch_optional(&mut *self.tx)
             .await?;
         if let Some(task) = done {

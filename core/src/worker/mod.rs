@@ -21,6 +21,8 @@
 //! the `workers` table); the loop itself is server-only.
 
 #[cfg(feature = "postgres")]
+pub mod batch;
+#[cfg(feature = "postgres")]
 pub mod chaos;
 #[cfg(feature = "postgres")]
 pub mod handler;

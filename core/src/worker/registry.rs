@@ -82,6 +82,83 @@ pub async fn record(
     .await
 }
 
+/// Records many workers' reports in one statement (what a runtime's
+/// reporter writes every few hundred milliseconds: the newest report of
+/// each of its workers), creating rows on first sight. The same rules as
+/// [`record`]: a report is refused for a worker of another kind, and
+/// (unless `fresh`) for a worker already marked crashed or stopped.
+/// Answers how many rows were written.
+pub async fn record_each(
+    conn: &mut PgConnection,
+    kind: WorkerKind,
+    instance_id: Option<&str>,
+    reports: &[(Holder, Report)],
+) -> Result<u64, sqlx::Error> {
+    let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
+    let mut ordered: Vec<&(Holder, Report)> = reports.iter().collect();
+    ordered.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    ordered.dedup_by(|a, b| a.0 == b.0);
+    let ids: Vec<&str> = ordered.iter().map(|(id, _)| id.as_str()).collect();
+    let states: Vec<WorkerState> = ordered.iter().map(|(_, r)| r.state).collect();
+    let task_ids: Vec<Option<i32>> = ordered.iter().map(|(_, r)| r.task_id).collect();
+    let tokens: Vec<Option<i64>> = ordered.iter().map(|(_, r)| r.fencing_token).collect();
+    let beats: Vec<bool> = ordered.iter().map(|(_, r)| r.heartbeat).collect();
+    let done: Vec<i32> = ordered.iter().map(|(_, r)| r.tasks_done).collect();
+    let abandoned: Vec<i32> = ordered.iter().map(|(_, r)| r.tasks_abandoned).collect();
+    let fresh: Vec<bool> = ordered.iter().map(|(_, r)| r.fresh).collect();
+    // Races prevented, as in `record`: a report a killed worker had already
+    // sent landing after the fleet marked it crashed (only a fresh run
+    // revives a crashed or stopped row), and a worker of one kind taking
+    // over the row of another. Rows are updated in id order, so two
+    // reporters never deadlock; a row another reporter inserts meanwhile
+    // is left alone (ON CONFLICT DO NOTHING) and this report of it is lost,
+    // to be replaced by the next.
+    let written: i64 = sqlx::query_scalar(
+        "WITH r AS (
+            SELECT * FROM unnest($3::text[], $4::text[], $5::int4[], $6::int8[], $7::bool[],
+                                 $8::int4[], $9::int4[], $10::bool[])
+                       AS r(id, state, task_id, fencing_token, heartbeat, done, abandoned, fresh)
+         ), updated AS (
+            UPDATE workers w
+               SET instance_id = $2, state = r.state, task_id = r.task_id,
+                   fencing_token = r.fencing_token,
+                   last_heartbeat_at = CASE WHEN r.heartbeat THEN now()
+                                            WHEN r.fresh THEN NULL
+                                            ELSE w.last_heartbeat_at END,
+                   last_seen_at = now(),
+                   started_at = CASE WHEN r.fresh THEN now() ELSE w.started_at END,
+                   tasks_done = r.done, tasks_abandoned = r.abandoned
+              FROM r
+             WHERE w.id = r.id AND w.kind = $1 AND (r.fresh OR w.state NOT IN ('crashed', 'stopped'))
+            RETURNING w.id
+         ), inserted AS (
+            INSERT INTO workers (id, instance_id, kind, state, task_id, fencing_token,
+                                 last_heartbeat_at, tasks_done, tasks_abandoned)
+            SELECT r.id, $2, $1, r.state, r.task_id, r.fencing_token,
+                   CASE WHEN r.heartbeat THEN now() END, r.done, r.abandoned
+              FROM r
+             WHERE NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = r.id)
+             ORDER BY r.id
+            ON CONFLICT (id) DO NOTHING
+            RETURNING id
+         )
+         SELECT (SELECT count(*) FROM updated) + (SELECT count(*) FROM inserted)",
+    )
+    .bind(kind)
+    .bind(instance_id)
+    .bind(&ids)
+    .bind(&states)
+    .bind(&task_ids)
+    .bind(&tokens)
+    .bind(&beats)
+    .bind(&done)
+    .bind(&abandoned)
+    .bind(&fresh)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(u64::try_from(written).unwrap_or(0))
+}
+
 /// Marks worker `id` as `state` (the fleet's record of a kill, a crash or a
 /// shutdown), keeping the task and token it held when it stopped.
 pub async fn mark(

@@ -44,6 +44,7 @@ use std::ops::RangeInclusive;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -222,9 +223,29 @@ pub struct Worker<T> {
     stop: CancellationToken,
     drain: CancellationToken,
     commands: mpsc::UnboundedReceiver<Command>,
-    done: i32,
-    abandoned: i32,
+    tally: Arc<Tally>,
     last_report: Instant,
+}
+
+/// A worker's count of tasks completed and abandoned, shared with the
+/// transport's completer, which counts the completions handed to it once
+/// they are written.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Tasks completed.
+    pub done: AtomicI32,
+    /// Tasks given up because the claim was lost.
+    pub abandoned: AtomicI32,
+}
+
+impl Tally {
+    fn done(&self) -> i32 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    fn abandoned(&self) -> i32 {
+        self.abandoned.load(Ordering::Relaxed)
+    }
 }
 
 impl<T: Transport> Worker<T> {
@@ -251,8 +272,7 @@ impl<T: Transport> Worker<T> {
             stop: stop.clone(),
             drain: drain.clone(),
             commands: rx,
-            done: 0,
-            abandoned: 0,
+            tally: Arc::new(Tally::default()),
             last_report: Instant::now(),
         };
         (
@@ -440,7 +460,20 @@ impl<T: Transport> Worker<T> {
                 Flow::Claim
             }
             Ok(Ok(done)) => match done.transaction {
-                None => self.complete(&claim, &done.output, deadline).await,
+                None => {
+                    // A batching transport takes the completion over (and
+                    // counts it when written); the worker is free at once.
+                    let handed = self
+                        .transport
+                        .complete_later(&self.id, &claim, done.output.clone(), deadline, &self.tally)
+                        .await;
+                    if handed {
+                        self.report(WorkerState::Idle, None, false, false).await;
+                        Flow::Claim
+                    } else {
+                        self.complete(&claim, &done.output, deadline).await
+                    }
+                }
                 Some(tx) => self.complete_in(tx, &claim, &done.output).await,
             },
         }
@@ -472,7 +505,7 @@ impl<T: Transport> Worker<T> {
             .await
         {
             Ok(_) => {
-                self.done += 1;
+                self.tally.done.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token,
                     "completed a task with its transaction");
                 self.report(WorkerState::Idle, None, false, false).await;
@@ -504,7 +537,7 @@ impl<T: Transport> Worker<T> {
                 .await
             {
                 Ok(()) => {
-                    self.done += 1;
+                    self.tally.done.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token, "completed a task");
                     self.report(WorkerState::Idle, None, false, false).await;
                     return Flow::Claim;
@@ -549,7 +582,7 @@ impl<T: Transport> Worker<T> {
 
     /// Gives up `claim` without writing anything: the lease runs out.
     async fn abandon(&mut self, claim: &Claim, why: &str) {
-        self.abandoned += 1;
+        self.tally.abandoned.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(worker = %self.id, task_id = claim.task_id, token = claim.token, reason = why,
             "abandoning the task: the claim is lost");
         self.report(WorkerState::Idle, None, false, false).await;
@@ -578,7 +611,8 @@ impl<T: Transport> Worker<T> {
     }
 
     async fn stopped(&mut self) -> Exit {
-        tracing::info!(worker = %self.id, done = self.done, abandoned = self.abandoned, "worker stopped");
+        tracing::info!(worker = %self.id, done = self.tally.done(), abandoned = self.tally.abandoned(),
+            "worker stopped");
         self.report(WorkerState::Stopped, None, false, false).await;
         Exit::Stopped
     }
@@ -597,8 +631,8 @@ impl<T: Transport> Worker<T> {
             task_id: claim.map(|c| c.task_id),
             fencing_token: claim.map(|c| c.token),
             heartbeat,
-            tasks_done: self.done,
-            tasks_abandoned: self.abandoned,
+            tasks_done: self.tally.done(),
+            tasks_abandoned: self.tally.abandoned(),
             fresh,
         };
         let sent = tokio::time::timeout(

@@ -36,13 +36,19 @@
 //! ```
 //!
 //! Each worker is one loop ([`super::run::Worker`]) over the in-process
-//! transport: it claims one task at a time from its queue, only of the
-//! kinds the runtime has handlers for, and is woken by the queue's `NOTIFY`
-//! on every enqueue instead of polling. The runtime registers itself as an
-//! instance and its workers in the `workers` table (kind `embedded`), so
-//! the dashboard shows them.
+//! transport, claiming only from its queue and only the kinds the runtime
+//! has handlers for, woken by the queue's `NOTIFY` on every enqueue
+//! instead of polling. The workers of a queue share one batcher
+//! ([`super::batch`]): one claim statement for every worker free at the
+//! moment (each task with its own lease and fencing token), completions
+//! written in batches while the workers go on to their next task,
+//! heartbeats of all due claims in one statement, and the workers' reports
+//! every 100 ms. The runtime registers itself as an instance and its
+//! workers in the `workers` table (kind `embedded`), so the dashboard
+//! shows them.
 
 use super::WorkerKind;
+use super::batch::Batching;
 use super::chaos::{Chaos, ChaosSettings};
 use super::handler::{Handler, Handlers};
 use super::run::{Controls, Exit, Worker, WorkerConfig};
@@ -80,6 +86,7 @@ pub struct RuntimeBuilder {
     retry: RetryPolicy,
     host_search_path: String,
     shutdown_grace: Duration,
+    batching: Batching,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -150,6 +157,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How the workers' claims, completions, heartbeats and reports are
+    /// batched (see [`Batching`]; the completer's linger is the one delay
+    /// it adds to a task). Default: [`Batching::default`].
+    pub fn batching(mut self, batching: Batching) -> Self {
+        self.batching = batching;
+        self
+    }
+
     /// How long a handler may run on after its claim was lost (its answer
     /// is discarded). Default: 1 s.
     pub fn lost_grace(mut self, grace: Duration) -> Self {
@@ -193,12 +208,15 @@ impl RuntimeBuilder {
         .await?;
         let live = LiveHub::start(self.pool.clone());
         let mut workers = Vec::new();
+        let mut transports = Vec::new();
         for (queue, concurrency) in &queues {
             let transport = InProcess::new(self.pool.clone(), self.worker.lease_ttl, id.clone())
                 .serving(ClaimFilter::queue(queue.clone()).kinds(kinds.clone()))
                 .recorded_as(WorkerKind::Embedded)
                 .retrying(self.retry)
-                .host_search_path(&self.host_search_path);
+                .host_search_path(&self.host_search_path)
+                .batching(self.batching);
+            transports.push(transport.clone());
             for n in 1..=*concurrency {
                 let name = Holder::parse(format!("{id}-{queue}-{n}"))
                     .map_err(|e| RuntimeError::Config(e.to_string()))?;
@@ -219,6 +237,7 @@ impl RuntimeBuilder {
             registration,
             live,
             workers,
+            transports,
             shutdown_grace: self.shutdown_grace,
         })
     }
@@ -233,6 +252,7 @@ pub struct Runtime {
     registration: Registration,
     live: LiveHub,
     workers: Vec<(Controls, JoinHandle<Exit>)>,
+    transports: Vec<InProcess>,
     shutdown_grace: Duration,
 }
 
@@ -251,6 +271,7 @@ impl Runtime {
             retry: RetryPolicy::default(),
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
             shutdown_grace: Duration::from_secs(10),
+            batching: Batching::default(),
         }
     }
 
@@ -279,6 +300,10 @@ impl Runtime {
                 controls.stop();
                 let _ = task.await;
             }
+        }
+        // The completions handed over and the workers' last reports.
+        for transport in &self.transports {
+            transport.flush().await;
         }
         self.live.shutdown();
         if let Err(e) = self.registration.shutdown().await {

@@ -11,7 +11,8 @@
 pub use super::Report;
 use super::WorkerKind;
 use super::handler::{Database, Job};
-use super::registry;
+use super::batch::{Batcher, Batching, Finish, Setup};
+use super::run::Tally;
 use crate::lease::Holder;
 use crate::queue::store::{self, RetryPolicy, TaskError};
 use crate::queue::{ClaimFilter, Task};
@@ -19,7 +20,9 @@ use serde_json::Value;
 use sqlx::PgPool;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Why a transport call did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +97,24 @@ pub trait Transport: Send + Sync + 'static {
         report: &Report,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
+    /// Hands the completion of `claim` with `output` to the transport's
+    /// completer and answers true at once: the completer writes it with
+    /// others (fenced like [`Transport::complete`], retrying transient
+    /// failures until `deadline`) and counts it in `tally`, as done or, when
+    /// refused, abandoned. False (the default) for a transport that does
+    /// not batch: the worker then calls [`Transport::complete`] and waits.
+    fn complete_later(
+        &self,
+        worker: &Holder,
+        claim: &Claim,
+        output: Value,
+        deadline: Instant,
+        tally: &Arc<Tally>,
+    ) -> impl Future<Output = bool> + Send {
+        let _ = (worker, claim, output, deadline, tally);
+        std::future::ready(false)
+    }
+
     /// The database a handler's fenced transactions run on; `None` (the
     /// default) for a transport that reaches the queue from afar.
     fn database(&self) -> Option<Database> {
@@ -132,7 +153,10 @@ pub(crate) fn ms(ms: Option<i64>) -> Option<Duration> {
     ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
-/// The in-process transport: calls [`crate::queue::store`] directly.
+/// The in-process transport: calls [`crate::queue::store`] directly, with
+/// its workers' claims, completions, heartbeats and reports batched (see
+/// [`super::batch`]). Clones share one batcher; each builder method starts
+/// a new one.
 #[derive(Clone, Debug)]
 pub struct InProcess {
     pool: PgPool,
@@ -142,6 +166,8 @@ pub struct InProcess {
     filter: ClaimFilter,
     kind: WorkerKind,
     host_search_path: Arc<str>,
+    batching: Batching,
+    batcher: Arc<OnceLock<Batcher>>,
 }
 
 /// The `search_path` a handler's fenced transaction sees unless told
@@ -162,24 +188,29 @@ impl InProcess {
             filter: ClaimFilter::default(),
             kind: WorkerKind::Simulated,
             host_search_path: Arc::from(DEFAULT_HOST_SEARCH_PATH),
+            batching: Batching::default(),
+            batcher: Arc::new(OnceLock::new()),
         }
     }
 
     /// Claims only what `filter` lets through.
     pub fn serving(mut self, filter: ClaimFilter) -> Self {
         self.filter = filter;
+        self.batcher = Arc::new(OnceLock::new());
         self
     }
 
     /// Records its workers in the `workers` table as `kind`.
     pub fn recorded_as(mut self, kind: WorkerKind) -> Self {
         self.kind = kind;
+        self.batcher = Arc::new(OnceLock::new());
         self
     }
 
     /// Failed attempts are retried after `retry`'s backoff.
     pub fn retrying(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self.batcher = Arc::new(OnceLock::new());
         self
     }
 
@@ -187,6 +218,36 @@ impl InProcess {
     pub fn host_search_path(mut self, search_path: &str) -> Self {
         self.host_search_path = Arc::from(search_path);
         self
+    }
+
+    /// Batches its workers' writes with `batching` (default: see [`Batching`]).
+    pub fn batching(mut self, batching: Batching) -> Self {
+        self.batching = batching;
+        self.batcher = Arc::new(OnceLock::new());
+        self
+    }
+
+    /// The batcher shared by this transport's clones, started on first use.
+    fn batcher(&self) -> &Batcher {
+        self.batcher.get_or_init(|| {
+            Batcher::start(Setup {
+                pool: self.pool.clone(),
+                ttl: self.ttl,
+                retry: self.retry,
+                filter: self.filter.clone(),
+                kind: self.kind,
+                instance_id: self.instance_id.clone(),
+                batching: self.batching,
+            })
+        })
+    }
+
+    /// Waits until every completion and worker report handed to this
+    /// transport so far is written: before a runtime says it stopped.
+    pub async fn flush(&self) {
+        if let Some(batcher) = self.batcher.get() {
+            batcher.flush().await;
+        }
     }
 
     async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, TransportError> {
@@ -210,9 +271,7 @@ impl From<TaskError> for TransportError {
 
 impl Transport for InProcess {
     async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
-        let task =
-            store::claim_next_in(&mut *self.conn().await?, worker, self.ttl, &self.filter).await?;
-        Ok(task.map(Claim::of))
+        self.batcher().claim(worker).await
     }
 
     async fn heartbeat(
@@ -221,9 +280,7 @@ impl Transport for InProcess {
         task_id: i32,
         token: i64,
     ) -> Result<Option<Duration>, TransportError> {
-        let task =
-            store::heartbeat(&mut *self.conn().await?, task_id, worker, token, self.ttl).await?;
-        Ok(ms(task.heartbeat_in_ms))
+        self.batcher().heartbeat(worker, task_id, token).await
     }
 
     async fn complete(
@@ -263,23 +320,28 @@ impl Transport for InProcess {
         Ok(())
     }
 
+    async fn complete_later(
+        &self,
+        worker: &Holder,
+        claim: &Claim,
+        output: Value,
+        deadline: Instant,
+        tally: &Arc<Tally>,
+    ) -> bool {
+        self.batcher()
+            .complete(Finish {
+                worker: worker.clone(),
+                task_id: claim.task_id,
+                token: claim.token,
+                output,
+                deadline,
+                tally: tally.clone(),
+            })
+            .await
+    }
+
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
-        let recorded = registry::record(
-            &mut *self.conn().await?,
-            worker,
-            self.kind,
-            Some(&self.instance_id),
-            report,
-            self.ttl,
-        )
-        .await
-        .map_err(|e| TransportError::Transient(format!("database: {e}")))?;
-        match recorded {
-            Some(_) => Ok(()),
-            None => Err(TransportError::Lost(format!(
-                "the workers table refused the report of {worker}"
-            ))),
-        }
+        self.batcher().report(worker, report.clone())
     }
 
     fn database(&self) -> Option<Database> {

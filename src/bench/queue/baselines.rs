@@ -104,14 +104,14 @@ pub(super) async fn original_complete(
 fn pgbench_script() -> String {
     let processor = "('raw-' || :client_id)";
     let claim = tasks::claim_sql(1, false)
-        .replace("$1", processor)
+        .replace("$1::text[]", &format!("ARRAY[{processor}]"))
         .replace("$2", "30000")
         .replace("$3", "'default'");
     let complete = tasks::complete_sql()
         .replace("$1::int4[]", "ARRAY[:id]::int4[]")
         .replace("$2::int8[]", "ARRAY[:fencing_token]::int8[]")
-        .replace("$3", processor)
-        .replace("$4", "NULL::jsonb");
+        .replace("$3::text[]", &format!("ARRAY[{processor}]"))
+        .replace("$4::jsonb[]", "ARRAY[NULL]::jsonb[]");
     format!("{claim}\n\\gset\n{complete};\n")
 }
 
