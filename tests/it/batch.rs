@@ -7,6 +7,7 @@ use crate::common::{TestDb, holder};
 use leasekeeper::lease::Holder;
 use leasekeeper::queue::store::{self, Completion, TaskError};
 use leasekeeper::queue::{ClaimFilter, TaskStatus};
+use leasekeeper::worker::batch::Batching;
 use leasekeeper::worker::handler::{Done, Job, TaskContext};
 use leasekeeper::worker::registry;
 use leasekeeper::worker::runtime::Runtime;
@@ -485,4 +486,58 @@ async fn a_runtime_batches_its_claims_and_completions_and_loses_nothing() {
     .await
     .unwrap();
     assert_eq!(done, 600, "every worker's last report was written and counts its completions");
+}
+
+/// A rough look at the runtime's throughput on the test database (no-op
+/// handler, concurrency 16), alternating batching settings, for the inner
+/// loop; the benchmark (`leasekeeper bench`, key `fleet_w16`) is the
+/// measurement. Run by hand:
+/// `cargo test --features ssr --test it runtime_rate -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand"]
+async fn runtime_rate() {
+    for round in 0..4 {
+        let batching = Batching {
+            claimers: 1 + round % 2,
+            ..Batching::default()
+        };
+        let db = TestDb::with_connections(24).await;
+        add_tasks(&db.pool, "noop", 30_000).await;
+        sqlx::query("VACUUM ANALYZE tasks").execute(&db.pool).await.unwrap();
+        let runtime = Runtime::builder(db.pool.clone())
+            .queue("default", 16)
+            .batching(batching)
+            .handler("noop", |_job: Job, _ctx: TaskContext| async move { Ok(Done::empty()) })
+            .start()
+            .await
+            .unwrap();
+        let processed = || async {
+            sqlx::query_scalar::<_, i64>("SELECT sum(processed)::int8 FROM task_counts")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (from, t0) = (processed().await, std::time::Instant::now());
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let rate = (processed().await - from) as f64 / t0.elapsed().as_secs_f64();
+        runtime.shutdown().await;
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_events")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let total = processed().await;
+        let (claims, completions): (i64, i64) = sqlx::query_as(
+            "SELECT count(DISTINCT started_at), count(DISTINCT processed_at) FROM tasks WHERE status = 'processed'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        println!(
+            "{batching:?}: {rate:.0} tasks/s; {:.2} lease events per task; {:.1} tasks per claim, {:.1} per completion statement",
+            events as f64 / total as f64,
+            total as f64 / claims as f64,
+            total as f64 / completions as f64
+        );
+    }
 }

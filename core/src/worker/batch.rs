@@ -55,6 +55,11 @@ pub struct Batching {
     pub max: usize,
     /// How often the workers' reports are written. Default: 100 ms.
     pub report_every: Duration,
+    /// How many claim statements may be under way at once (each on a
+    /// connection of its own): while one waits for its commit to reach
+    /// the disk, the next gathers the workers freed meanwhile. Default: 1
+    /// (measured: no faster with 2 at 16 workers, and smaller batches).
+    pub claimers: usize,
 }
 
 impl Default for Batching {
@@ -63,6 +68,7 @@ impl Default for Batching {
             linger: Duration::from_millis(2),
             max: 100,
             report_every: Duration::from_millis(100),
+            claimers: 1,
         }
     }
 }
@@ -141,7 +147,10 @@ impl Batcher {
         let (beats, beats_rx) = mpsc::unbounded_channel();
         let (completions, completions_rx) = mpsc::channel(setup.batching.max.clamp(1, MAX_BATCH));
         let (reports, reports_rx) = mpsc::unbounded_channel();
-        tokio::spawn(produce(setup.clone(), claims_rx));
+        let claims_rx = Arc::new(tokio::sync::Mutex::new(claims_rx));
+        for _ in 0..setup.batching.claimers.clamp(1, 8) {
+            tokio::spawn(produce(setup.clone(), claims_rx.clone()));
+        }
         tokio::spawn(heartbeat(setup.clone(), beats_rx));
         tokio::spawn(complete(setup.clone(), completions_rx));
         tokio::spawn(report(setup, reports_rx));
@@ -225,49 +234,115 @@ fn drain<T>(rx: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<T>, max: usize)
     }
 }
 
-async fn conn(
-    setup: &Setup,
-) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, TransportError> {
-    setup
-        .pool
-        .acquire()
-        .await
-        .map_err(|e| TransportError::Transient(format!("database: {e}")))
+/// How long a loop keeps its connection after its last statement: while
+/// busy it keeps one (no round trip to check a pooled connection before
+/// every statement); idle, it gives it back to the pool.
+const HOLD_IDLE: Duration = Duration::from_millis(100);
+
+/// A loop's connection, taken from the pool when needed and kept while
+/// the loop is busy.
+#[derive(Default)]
+struct Held(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+/// A channel a loop waits on.
+trait Inbox<T> {
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<T>> + Send;
 }
 
-/// The producer: one claim statement for every worker free at the moment.
-async fn produce(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Want>) {
-    while let Some(first) = rx.recv().await {
-        let mut wants = vec![first];
-        drain(&mut rx, &mut wants, MAX_BATCH);
+impl<T: Send> Inbox<T> for mpsc::UnboundedReceiver<T> {
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<T>> + Send {
+        mpsc::UnboundedReceiver::recv(self)
+    }
+}
+
+impl<T: Send> Inbox<T> for mpsc::Receiver<T> {
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<T>> + Send {
+        mpsc::Receiver::recv(self)
+    }
+}
+
+impl Held {
+    /// The next message; the connection goes back to the pool if none
+    /// comes within [`HOLD_IDLE`].
+    async fn next<T>(&mut self, rx: &mut impl Inbox<T>) -> Option<T> {
+        if self.0.is_some() {
+            match tokio::time::timeout(HOLD_IDLE, rx.recv()).await {
+                Ok(msg) => return msg,
+                Err(_) => self.0 = None,
+            }
+        }
+        rx.recv().await
+    }
+
+    async fn conn(&mut self, setup: &Setup) -> Result<&mut sqlx::PgConnection, TransportError> {
+        if self.0.is_none() {
+            let conn = setup
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| TransportError::Transient(format!("database: {e}")))?;
+            self.0 = Some(conn);
+        }
+        Ok(self.0.as_deref_mut().expect("just set"))
+    }
+
+    /// After a failed statement the connection may be broken: take a
+    /// fresh one (checked by the pool) next time.
+    fn failed(&mut self, e: &TransportError) {
+        if matches!(e, TransportError::Transient(_)) {
+            self.0 = None;
+        }
+    }
+}
+
+/// The producer: one claim statement for every worker free at the
+/// moment; [`Batching::claimers`] of these loops share the inbox.
+async fn produce(setup: Arc<Setup>, rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Want>>>) {
+    let mut held = Held::default();
+    loop {
+        let wants = {
+            let mut rx = rx.lock().await;
+            let Some(first) = held.next(&mut *rx).await else {
+                return;
+            };
+            let mut wants = vec![first];
+            drain(&mut rx, &mut wants, MAX_BATCH);
+            wants
+        };
         // A worker whose loop ended while it waited wants nothing now; and
         // one name twice (a worker restarted under its id) is served once.
+        let mut wants = wants;
         wants.retain(|w| !w.reply.is_closed());
         let mut seen = std::collections::HashSet::new();
         wants.reverse();
         wants.retain(|w| seen.insert(w.worker.clone()));
         if !wants.is_empty() {
-            serve(&setup, wants).await;
+            serve(&setup, &mut held, wants).await;
         }
     }
 }
 
-async fn serve(setup: &Setup, wants: Vec<Want>) {
+async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
     let holders: Vec<Holder> = wants.iter().map(|w| w.worker.clone()).collect();
     let claimed = async {
-        let mut conn = conn(setup).await?;
-        let claimed = store::claim_for(&mut conn, &holders, setup.ttl, &setup.filter).await?;
-        Ok::<_, TransportError>((conn, claimed))
+        let conn = held.conn(setup).await?;
+        Ok::<_, TransportError>(
+            store::claim_for(conn, &holders, setup.ttl, &setup.filter).await?,
+        )
     }
     .await;
-    let (mut conn, claimed) = match claimed {
+    let claimed = match claimed {
         Ok(c) => c,
         Err(e) => {
+            held.failed(&e);
             for want in wants {
                 let _ = want.reply.send(Err(e.clone()));
             }
             return;
         }
+    };
+    let Ok(conn) = held.conn(setup).await else {
+        return;
     };
     let mut by_holder: HashMap<String, crate::queue::Task> = claimed
         .tasks
@@ -281,7 +356,7 @@ async fn serve(setup: &Setup, wants: Vec<Want>) {
         let task = match by_holder.remove(want.worker.as_str()) {
             Some(task) => Some(task),
             None if careful => {
-                match store::claim_next_in(&mut conn, &want.worker, setup.ttl, &setup.filter).await
+                match store::claim_next_in(conn, &want.worker, setup.ttl, &setup.filter).await
                 {
                     Ok(Some(task)) => Some(task),
                     Ok(None) => {
@@ -305,7 +380,7 @@ async fn serve(setup: &Setup, wants: Vec<Want>) {
             // the task back rather than let it wait out its lease.
             let why = format!("worker {} stopped before its claim reached it", want.worker);
             if let Err(e) = store::fail(
-                &mut conn,
+                conn,
                 claim.task_id,
                 &want.worker,
                 claim.token,
@@ -323,7 +398,8 @@ async fn serve(setup: &Setup, wants: Vec<Want>) {
 
 /// The heartbeater: one statement for every heartbeat due at the moment.
 async fn heartbeat(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Beat>) {
-    while let Some(first) = rx.recv().await {
+    let mut held = Held::default();
+    while let Some(first) = held.next(&mut rx).await {
         let mut beats = vec![first];
         drain(&mut rx, &mut beats, setup.batching.max.clamp(1, MAX_BATCH));
         // A worker killed while its heartbeat waited must not extend its
@@ -337,10 +413,13 @@ async fn heartbeat(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Beat>) {
             .map(|b| (b.task_id, b.token, b.worker.clone()))
             .collect();
         let outcomes = async {
-            let mut conn = conn(&setup).await?;
-            Ok::<_, TransportError>(store::heartbeat_each(&mut conn, &claims, setup.ttl).await?)
+            let conn = held.conn(&setup).await?;
+            Ok::<_, TransportError>(store::heartbeat_each(conn, &claims, setup.ttl).await?)
         }
         .await;
+        if let Err(e) = &outcomes {
+            held.failed(e);
+        }
         match outcomes {
             Ok(outcomes) => {
                 for (beat, outcome) in beats.into_iter().zip(outcomes) {
@@ -363,7 +442,8 @@ async fn heartbeat(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Beat>) {
 async fn complete(setup: Arc<Setup>, mut rx: mpsc::Receiver<ToCompleter>) {
     let max = setup.batching.max.clamp(1, MAX_BATCH);
     let mut flushes = Vec::new();
-    while let Some(first) = rx.recv().await {
+    let mut held = Held::default();
+    while let Some(first) = held.next(&mut rx).await {
         let mut batch = Vec::new();
         let mut take = |msg, batch: &mut Vec<Finish>| match msg {
             ToCompleter::Finish(f) => batch.push(f),
@@ -381,7 +461,7 @@ async fn complete(setup: Arc<Setup>, mut rx: mpsc::Receiver<ToCompleter>) {
             }
         }
         if !batch.is_empty() {
-            write_completions(&setup, batch).await;
+            write_completions(&setup, &mut held, batch).await;
         }
         for done in flushes.drain(..) {
             let _ = done.send(());
@@ -389,7 +469,7 @@ async fn complete(setup: Arc<Setup>, mut rx: mpsc::Receiver<ToCompleter>) {
     }
 }
 
-async fn write_completions(setup: &Setup, mut batch: Vec<Finish>) {
+async fn write_completions(setup: &Setup, held: &mut Held, mut batch: Vec<Finish>) {
     let retry = Duration::from_millis(250);
     loop {
         let completions: Vec<Completion> = batch
@@ -397,10 +477,13 @@ async fn write_completions(setup: &Setup, mut batch: Vec<Finish>) {
             .map(|f| Completion::new(f.task_id, f.token, f.worker.clone(), Some(f.output.clone())))
             .collect();
         let outcomes = async {
-            let mut conn = conn(setup).await?;
-            Ok::<_, TransportError>(store::complete_each(&mut conn, &completions).await?)
+            let conn = held.conn(setup).await?;
+            Ok::<_, TransportError>(store::complete_each(conn, &completions).await?)
         }
         .await;
+        if let Err(e) = &outcomes {
+            held.failed(e);
+        }
         let why = match outcomes {
             Ok(outcomes) => {
                 for (f, outcome) in batch.iter().zip(outcomes) {
@@ -479,7 +562,11 @@ async fn write_reports(setup: &Setup, pending: &mut HashMap<Holder, Report>) {
     }
     let reports: Vec<(Holder, Report)> = pending.drain().collect();
     let written = async {
-        let mut conn = conn(setup).await?;
+        let mut conn = setup
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| TransportError::Transient(format!("database: {e}")))?;
         registry::record_each(
             &mut conn,
             setup.kind,
