@@ -75,6 +75,25 @@ pub enum Command {
         /// Also write the results to this file as a flat JSON object.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Also write SVG charts of the results into this directory (the
+        /// scale-out curve; ours against the baselines).
+        #[arg(long)]
+        charts: Option<std::path::PathBuf>,
+    },
+    /// One worker runtime with a no-op handler, on --database-url and
+    /// --schema, until SIGTERM or for --seconds: the benchmark's scale-out
+    /// phase starts several. Not for use by hand.
+    #[command(hide = true)]
+    BenchRuntime {
+        /// Workers (tasks at once) of the runtime.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        concurrency: u16,
+        /// Stop after this many seconds at the latest.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// The runtime's instance id.
+        #[arg(long, default_value = "bench-runtime")]
+        id: String,
     },
 }
 

@@ -36,22 +36,48 @@ async fn main() -> std::process::ExitCode {
             instances,
             base_port,
         } => leasekeeper::cluster::run(settings, instances, base_port).await,
-        Command::Bench { what, quick, json } => match what {
+        Command::Bench {
+            what,
+            quick,
+            json,
+            charts,
+        } => match what {
             None => {
                 leasekeeper::bench::queue::suite(
                     settings,
-                    leasekeeper::bench::Options { quick, json },
+                    leasekeeper::bench::Options {
+                        quick,
+                        json,
+                        charts,
+                    },
                 )
                 .await
             }
             Some(leasekeeper::cli::BenchWhat::Dashboard { quick, json }) => {
                 leasekeeper::bench::dashboard::dashboard(
                     settings,
-                    leasekeeper::bench::Options { quick, json },
+                    leasekeeper::bench::Options {
+                        quick,
+                        json,
+                        charts: None,
+                    },
                 )
                 .await
             }
         },
+        Command::BenchRuntime {
+            concurrency,
+            seconds,
+            id,
+        } => {
+            leasekeeper::bench::queue::runtime_process(
+                &settings,
+                usize::from(concurrency),
+                seconds,
+                &id,
+            )
+            .await
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

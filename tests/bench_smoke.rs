@@ -1,20 +1,32 @@
 //! `leasekeeper bench --quick --json PATH` runs every phase of the queue
 //! suite end to end and writes every key the issue asks for. No timing is
 //! asserted here (speed is the benchmark's business, not a test's); what is
-//! asserted: each figure is a positive number (graphile-worker may be
-//! `null` when npm is unavailable), and the failover phase lost no task
-//! and completed none twice. Its own test binary, so it runs alone.
+//! asserted: each figure is a positive number (graphile-worker's, and the
+//! ratios to them, may be `null` when npm is unavailable, with a note on
+//! stderr), and the failover phase lost no task and completed none twice.
+//! Its own test binary, so it runs alone.
 
 use std::process::Command;
 
-const KEYS: [&str; 15] = [
+const KEYS: [&str; 30] = [
     "throughput_w1",
     "throughput_w16",
     "throughput_w64",
     "throughput_batched",
     "raw_ceiling_w16",
+    "minimal_ceiling_w16",
     "original_design_w16",
     "graphile_worker_w16",
+    "graphile_default_w16",
+    "graphile_best_w16",
+    "fleet_w16",
+    "lease_events_per_task",
+    "fleet_instances_1",
+    "fleet_instances_2",
+    "fleet_instances_4",
+    "history_rows",
+    "fleet_w16_history",
+    "history_vs_empty",
     "claim_p50_ms",
     "claim_p99_ms",
     "wakeup_p50_ms",
@@ -23,14 +35,32 @@ const KEYS: [&str; 15] = [
     "renews_per_s",
     "failover_p99_s",
     "failover_bound_s",
+    "w16_vs_raw_ceiling",
+    "batched_vs_w16",
+    "fleet_w16_vs_graphile_best",
+    "throughput_w16_vs_graphile_default",
+];
+
+/// Keys that are `null` when graphile-worker could not run (no npm or
+/// node), which the bench then says on stderr.
+const GRAPHILE_KEYS: [&str; 5] = [
+    "graphile_worker_w16",
+    "graphile_default_w16",
+    "graphile_best_w16",
+    "fleet_w16_vs_graphile_best",
+    "throughput_w16_vs_graphile_default",
 ];
 
 #[test]
 fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
     let json = std::env::temp_dir().join(format!("leasekeeper-bench-{}.json", std::process::id()));
+    let charts =
+        std::env::temp_dir().join(format!("leasekeeper-bench-charts-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_leasekeeper"))
         .args(["bench", "--quick", "--json"])
         .arg(&json)
+        .arg("--charts")
+        .arg(&charts)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "error")
@@ -47,7 +77,7 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
     let _ = std::fs::remove_file(&json);
     for key in KEYS {
         let v = &results[key];
-        if key == "graphile_worker_w16" && v.is_null() {
+        if GRAPHILE_KEYS.contains(&key) && v.is_null() {
             assert!(
                 stderr.contains("graphile-worker skipped"),
                 "null without a reason:\n{stderr}"
@@ -59,10 +89,18 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
             .unwrap_or_else(|| panic!("{key} is not a number: {v}"));
         assert!(n > 0.0, "{key} = {n}");
     }
+    for (file, series) in [
+        ("scale_out.svg", "16 workers per process"),
+        ("baselines.svg", "fleet_w16"),
+    ] {
+        let svg = std::fs::read_to_string(charts.join(file)).expect("the chart");
+        assert!(svg.contains(series), "{file} lacks {series}");
+    }
+    let _ = std::fs::remove_dir_all(&charts);
     assert_eq!(results["failover_tasks_lost"], 0.0, "{results}");
     assert_eq!(results["failover_tasks_completed_twice"], 0.0, "{results}");
     // The table went to stdout, the phases to stderr.
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("throughput_w16"), "{stdout}");
-    assert!(stderr.contains("bench [13/13]"), "{stderr}");
+    assert!(stderr.contains("bench [20/20]"), "{stderr}");
 }

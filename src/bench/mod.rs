@@ -2,10 +2,11 @@
 //! in the same invocation (these machines are noisy; ratios travel, absolute
 //! numbers less so).
 //!
-//! - `leasekeeper bench [--quick] [--json PATH]`: the queue suite
-//!   ([`queue`]): throughput, claim and wake-up latency, depth, lease
-//!   operations, failover, against the raw SQL, the original design and
-//!   graphile-worker.
+//! - `leasekeeper bench [--quick] [--json PATH] [--charts DIR]`: the queue
+//!   suite ([`queue`]): throughput, the worker runtime's own rate and its
+//!   scale-out over processes, claim and wake-up latency, depth, history,
+//!   lease operations, failover, against pgbench's ceilings, the original
+//!   design and graphile-worker; SVG charts of it ([`charts`]).
 //! - `leasekeeper bench dashboard [--quick] [--json PATH]`: push latency and
 //!   server-side rendering ([`dashboard`]).
 //!
@@ -14,6 +15,7 @@
 //! `synchronous_commit` on) with a fresh database, unless `DATABASE_URL` is
 //! set. Build with `--release` for figures worth comparing.
 
+pub mod charts;
 pub mod dashboard;
 pub mod queue;
 
@@ -41,6 +43,8 @@ pub struct Options {
     pub quick: bool,
     /// Where to write the results as a flat JSON object.
     pub json: Option<PathBuf>,
+    /// Where to write SVG charts of the results (the queue suite only).
+    pub charts: Option<PathBuf>,
 }
 
 /// Named results in the order measured; `NaN` means "could not run" and is
@@ -60,6 +64,19 @@ pub(crate) struct BenchDb {
 }
 
 impl BenchDb {
+    /// A new pool on the same database and schema with the library's
+    /// default pool settings ([`pool_options`]): what a service embedding
+    /// the worker runtime would have.
+    pub async fn service_pool(&self) -> Result<PgPool> {
+        pool_options()
+            .connect_with(connect_options(
+                (*self.pool.connect_options()).clone(),
+                &self.schema,
+            ))
+            .await
+            .context("connecting a service pool to the benchmark database")
+    }
+
     /// Closes the pool and stops the cluster if this run started it.
     pub async fn close(self) -> Result<()> {
         self.pool.close().await;
@@ -298,6 +315,7 @@ mod tests {
         let options = Options {
             quick: true,
             json: Some(path.clone()),
+            charts: None,
         };
         report(&vec![("a", 1.5), ("b", f64::NAN)], &options).unwrap();
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -1,13 +1,22 @@
 // graphile-worker baseline for `leasekeeper bench`: enqueue JOBS no-op jobs
 // in one go, then time one graphile-worker runner (CONCURRENCY jobs at a
-// time, a pool big enough for them) from its start until every job is done.
-// Prints one JSON line: {"jobs": N, "seconds": S, "jobs_per_s": R}.
+// time, a pool big enough for them) from its start until every job is done
+// and the runner has stopped (so batched completions are committed too),
+// then check that no job is left.
+//
+// FAST=1 turns on graphile-worker's documented fast path (0.17, "Performance"
+// in its docs), set through `preset.worker`: a local queue of 500 jobs
+// fetched in one query, and completions and failures written in batches
+// (a delay of 0 ms: whatever completed in the same tick goes in one query).
+//
+// Prints one JSON line: {"jobs": N, "seconds": S, "jobs_per_s": R, ...}.
 // Written to target/bench-graphile/ and run there by the benchmark.
 import { run, makeWorkerUtils, Logger } from "graphile-worker";
 
 const connectionString = process.env.DATABASE_URL;
 const jobs = Number(process.env.JOBS);
 const concurrency = Number(process.env.CONCURRENCY);
+const fast = process.env.FAST === "1";
 // Errors only: graphile-worker logs every completed job at info level, and
 // printing that would slow it down.
 const logger = new Logger(() => (level, message) => {
@@ -17,9 +26,7 @@ const logger = new Logger(() => (level, message) => {
 const utils = await makeWorkerUtils({ connectionString, logger });
 await utils.migrate();
 await utils.withPgClient((client) =>
-  client.query("DELETE FROM graphile_worker._private_jobs").catch(() =>
-    client.query("DELETE FROM graphile_worker.jobs"),
-  ),
+  client.query("DELETE FROM graphile_worker._private_jobs"),
 );
 await utils.withPgClient((client) =>
   client.query(
@@ -30,7 +37,16 @@ await utils.withPgClient((client) =>
     [jobs],
   ),
 );
-await utils.release();
+
+const preset = fast
+  ? {
+      worker: {
+        localQueue: { size: 500 },
+        completeJobBatchDelay: 0,
+        failJobBatchDelay: 0,
+      },
+    }
+  : {};
 
 let done = 0;
 let finished;
@@ -43,6 +59,7 @@ const runner = await run({
   noHandleSignals: true,
   pollInterval: 1000,
   logger,
+  preset,
   taskList: {
     noop: async () => {
       done += 1;
@@ -51,6 +68,23 @@ const runner = await run({
   },
 });
 await allDone;
-const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+const handled = Number(process.hrtime.bigint() - started) / 1e9;
 await runner.stop();
-console.log(JSON.stringify({ jobs, seconds, jobs_per_s: jobs / seconds }));
+const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+const left = await utils.withPgClient((client) =>
+  client.query("SELECT count(*)::int AS n FROM graphile_worker._private_jobs"),
+);
+await utils.release();
+if (left.rows[0].n !== 0) {
+  console.error(`${left.rows[0].n} jobs left after the run`);
+  process.exit(1);
+}
+console.log(
+  JSON.stringify({
+    jobs,
+    fast,
+    seconds,
+    seconds_to_last_handler: handled,
+    jobs_per_s: jobs / seconds,
+  }),
+);

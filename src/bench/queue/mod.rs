@@ -20,17 +20,26 @@
 //!    worker`) holding a task, until another worker process claims it (the
 //!    `taken_over` event), repeatedly; no task may be lost or completed
 //!    twice.
-//! 6. **Baselines**: (a) the raw SQL ceiling: pgbench driving the very same
+//! 6. **The worker runtime** ([`Runtime`]): tasks/s through one runtime of
+//!    16 workers with a no-op handler, default settings (what a service
+//!    embedding the library gets), and the `lease_events` rows it wrote per
+//!    task; the same runtime in 1, 2 and 4 processes of its own on the one
+//!    database (scale-out); and once more with millions of rows already in
+//!    `lease_events` (history must not slow claims).
+//! 7. **Baselines**: (a) the raw SQL ceiling: pgbench driving the very same
 //!    claim and complete statements ([`tasks::claim_sql`],
-//!    [`tasks::complete_sql`]) with no application code; (b) the original
-//!    design's algorithm (`ORDER BY scheduled_at LIMIT 1 OFFSET n FOR
-//!    UPDATE`, then a separate lease insert, in one transaction; `n` random
-//!    below the worker count); (c) graphile-worker from npm processing no-op
-//!    jobs on the same database.
+//!    [`tasks::complete_sql`]) with no application code; (b) the minimal
+//!    ceiling: pgbench on a bare SKIP LOCKED queue table, the physical
+//!    reference; (c) the original design's algorithm (`ORDER BY
+//!    scheduled_at LIMIT 1 OFFSET n FOR UPDATE`, then a separate lease
+//!    insert, in one transaction; `n` random below the worker count); (d)
+//!    graphile-worker from npm processing no-op jobs on the same database,
+//!    with its defaults and with its documented fast path.
 //!
 //! One file per idea: `throughput.rs` (1-3), `wakeup.rs` (2), `leases.rs`
-//! (4), `failover.rs` (5), `baselines.rs` (6); this one plans the run and
-//! reports.
+//! (4), `failover.rs` (5), `fleet.rs` and `scale_out.rs` (6),
+//! `ceilings.rs`, `baselines.rs` and `graphile.rs` (7); this one plans the
+//! run and reports; `--charts` draws it ([`super::charts`]).
 //!
 //! Every queue run starts from an emptied queue, prefilled with enough
 //! tasks not to run dry, vacuumed and checkpointed, so no run pays for the
@@ -43,23 +52,34 @@
 //! [`tasks::claim_sql`]: crate::queue::store::claim_sql
 //! [`tasks::complete_sql`]: crate::queue::store::complete_sql
 //! [`WorkSignal`]: crate::queue::wake::WorkSignal
+//! [`Runtime`]: leasekeeper_core::Runtime
 
 mod baselines;
+mod ceilings;
 mod failover;
+mod fleet;
+mod graphile;
 mod leases;
+mod scale_out;
 mod throughput;
 mod wakeup;
 
+pub use scale_out::runtime_process;
+
 use super::{
-    BenchDb, BenchServer, Options, Progress, Results, Samples, fresh_database, ratio, report,
+    BenchDb, BenchServer, Options, Progress, Results, Samples, charts, fresh_database, ratio,
+    report,
 };
 use crate::live::LiveHub;
 use crate::settings::Settings;
-use anyhow::Result;
-use baselines::{graphile_worker, raw_ceiling};
+use anyhow::{Context, Result};
+use ceilings::{minimal_ceiling, raw_ceiling};
 use failover::failovers;
+use fleet::{NOOP, fleet, seed_history};
+use graphile::graphile_worker;
 use leases::lease_ops;
 use sqlx::PgPool;
+use std::path::Path;
 use std::time::Duration;
 use throughput::{Algo, at_depth, drive};
 use wakeup::wakeups;
@@ -73,7 +93,13 @@ const BATCH: usize = 100;
 const BATCH_WORKERS: usize = 4;
 /// Lease clients.
 const LEASE_CLIENTS: usize = 16;
-const PHASES: u64 = 13;
+/// Runtime processes of the scale-out phases.
+const INSTANCES: [usize; 3] = [1, 2, 4];
+/// Tasks/s the first runtime run's prefill is sized for, before any
+/// runtime figure is known (graphile-worker's fast path does about 30,000
+/// here; the runtime is meant to pass it). Later runs size theirs on it.
+const RUNTIME_RATE_GUESS: f64 = 40_000.0;
+const PHASES: u64 = 20;
 
 /// How long and how much: full or `--quick`.
 struct Plan {
@@ -81,7 +107,12 @@ struct Plan {
     run: Duration,
     wakeups: usize,
     failovers: usize,
+    /// No-op jobs for graphile-worker with its defaults, and with its fast
+    /// path (which gets through them about 15 times faster).
     graphile_jobs: i64,
+    graphile_best_jobs: i64,
+    /// Rows of old history in `lease_events` for the history run.
+    history_rows: i64,
     /// Rounds of the pairs whose ratio matters most (ours vs the raw SQL
     /// at 16 workers; 1,000 vs 1,000,000 queued), alternated so that a
     /// noisy moment of the machine does not land on one side only; the
@@ -98,6 +129,8 @@ impl Plan {
                 wakeups: 60,
                 failovers: 5,
                 graphile_jobs: 10_000,
+                graphile_best_jobs: 50_000,
+                history_rows: 1_000_000,
                 rounds: 1,
             }
         } else {
@@ -107,6 +140,8 @@ impl Plan {
                 wakeups: 300,
                 failovers: 20,
                 graphile_jobs: 40_000,
+                graphile_best_jobs: 300_000,
+                history_rows: 10_000_000,
                 rounds: 3,
             }
         }
@@ -126,7 +161,12 @@ pub async fn suite(settings: Settings, options: Options) -> Result<()> {
     let result = run(&settings, &plan, &db, &progress).await;
     progress.finish();
     db.close().await?;
-    report(&result?, &options)
+    let results = result?;
+    report(&results, &options)?;
+    if let Some(dir) = &options.charts {
+        write_charts(dir, &results)?;
+    }
+    Ok(())
 }
 
 async fn run(
@@ -192,14 +232,87 @@ async fn run(
     r.push(("throughput_w16_median", ours16));
     r.push(("raw_ceiling_w16", raw));
 
+    progress.phase("minimal ceiling: a bare SKIP LOCKED queue from pgbench, 16 clients");
+    let minimal = match minimal_ceiling(
+        pool,
+        &db.conninfo,
+        &db.schema,
+        16,
+        plan.prefill(20_000.0),
+        plan,
+    )
+    .await
+    {
+        Ok(tps) => tps,
+        Err(e) => {
+            progress.note(&format!("bench: the minimal ceiling could not run: {e:#}"));
+            f64::NAN
+        }
+    };
+    r.push(("minimal_ceiling_w16", minimal));
+
     progress.phase("original design (OFFSET scan, separate lease insert), 16 workers");
     prepare(pool, plan.prefill(3_000.0)).await?;
     let original = drive(pool, Algo::Original, 16, plan, progress).await?;
     r.push(("original_design_w16", original.per_s));
 
-    progress.phase("graphile-worker from npm, concurrency 16");
-    let graphile = graphile_worker(&db.conninfo, plan.graphile_jobs, 16, progress).await;
-    r.push(("graphile_worker_w16", graphile.unwrap_or(f64::NAN)));
+    progress.phase("graphile-worker from npm, concurrency 16, its defaults");
+    let graphile = graphile_worker(
+        &db.conninfo,
+        plan.graphile_jobs,
+        16,
+        graphile::Config::Default,
+        progress,
+    )
+    .await;
+    let graphile_default = graphile.unwrap_or(f64::NAN);
+    r.push(("graphile_default_w16", graphile_default));
+    // The name of the same figure before there were two.
+    r.push(("graphile_worker_w16", graphile_default));
+    progress.phase("graphile-worker, concurrency 16, local queue and batched completions");
+    let graphile_best = graphile_worker(
+        &db.conninfo,
+        plan.graphile_best_jobs,
+        16,
+        graphile::Config::Best,
+        progress,
+    )
+    .await
+    .unwrap_or(f64::NAN);
+    r.push(("graphile_best_w16", graphile_best));
+
+    progress.phase("the worker runtime: one instance, 16 workers, no-op handler");
+    prepare_noop(pool, plan.prefill(RUNTIME_RATE_GUESS), 0).await?;
+    let runtime = fleet(db, "bench-fleet", plan, progress).await?;
+    r.push(("fleet_w16", runtime.per_s));
+    r.push(("lease_events_per_task", runtime.events_per_task));
+    // Sized on the figure just measured, generously: more instances may
+    // get through more.
+    let prefill = plan.prefill(runtime.per_s.max(5_000.0) * 2.0);
+
+    let mut by_instances = Vec::new();
+    for n in INSTANCES {
+        progress.phase(&format!(
+            "the worker runtime in {n} process{}, 16 workers each",
+            if n == 1 { "" } else { "es" }
+        ));
+        prepare_noop(pool, prefill, 0).await?;
+        let per_s = scale_out::instances(db, n, plan, progress).await?;
+        by_instances.push(per_s);
+    }
+    r.push(("fleet_instances_1", by_instances[0]));
+    r.push(("fleet_instances_2", by_instances[1]));
+    r.push(("fleet_instances_4", by_instances[2]));
+
+    progress.phase(&format!(
+        "the worker runtime over {} rows of lease history",
+        plan.history_rows
+    ));
+    prepare_noop(pool, prefill, plan.history_rows).await?;
+    let with_history = fleet(db, "bench-history", plan, progress).await?;
+    r.push(("history_rows", plan.history_rows as f64));
+    r.push(("fleet_w16_history", with_history.per_s));
+    r.push(("history_vs_empty", ratio(with_history.per_s, runtime.per_s)));
 
     progress.phase("depth: 16 workers with 1,000 and with 1,000,000 tasks queued");
     let (mut shallow_runs, mut deep_runs) = (Vec::new(), Vec::new());
@@ -253,6 +366,14 @@ async fn run(
         graphile.map_or(f64::NAN, |g| ratio(ours16, g)),
     ));
     r.push(("batched_vs_w16", ratio(batched.per_s, ours16)));
+    r.push((
+        "fleet_w16_vs_graphile_best",
+        ratio(runtime.per_s, graphile_best),
+    ));
+    r.push((
+        "throughput_w16_vs_graphile_default",
+        ratio(ours16, graphile_default),
+    ));
     hub.shutdown();
     Ok(r)
 }
@@ -269,13 +390,35 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// Empties the queue (tasks, their leases and history) and queues `n`
-/// tasks, then vacuums and checkpoints so the run starts clean.
-/// `lease_fencing` is kept, as it is in production (it is never deleted).
+/// tasks (of the simulated kind, for the store-level loops), then vacuums
+/// and checkpoints so the run starts clean. `lease_fencing` is kept, as it
+/// is in production (it is never deleted).
 async fn prepare(pool: &PgPool, n: i64) -> Result<()> {
+    empty(pool).await?;
+    add_tasks(pool, n).await?;
+    settle(pool).await
+}
+
+/// [`prepare`] for the worker runtime: `n` tasks of its no-op kind, after
+/// `history` rows of old history put into `lease_events` (see
+/// [`seed_history`]).
+async fn prepare_noop(pool: &PgPool, n: i64, history: i64) -> Result<()> {
+    empty(pool).await?;
+    if history > 0 {
+        seed_history(pool, history).await?;
+    }
+    add_tasks_of(pool, NOOP, n).await?;
+    settle(pool).await
+}
+
+async fn empty(pool: &PgPool) -> Result<()> {
     sqlx::query("TRUNCATE tasks, leases, lease_events")
         .execute(pool)
         .await?;
-    add_tasks(pool, n).await?;
+    Ok(())
+}
+
+async fn settle(pool: &PgPool) -> Result<()> {
     sqlx::query("VACUUM ANALYZE tasks, leases, lease_events, lease_fencing, task_counts")
         .execute(pool)
         .await?;
@@ -303,14 +446,71 @@ async fn seed_fencing_history(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// Queues `n` tasks of the simulated kind that sleep for no time.
 async fn add_tasks(pool: &PgPool, n: i64) -> Result<()> {
+    add_tasks_of(pool, crate::worker::simulated::KIND, n).await
+}
+
+/// Queues `n` tasks of `kind` in the default queue, in one statement.
+async fn add_tasks_of(pool: &PgPool, kind: &str, n: i64) -> Result<()> {
     sqlx::query(
-        "INSERT INTO tasks (kind, task_data) SELECT 'sleep', '{\"sleep_duration_seconds\": 0}'::jsonb
-           FROM generate_series(1, $1::bigint)",
+        "INSERT INTO tasks (kind, task_data)
+         SELECT $2, '{\"sleep_duration_seconds\": 0}'::jsonb FROM generate_series(1, $1::bigint)",
     )
     .bind(n)
+    .bind(kind)
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// The value of `key` in `results`; `NaN` when absent.
+fn value(results: &Results, key: &str) -> f64 {
+    results
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(f64::NAN, |(_, v)| *v)
+}
+
+/// `scale_out.svg` (tasks/s against runtime processes) and
+/// `baselines.svg` (the runtime and the store-level loop against
+/// graphile-worker and pgbench's ceilings) in `dir`.
+fn write_charts(dir: &Path, results: &Results) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let points: Vec<(f64, f64)> = INSTANCES
+        .iter()
+        .zip([
+            "fleet_instances_1",
+            "fleet_instances_2",
+            "fleet_instances_4",
+        ])
+        .map(|(&n, key)| (n as f64, value(results, key)))
+        .collect();
+    charts::line_chart(
+        &dir.join("scale_out.svg"),
+        "Worker runtime scale-out on one database",
+        ("runtime processes", "tasks/s"),
+        "no-op runtime, 16 workers per process",
+        &points,
+    )?;
+    let bars: Vec<(&str, f64)> = [
+        ("fleet_w16", "fleet_w16"),
+        ("throughput_w16", "throughput_w16_median"),
+        ("graphile best", "graphile_best_w16"),
+        ("graphile default", "graphile_default_w16"),
+        ("minimal ceiling", "minimal_ceiling_w16"),
+        ("raw ceiling", "raw_ceiling_w16"),
+    ]
+    .into_iter()
+    .map(|(name, key)| (name, value(results, key)))
+    .collect();
+    charts::bar_chart(
+        &dir.join("baselines.svg"),
+        "Tasks/s at 16: ours against the baselines (same run)",
+        "tasks/s",
+        &bars,
+    )?;
+    println!("charts written to {}", dir.display());
     Ok(())
 }
 
