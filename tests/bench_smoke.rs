@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const KEYS: [&str; 30] = [
+const KEYS: [&str; 32] = [
     "throughput_w1",
     "throughput_w16",
     "throughput_w64",
@@ -21,6 +21,8 @@ const KEYS: [&str; 30] = [
     "graphile_best_w16",
     "fleet_w16",
     "lease_events_per_task",
+    "fleet_latency_p50_ms",
+    "fleet_latency_no_linger_p50_ms",
     "fleet_instances_1",
     "fleet_instances_2",
     "fleet_instances_4",

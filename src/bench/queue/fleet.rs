@@ -9,12 +9,13 @@
 //! their own ([`super::scale_out`]), and the run over a long history
 //! ([`seed_history`]).
 
-use super::{BenchDb, Plan, Progress, ratio};
-use crate::queue::DEFAULT_QUEUE;
-use anyhow::Result;
+use super::{BenchDb, Plan, Progress, Samples, ratio};
+use crate::queue::{DEFAULT_QUEUE, NewTask};
+use crate::worker::batch::Batching;
+use anyhow::{Result, ensure};
 use leasekeeper_core::{Done, HandlerResult, Job, Runtime, TaskContext};
 use sqlx::PgPool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The task kind of the runtime's no-op handler.
 pub(super) const NOOP: &str = "noop";
@@ -34,9 +35,20 @@ pub(super) struct FleetRun {
 /// `concurrency` workers, whose one handler ([`NOOP`]) completes at once;
 /// every other setting is the runtime's default.
 pub(super) async fn noop_runtime(pool: PgPool, id: &str, concurrency: usize) -> Result<Runtime> {
+    noop_runtime_batching(pool, id, concurrency, Batching::default()).await
+}
+
+/// [`noop_runtime`] with `batching` instead of the default.
+async fn noop_runtime_batching(
+    pool: PgPool,
+    id: &str,
+    concurrency: usize,
+    batching: Batching,
+) -> Result<Runtime> {
     Ok(Runtime::builder(pool)
         .id(id)
         .queue(DEFAULT_QUEUE, concurrency)
+        .batching(batching)
         .handler(NOOP, |_job: Job, _ctx: TaskContext| async {
             HandlerResult::Ok(Done::empty())
         })
@@ -138,4 +150,50 @@ pub(super) async fn seed_history(pool: &PgPool, rows: i64) -> Result<()> {
     .await?;
     sqlx::query("ANALYZE lease_events").execute(pool).await?;
     Ok(())
+}
+
+/// What batching costs one task: `n` tasks enqueued one at a time, 25 ms
+/// apart, to an idle [`noop_runtime`] of [`CONCURRENCY`] workers with
+/// `batching`; each task's time from its enqueue (`created_at`) to its
+/// committed completion (`processed_at`), both by the database clock, in
+/// ms. The queue must be empty.
+pub(super) async fn single_task_latency(
+    db: &BenchDb,
+    batching: Batching,
+    n: usize,
+) -> Result<Samples> {
+    let pool = &db.pool;
+    let service_pool = db.service_pool().await?;
+    let runtime = noop_runtime_batching(service_pool.clone(), "bench-latency", CONCURRENCY, batching)
+        .await?;
+    let mut ids = Vec::with_capacity(n);
+    let mut conn = pool.acquire().await?;
+    for _ in 0..n {
+        let task = crate::queue::store::enqueue(&mut conn, &NewTask::new(NOOP, serde_json::json!({})))
+            .await?;
+        ids.push(task.id);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let latencies: Vec<f64> = loop {
+        let done: Vec<f64> = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM (processed_at - created_at))::float8 * 1000
+               FROM tasks WHERE id = ANY($1) AND status = 'processed'",
+        )
+        .bind(&ids)
+        .fetch_all(pool)
+        .await?;
+        if done.len() == n || Instant::now() > deadline {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    runtime.shutdown().await;
+    service_pool.close().await;
+    ensure!(
+        latencies.len() == n,
+        "only {} of {n} single tasks were completed within 30 s",
+        latencies.len()
+    );
+    Ok(Samples(latencies))
 }

@@ -75,7 +75,8 @@ use crate::settings::Settings;
 use anyhow::{Context, Result};
 use ceilings::{minimal_ceiling, raw_ceiling};
 use failover::failovers;
-use fleet::{NOOP, fleet, seed_history};
+use crate::worker::batch::Batching;
+use fleet::{NOOP, fleet, seed_history, single_task_latency};
 use graphile::graphile_worker;
 use leases::lease_ops;
 use sqlx::PgPool;
@@ -99,7 +100,7 @@ const INSTANCES: [usize; 3] = [1, 2, 4];
 /// runtime figure is known (graphile-worker's fast path does about 30,000
 /// here; the runtime is meant to pass it). Later runs size theirs on it.
 const RUNTIME_RATE_GUESS: f64 = 40_000.0;
-const PHASES: u64 = 20;
+const PHASES: u64 = 21;
 
 /// How long and how much: full or `--quick`.
 struct Plan {
@@ -118,6 +119,8 @@ struct Plan {
     /// noisy moment of the machine does not land on one side only; the
     /// figures are the medians.
     rounds: usize,
+    /// Single tasks timed through an idle runtime, per batching setting.
+    latency_tasks: usize,
 }
 
 impl Plan {
@@ -132,6 +135,7 @@ impl Plan {
                 graphile_best_jobs: 50_000,
                 history_rows: 1_000_000,
                 rounds: 1,
+                latency_tasks: 40,
             }
         } else {
             Plan {
@@ -143,6 +147,7 @@ impl Plan {
                 graphile_best_jobs: 300_000,
                 history_rows: 10_000_000,
                 rounds: 3,
+                latency_tasks: 200,
             }
         }
     }
@@ -286,6 +291,25 @@ async fn run(
     let runtime = fleet(db, "bench-fleet", plan, progress).await?;
     r.push(("fleet_w16", runtime.per_s));
     r.push(("lease_events_per_task", runtime.events_per_task));
+
+    progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
+    let latency_tasks = plan.latency_tasks;
+    prepare_noop(pool, 0, 0).await?;
+    let lingering = single_task_latency(db, Batching::default(), latency_tasks).await?;
+    prepare_noop(pool, 0, 0).await?;
+    let no_linger = single_task_latency(
+        db,
+        Batching {
+            linger: std::time::Duration::ZERO,
+            ..Batching::default()
+        },
+        latency_tasks,
+    )
+    .await?;
+    r.push(("fleet_latency_p50_ms", lingering.percentile_fine(50.0)));
+    r.push(("fleet_latency_p99_ms", lingering.percentile_fine(99.0)));
+    r.push(("fleet_latency_no_linger_p50_ms", no_linger.percentile_fine(50.0)));
+    r.push(("fleet_latency_no_linger_p99_ms", no_linger.percentile_fine(99.0)));
     // Sized on the figure just measured, generously: more instances may
     // get through more.
     let prefill = plan.prefill(runtime.per_s.max(5_000.0) * 2.0);
