@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const KEYS: [&str; 32] = [
+const KEYS: [&str; 35] = [
     "throughput_w1",
     "throughput_w16",
     "throughput_w64",
@@ -22,6 +22,9 @@ const KEYS: [&str; 32] = [
     "fleet_w16",
     "lease_events_per_task",
     "fleet_latency_p50_ms",
+    "rows_per_task",
+    "rows_per_task_tasks",
+    "rows_per_task_lease_events",
     "fleet_latency_no_linger_p50_ms",
     "fleet_instances_1",
     "fleet_instances_2",

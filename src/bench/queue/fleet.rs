@@ -29,6 +29,38 @@ pub(super) struct FleetRun {
     /// Rows written to `lease_events` from the runtime's start to its
     /// shutdown, per task it completed.
     pub(super) events_per_task: f64,
+    /// Rows inserted, updated or deleted per task completed, by table
+    /// (PostgreSQL's own counters), the profile of what a task costs.
+    pub(super) rows_per_task: Vec<(String, f64)>,
+}
+
+/// The tables whose writes [`FleetRun::rows_per_task`] reports.
+pub(super) const PROFILED: [&str; 7] = [
+    "tasks",
+    "leases",
+    "lease_fencing",
+    "lease_events",
+    "task_counts",
+    "workers",
+    "instances",
+];
+
+/// Rows inserted, updated and deleted so far in each of [`PROFILED`], as
+/// PostgreSQL's statistics count them (flushed when a backend ends, or
+/// within a second).
+async fn table_writes(pool: &PgPool) -> Result<Vec<i64>> {
+    let mut writes = Vec::new();
+    for table in PROFILED {
+        let n: Option<i64> = sqlx::query_scalar(
+            "SELECT (n_tup_ins + n_tup_upd + n_tup_del)::int8 FROM pg_stat_user_tables
+              WHERE schemaname = current_schema() AND relname = $1",
+        )
+        .bind(table)
+        .fetch_optional(pool)
+        .await?;
+        writes.push(n.unwrap_or(0));
+    }
+    Ok(writes)
 }
 
 /// A runtime named `id` on `pool`, serving the default queue with
@@ -101,6 +133,7 @@ pub(super) async fn fleet(
         .fetch_one(pool)
         .await?;
     let processed_before = processed(pool).await?;
+    let writes_before = table_writes(pool).await?;
     let service_pool = db.service_pool().await?;
     let runtime = noop_runtime(service_pool.clone(), id, CONCURRENCY).await?;
     let per_s = completed_per_s(pool, plan, progress).await;
@@ -113,7 +146,19 @@ pub(super) async fn fleet(
         .fetch_one(pool)
         .await?;
     let tasks = processed(pool).await? - processed_before;
+    // The service's backends have ended (their statistics are flushed);
+    // give the statistics a moment all the same.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let writes_after = table_writes(pool).await?;
+    let rows_per_task = PROFILED
+        .iter()
+        .zip(writes_before.iter().zip(&writes_after))
+        .map(|(table, (before, after))| {
+            (table.to_string(), ratio((after - before) as f64, tasks as f64))
+        })
+        .collect();
     Ok(FleetRun {
+        rows_per_task,
         per_s,
         events_per_task: if tasks > 0 {
             ratio(events as f64, tasks as f64)

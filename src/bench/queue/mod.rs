@@ -291,6 +291,13 @@ async fn run(
     let runtime = fleet(db, "bench-fleet", plan, progress).await?;
     r.push(("fleet_w16", runtime.per_s));
     r.push(("lease_events_per_task", runtime.events_per_task));
+    for (table, rows) in &runtime.rows_per_task {
+        r.push((rows_key(table), *rows));
+    }
+    r.push((
+        "rows_per_task",
+        runtime.rows_per_task.iter().map(|(_, rows)| rows).sum::<f64>(),
+    ));
 
     progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
     let latency_tasks = plan.latency_tasks;
@@ -400,6 +407,20 @@ async fn run(
     ));
     hub.shutdown();
     Ok(r)
+}
+
+/// The key of the rows written per task to `table` (one of
+/// [`fleet::PROFILED`]).
+fn rows_key(table: &str) -> &'static str {
+    match table {
+        "tasks" => "rows_per_task_tasks",
+        "leases" => "rows_per_task_leases",
+        "lease_fencing" => "rows_per_task_lease_fencing",
+        "lease_events" => "rows_per_task_lease_events",
+        "task_counts" => "rows_per_task_task_counts",
+        "workers" => "rows_per_task_workers",
+        _ => "rows_per_task_instances",
+    }
 }
 
 /// The median (the mean of the middle two for an even count); `NaN` when empty.
