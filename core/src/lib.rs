@@ -92,6 +92,8 @@ pub use queue::{NewTask, Task};
 #[cfg(feature = "postgres")]
 pub use worker::handler::{Done, HandlerError, HandlerResult, Job, TaskContext};
 #[cfg(feature = "postgres")]
+pub use worker::batch::Batching;
+#[cfg(feature = "postgres")]
 pub use worker::runtime::Runtime;
 
 /// The README's Rust examples, compiled as doc-tests so they stay true.
