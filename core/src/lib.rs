@@ -90,9 +90,9 @@ pub mod db;
 pub use queue::store::{FencedTransaction, enqueue};
 pub use queue::{NewTask, Task};
 #[cfg(feature = "postgres")]
-pub use worker::handler::{Done, HandlerError, HandlerResult, Job, TaskContext};
-#[cfg(feature = "postgres")]
 pub use worker::batch::Batching;
+#[cfg(feature = "postgres")]
+pub use worker::handler::{Done, HandlerError, HandlerResult, Job, TaskContext};
 #[cfg(feature = "postgres")]
 pub use worker::runtime::Runtime;
 

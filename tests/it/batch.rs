@@ -80,10 +80,19 @@ async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i32, i64, Ho
     add_tasks(pool, "sleep", n as i32).await;
     let mut conn = pool.acquire().await.unwrap();
     let old = holders(&format!("a{round}-"), n);
-    let claimed = store::claim_for(&mut conn, &old, Duration::from_secs(5), &ClaimFilter::default())
-        .await
-        .unwrap();
-    assert_eq!(claimed.tasks.len(), n, "round {round}: every holder got a task");
+    let claimed = store::claim_for(
+        &mut conn,
+        &old,
+        Duration::from_secs(5),
+        &ClaimFilter::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        claimed.tasks.len(),
+        n,
+        "round {round}: every holder got a task"
+    );
     claimed
         .tasks
         .iter()
@@ -132,7 +141,9 @@ async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_bo
             let (barrier, pool) = (barrier.clone(), db.pool.clone());
             let each: Vec<Completion> = claims
                 .iter()
-                .map(|(id, token, who)| Completion::new(*id, *token, who.clone(), Some(json!({"by": who.as_str()}))))
+                .map(|(id, token, who)| {
+                    Completion::new(*id, *token, who.clone(), Some(json!({"by": who.as_str()})))
+                })
                 .collect();
             tokio::spawn(async move {
                 let mut conn = pool.acquire().await.unwrap();
@@ -167,13 +178,23 @@ async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_bo
         // Every refusal and every takeover is in the history.
         let refused = outcomes.iter().filter(|o| o.is_err()).count() as i64;
         assert_eq!(
-            count(&db.pool, "SELECT count(*) FROM lease_events WHERE kind = 'stale_write_refused'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))", &ids).await,
+            count(
+                &db.pool,
+                "SELECT count(*) FROM lease_events WHERE kind = 'stale_write_refused'
+                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
+                &ids
+            )
+            .await,
             refused
         );
         assert_eq!(
-            count(&db.pool, "SELECT count(*) FROM lease_events WHERE kind = 'taken_over'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))", &ids).await,
+            count(
+                &db.pool,
+                "SELECT count(*) FROM lease_events WHERE kind = 'taken_over'
+                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
+                &ids
+            )
+            .await,
             taken.len() as i64
         );
         finish_round(&db.pool, &taken).await;
@@ -202,7 +223,9 @@ async fn batched_heartbeats_raced_with_takeovers_at_the_deadline_never_let_both_
             tokio::spawn(async move {
                 let mut conn = pool.acquire().await.unwrap();
                 barrier.wait().await;
-                store::heartbeat_each(&mut conn, &claims, TTL).await.unwrap()
+                store::heartbeat_each(&mut conn, &claims, TTL)
+                    .await
+                    .unwrap()
             })
         };
         let taking = {
@@ -230,14 +253,24 @@ async fn batched_heartbeats_raced_with_takeovers_at_the_deadline_never_let_both_
         }
         let refused = outcomes.iter().filter(|o| o.is_err()).count() as i64;
         assert_eq!(
-            count(&db.pool, "SELECT count(*) FROM lease_events WHERE kind = 'stale_write_refused'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))", &ids).await,
+            count(
+                &db.pool,
+                "SELECT count(*) FROM lease_events WHERE kind = 'stale_write_refused'
+                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
+                &ids
+            )
+            .await,
             refused
         );
         // The renewed leases say so in the history, one event each.
         assert_eq!(
-            count(&db.pool, "SELECT count(*) FROM lease_events WHERE kind = 'renewed'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))", &ids).await,
+            count(
+                &db.pool,
+                "SELECT count(*) FROM lease_events WHERE kind = 'renewed'
+                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
+                &ids
+            )
+            .await,
             outcomes.iter().filter(|o| o.is_ok()).count() as i64
         );
         // Finish the round: the renewed claims by their holders, the rest by the takers.
@@ -281,8 +314,11 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
                 if claimed.tasks.is_empty() {
                     break;
                 }
-                let names: HashSet<&str> =
-                    claimed.tasks.iter().map(|t| t.processor.as_deref().unwrap()).collect();
+                let names: HashSet<&str> = claimed
+                    .tasks
+                    .iter()
+                    .map(|t| t.processor.as_deref().unwrap())
+                    .collect();
                 assert_eq!(names.len(), claimed.tasks.len(), "one task per holder");
                 let each: Vec<Completion> = claimed
                     .tasks
@@ -309,15 +345,17 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
     }
     let distinct: HashSet<i32> = all.iter().copied().collect();
     assert_eq!((all.len(), distinct.len()), (2000, 2000));
-    let per_kind: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT kind, count(*) FROM lease_events GROUP BY kind ORDER BY kind",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let per_kind: Vec<(String, i64)> =
+        sqlx::query_as("SELECT kind, count(*) FROM lease_events GROUP BY kind ORDER BY kind")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(
         per_kind,
-        vec![("acquired".to_string(), 2000), ("released".to_string(), 2000)]
+        vec![
+            ("acquired".to_string(), 2000),
+            ("released".to_string(), 2000)
+        ]
     );
     let mismatched: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM tasks t JOIN leases l ON l.resource = 'task:' || t.id
@@ -332,7 +370,10 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(counted, 2000, "the statement-level counter trigger counted every completion");
+    assert_eq!(
+        counted, 2000,
+        "the statement-level counter trigger counted every completion"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -395,7 +436,10 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
         };
         reporting.await.unwrap();
         killing.await.unwrap();
-        let row = registry::get(&mut conn, who.as_str(), ttl).await.unwrap().unwrap();
+        let row = registry::get(&mut conn, who.as_str(), ttl)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(row.state, WorkerState::Crashed, "round {round}: {row:?}");
         // A report of the other kind under the same id is refused.
         let written = registry::record_each(
@@ -416,8 +460,14 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
         )
         .await
         .unwrap();
-        let row = registry::get(&mut conn, who.as_str(), ttl).await.unwrap().unwrap();
-        assert_eq!((row.state, row.kind), (WorkerState::Idle, WorkerKind::Simulated));
+        let row = registry::get(&mut conn, who.as_str(), ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (row.state, row.kind),
+            (WorkerState::Idle, WorkerKind::Simulated)
+        );
     }
 }
 
@@ -449,7 +499,10 @@ async fn a_runtime_batches_its_claims_and_completions_and_loses_nothing() {
         if processed == 600 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "{processed} of 600 processed");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{processed} of 600 processed"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     runtime.shutdown().await;
@@ -485,7 +538,10 @@ async fn a_runtime_batches_its_claims_and_completions_and_loses_nothing() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(done, 600, "every worker's last report was written and counts its completions");
+    assert_eq!(
+        done, 600,
+        "every worker's last report was written and counts its completions"
+    );
 }
 
 /// A rough look at the runtime's throughput on the test database (no-op
@@ -503,11 +559,16 @@ async fn runtime_rate() {
         };
         let db = TestDb::with_connections(24).await;
         add_tasks(&db.pool, "noop", 30_000).await;
-        sqlx::query("VACUUM ANALYZE tasks").execute(&db.pool).await.unwrap();
+        sqlx::query("VACUUM ANALYZE tasks")
+            .execute(&db.pool)
+            .await
+            .unwrap();
         let runtime = Runtime::builder(db.pool.clone())
             .queue("default", 16)
             .batching(batching)
-            .handler("noop", |_job: Job, _ctx: TaskContext| async move { Ok(Done::empty()) })
+            .handler("noop", |_job: Job, _ctx: TaskContext| async move {
+                Ok(Done::empty())
+            })
             .start()
             .await
             .unwrap();

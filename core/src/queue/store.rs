@@ -243,11 +243,9 @@ pub async fn claim_batch(
         )));
     }
     let holders = vec![processor.as_str(); limit];
-    Ok(
-        claim_up_to(conn, &holders, ttl, &ClaimFilter::default())
-            .await?
-            .claimed,
-    )
+    Ok(claim_up_to(conn, &holders, ttl, &ClaimFilter::default())
+        .await?
+        .claimed)
 }
 
 /// The one statement that claims up to `limit` tasks of queue `$3`, the
@@ -708,8 +706,16 @@ pub async fn complete(
 ) -> Result<Task, TaskError> {
     let _announced =
         crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let done = complete_claims(conn, &[Completion::new(id, token, processor.clone(), output.cloned())])
-        .await?;
+    let done = complete_claims(
+        conn,
+        &[Completion::new(
+            id,
+            token,
+            processor.clone(),
+            output.cloned(),
+        )],
+    )
+    .await?;
     if let Some(task) = done.into_iter().next() {
         return Ok(task);
     }

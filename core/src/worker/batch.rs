@@ -214,7 +214,12 @@ impl Batcher {
     /// written (or given up).
     pub(crate) async fn flush(&self) {
         let (done, written) = oneshot::channel();
-        if self.completions.send(ToCompleter::Flush(done)).await.is_ok() {
+        if self
+            .completions
+            .send(ToCompleter::Flush(done))
+            .await
+            .is_ok()
+        {
             let _ = written.await;
         }
         let (done, written) = oneshot::channel();
@@ -326,9 +331,7 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
     let holders: Vec<Holder> = wants.iter().map(|w| w.worker.clone()).collect();
     let claimed = async {
         let conn = held.conn(setup).await?;
-        Ok::<_, TransportError>(
-            store::claim_for(conn, &holders, setup.ttl, &setup.filter).await?,
-        )
+        Ok::<_, TransportError>(store::claim_for(conn, &holders, setup.ttl, &setup.filter).await?)
     }
     .await;
     let claimed = match claimed {
@@ -356,8 +359,7 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
         let task = match by_holder.remove(want.worker.as_str()) {
             Some(task) => Some(task),
             None if careful => {
-                match store::claim_next_in(conn, &want.worker, setup.ttl, &setup.filter).await
-                {
+                match store::claim_next_in(conn, &want.worker, setup.ttl, &setup.filter).await {
                     Ok(Some(task)) => Some(task),
                     Ok(None) => {
                         careful = false;
@@ -567,14 +569,9 @@ async fn write_reports(setup: &Setup, pending: &mut HashMap<Holder, Report>) {
             .acquire()
             .await
             .map_err(|e| TransportError::Transient(format!("database: {e}")))?;
-        registry::record_each(
-            &mut conn,
-            setup.kind,
-            Some(&setup.instance_id),
-            &reports,
-        )
-        .await
-        .map_err(|e| TransportError::Transient(format!("database: {e}")))
+        registry::record_each(&mut conn, setup.kind, Some(&setup.instance_id), &reports)
+            .await
+            .map_err(|e| TransportError::Transient(format!("database: {e}")))
     }
     .await;
     if let Err(e) = written {

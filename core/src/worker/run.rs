@@ -465,7 +465,13 @@ impl<T: Transport> Worker<T> {
                     // counts it when written); the worker is free at once.
                     let handed = self
                         .transport
-                        .complete_later(&self.id, &claim, done.output.clone(), deadline, &self.tally)
+                        .complete_later(
+                            &self.id,
+                            &claim,
+                            done.output.clone(),
+                            deadline,
+                            &self.tally,
+                        )
                         .await;
                     if handed {
                         self.report(WorkerState::Idle, None, false, false).await;

@@ -10,8 +10,8 @@
 
 pub use super::Report;
 use super::WorkerKind;
-use super::handler::{Database, Job};
 use super::batch::{Batcher, Batching, Finish, Setup};
+use super::handler::{Database, Job};
 use super::run::Tally;
 use crate::lease::Holder;
 use crate::queue::store::{self, RetryPolicy, TaskError};

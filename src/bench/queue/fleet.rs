@@ -154,7 +154,10 @@ pub(super) async fn fleet(
         .iter()
         .zip(writes_before.iter().zip(&writes_after))
         .map(|(table, (before, after))| {
-            (table.to_string(), ratio((after - before) as f64, tasks as f64))
+            (
+                table.to_string(),
+                ratio((after - before) as f64, tasks as f64),
+            )
         })
         .collect();
     Ok(FleetRun {
@@ -209,13 +212,14 @@ pub(super) async fn single_task_latency(
 ) -> Result<Samples> {
     let pool = &db.pool;
     let service_pool = db.service_pool().await?;
-    let runtime = noop_runtime_batching(service_pool.clone(), "bench-latency", CONCURRENCY, batching)
-        .await?;
+    let runtime =
+        noop_runtime_batching(service_pool.clone(), "bench-latency", CONCURRENCY, batching).await?;
     let mut ids = Vec::with_capacity(n);
     let mut conn = pool.acquire().await?;
     for _ in 0..n {
-        let task = crate::queue::store::enqueue(&mut conn, &NewTask::new(NOOP, serde_json::json!({})))
-            .await?;
+        let task =
+            crate::queue::store::enqueue(&mut conn, &NewTask::new(NOOP, serde_json::json!({})))
+                .await?;
         ids.push(task.id);
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

@@ -72,10 +72,10 @@ use super::{
 };
 use crate::live::LiveHub;
 use crate::settings::Settings;
+use crate::worker::batch::Batching;
 use anyhow::{Context, Result};
 use ceilings::{minimal_ceiling, raw_ceiling};
 use failover::failovers;
-use crate::worker::batch::Batching;
 use fleet::{NOOP, fleet, seed_history, single_task_latency};
 use graphile::graphile_worker;
 use leases::lease_ops;
@@ -296,7 +296,11 @@ async fn run(
     }
     r.push((
         "rows_per_task",
-        runtime.rows_per_task.iter().map(|(_, rows)| rows).sum::<f64>(),
+        runtime
+            .rows_per_task
+            .iter()
+            .map(|(_, rows)| rows)
+            .sum::<f64>(),
     ));
 
     progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
@@ -315,8 +319,14 @@ async fn run(
     .await?;
     r.push(("fleet_latency_p50_ms", lingering.percentile_fine(50.0)));
     r.push(("fleet_latency_p99_ms", lingering.percentile_fine(99.0)));
-    r.push(("fleet_latency_no_linger_p50_ms", no_linger.percentile_fine(50.0)));
-    r.push(("fleet_latency_no_linger_p99_ms", no_linger.percentile_fine(99.0)));
+    r.push((
+        "fleet_latency_no_linger_p50_ms",
+        no_linger.percentile_fine(50.0),
+    ));
+    r.push((
+        "fleet_latency_no_linger_p99_ms",
+        no_linger.percentile_fine(99.0),
+    ));
     // Sized on the figure just measured, generously: more instances may
     // get through more.
     let prefill = plan.prefill(runtime.per_s.max(5_000.0) * 2.0);
