@@ -63,8 +63,9 @@ pub enum Command {
     Chaos(ChaosArgs),
     /// Measure speed targets against baselines run alongside (build with
     /// --release for figures worth comparing). Without a subcommand: the
-    /// queue suite (throughput, latency, depth, lease operations, failover,
-    /// against the raw SQL, the original design and graphile-worker).
+    /// queue suite (throughput, the worker runtime and its scale-out,
+    /// latency, depth, history, lease operations, failover, against
+    /// pgbench's ceilings, the original design and graphile-worker).
     Bench {
         /// Another benchmark instead of the queue suite.
         #[command(subcommand)]
