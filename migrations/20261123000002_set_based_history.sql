@@ -41,6 +41,9 @@ DECLARE
     advanced bigint;
 BEGIN
     SELECT count(*) INTO issued FROM new_rows;
+    IF issued = 0 THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO lease_fencing AS f (resource, last_token)
     SELECT resource, fencing_token FROM new_rows ORDER BY resource
     ON CONFLICT (resource) DO UPDATE
@@ -61,13 +64,19 @@ $$;
 CREATE FUNCTION leases_updated() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
+    changed bigint;
     issued bigint;
     advanced bigint;
 BEGIN
+    -- Nothing changed (the UPDATE half of a claim's upsert that only
+    -- inserted fires too): nothing to do.
+    SELECT count(*), count(*) FILTER (WHERE n.fencing_token <> o.fencing_token)
+      INTO changed, issued
+      FROM new_rows n JOIN old_rows o ON o.id = n.id;
+    IF changed = 0 THEN
+        RETURN NULL;
+    END IF;
     -- A new term (the token moved): the same fencing guard as an insert.
-    SELECT count(*) INTO issued
-      FROM new_rows n JOIN old_rows o ON o.id = n.id
-     WHERE n.fencing_token <> o.fencing_token;
     IF issued > 0 THEN
         INSERT INTO lease_fencing AS f (resource, last_token)
         SELECT n.resource, n.fencing_token

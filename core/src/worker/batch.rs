@@ -492,7 +492,7 @@ async fn write_completions(setup: &Setup, held: &mut Held, mut batch: Vec<Finish
                     match outcome {
                         Ok(_) => {
                             f.tally.done.fetch_add(1, Ordering::Relaxed);
-                            tracing::info!(worker = %f.worker, task_id = f.task_id, token = f.token,
+                            tracing::debug!(worker = %f.worker, task_id = f.task_id, token = f.token,
                                 "completed a task");
                         }
                         Err(e) => {

@@ -354,7 +354,7 @@ impl<T: Transport> Worker<T> {
         let remaining = claim.remaining.unwrap_or(self.config.lease_ttl);
         let mut deadline = sent + trusted(remaining);
         let mut interval = self.config.heartbeat_interval.min(remaining / 3);
-        tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token,
+        tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token,
             kind = %claim.kind, "claimed a task");
         self.report(WorkerState::Working, Some(&claim), true, false)
             .await;
@@ -512,7 +512,7 @@ impl<T: Transport> Worker<T> {
         {
             Ok(_) => {
                 self.tally.done.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token,
+                tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token,
                     "completed a task with its transaction");
                 self.report(WorkerState::Idle, None, false, false).await;
             }
@@ -544,7 +544,7 @@ impl<T: Transport> Worker<T> {
             {
                 Ok(()) => {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(worker = %self.id, task_id = claim.task_id, token = claim.token, "completed a task");
+                    tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token, "completed a task");
                     self.report(WorkerState::Idle, None, false, false).await;
                     return Flow::Claim;
                 }
