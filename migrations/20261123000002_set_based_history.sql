@@ -33,28 +33,35 @@ DROP FUNCTION leases_advance_fencing();
 -- (locked by the upsert, judged on its newest version) and must be above
 -- the last one. When any row of the statement fails that, the whole
 -- statement fails with serialization_failure and the caller retries it
--- with a fresh snapshot.
-CREATE FUNCTION leases_inserted() RETURNS trigger
+-- with a fresh snapshot. Called by the insert and update triggers below
+-- with the tokens their statement issued (resource i got token i).
+CREATE FUNCTION leases_advance_fencing(resources text[], tokens bigint[]) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    issued bigint;
     advanced bigint;
 BEGIN
-    SELECT count(*) INTO issued FROM new_rows;
-    IF issued = 0 THEN
-        RETURN NULL;
-    END IF;
     INSERT INTO lease_fencing AS f (resource, last_token)
-    SELECT resource, fencing_token FROM new_rows ORDER BY resource
+    SELECT r, t FROM unnest(resources, tokens) AS issued(r, t) ORDER BY r
     ON CONFLICT (resource) DO UPDATE
         SET last_token = EXCLUDED.last_token
         WHERE f.last_token < EXCLUDED.last_token;
     GET DIAGNOSTICS advanced = ROW_COUNT;
-    IF advanced < issued THEN
+    IF advanced < cardinality(resources) THEN
         RAISE EXCEPTION '% of % fencing tokens issued are not above the last one issued',
-            issued - advanced, issued
+            cardinality(resources) - advanced, cardinality(resources)
             USING ERRCODE = 'serialization_failure';
     END IF;
+END;
+$$;
+
+CREATE FUNCTION leases_inserted() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM new_rows) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM leases_advance_fencing(array_agg(resource), array_agg(fencing_token))
+       FROM new_rows;
     INSERT INTO lease_events (resource, holder, fencing_token, kind, expires_at)
     SELECT resource, holder, fencing_token, 'acquired', expires_at FROM new_rows ORDER BY id;
     RETURN NULL;
@@ -66,7 +73,6 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     changed bigint;
     issued bigint;
-    advanced bigint;
 BEGIN
     -- Nothing changed (the UPDATE half of a claim's upsert that only
     -- inserted fires too): nothing to do.
@@ -78,20 +84,9 @@ BEGIN
     END IF;
     -- A new term (the token moved): the same fencing guard as an insert.
     IF issued > 0 THEN
-        INSERT INTO lease_fencing AS f (resource, last_token)
-        SELECT n.resource, n.fencing_token
-          FROM new_rows n JOIN old_rows o ON o.id = n.id
-         WHERE n.fencing_token <> o.fencing_token
-         ORDER BY n.resource
-        ON CONFLICT (resource) DO UPDATE
-            SET last_token = EXCLUDED.last_token
-            WHERE f.last_token < EXCLUDED.last_token;
-        GET DIAGNOSTICS advanced = ROW_COUNT;
-        IF advanced < issued THEN
-            RAISE EXCEPTION '% of % fencing tokens issued are not above the last one issued',
-                issued - advanced, issued
-                USING ERRCODE = 'serialization_failure';
-        END IF;
+        PERFORM leases_advance_fencing(array_agg(n.resource), array_agg(n.fencing_token))
+           FROM new_rows n JOIN old_rows o ON o.id = n.id
+          WHERE n.fencing_token <> o.fencing_token;
     END IF;
     -- One event per changed row, as the row trigger wrote it: a new term
     -- is a takeover when the old term ended by expiry rather than by

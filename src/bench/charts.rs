@@ -11,6 +11,27 @@ use std::path::Path;
 const SIZE: (u32, u32) = (960, 500);
 const FONT: &str = "sans-serif";
 
+/// A white SVG canvas of [`SIZE`] to be written to `path`.
+fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, plotters::coord::Shift>> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root)
+}
+
+/// Both charts' frame on `root`: the title, the margin, the axes' label areas.
+fn framed<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, (FONT, 22))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(80);
+    builder
+}
+
 /// A line chart of one series, `name`, through `points` (x ascending),
 /// each point marked and labelled with its y value, written to `path`.
 pub(crate) fn line_chart(
@@ -26,14 +47,8 @@ pub(crate) fn line_chart(
     }
     let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
     let y_max = points.iter().map(|p| p.1).fold(1.0, f64::max);
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..x_max + 0.5, 0.0..y_max * 1.2)?;
+    let root = canvas(path)?;
+    let mut chart = framed(&root, title).build_cartesian_2d(0.0..x_max + 0.5, 0.0..y_max * 1.2)?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
@@ -90,13 +105,8 @@ pub(crate) fn bar_chart(
         .map(|b| b.1)
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max);
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(80)
+    let root = canvas(path)?;
+    let mut chart = framed(&root, title)
         // An integer range includes its end: `0..n - 1` is the n bars.
         .build_cartesian_2d((0..bars.len() - 1).into_segmented(), 0.0..y_max * 1.15)?;
     chart

@@ -286,8 +286,11 @@ impl Fleet {
     pub async fn kill(&self, id: &str) -> Result<(), FleetError> {
         let slot = self.slots().remove(id).ok_or_else(|| self.not_here(id))?;
         slot.handle.abort();
-        // Wait until it is really gone, so nothing it sends lands later.
+        // Wait until it is really gone, so nothing it sends lands later;
+        // what it had reported before (its claim, batched by the shared
+        // transport) is written first, so its row says what it held.
         let _ = slot.handle.await;
+        self.inner.transport.flush().await;
         tracing::warn!(worker = id, "killed (no completion, no release)");
         self.mark(id, WorkerState::Crashed).await?;
         Ok(())

@@ -5,16 +5,17 @@
 
 use crate::common::{TestDb, holder};
 use leasekeeper::lease::Holder;
+use leasekeeper::queue::Task;
 use leasekeeper::queue::store::{self, Completion, TaskError};
 use leasekeeper::queue::{ClaimFilter, TaskStatus};
-use leasekeeper::worker::batch::Batching;
 use leasekeeper::worker::handler::{Done, Job, TaskContext};
 use leasekeeper::worker::registry;
 use leasekeeper::worker::runtime::Runtime;
 use leasekeeper::worker::{Report, WorkerKind, WorkerState};
 use rand::Rng;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,12 +51,17 @@ async fn expire_in(pool: &PgPool, ids: &[i32], offset_ms: i64) {
     .unwrap();
 }
 
-async fn count(pool: &PgPool, sql: &str, ids: &[i32]) -> i64 {
-    sqlx::query_scalar(sql)
-        .bind(ids)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+/// `kind` events recorded for the task leases of `ids`.
+async fn events(pool: &PgPool, kind: &str, ids: &[i32]) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM lease_events
+          WHERE kind = $1 AND resource = ANY(SELECT 'task:' || unnest($2::int4[]))",
+    )
+    .bind(kind)
+    .bind(ids)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 /// Takes over whatever of the queue is late, for up to 150 ms.
@@ -121,6 +127,44 @@ async fn finish_round(pool: &PgPool, taken: &[(i32, i64)]) {
     }
 }
 
+type Outcomes = Vec<Result<Task, TaskError>>;
+
+/// One round of a race at the deadline: the round's `claims` run out 0 to
+/// 12 ms from now; then, released together by a barrier, `write` (one
+/// batched statement over the claims, on a connection of its own) races a
+/// taker claiming whatever is late. Answers the write's outcomes and what
+/// the taker took (`(id, token)`).
+async fn race_at_deadline<F, Fut>(
+    pool: &PgPool,
+    round: usize,
+    claims: &[(i32, i64, Holder)],
+    write: F,
+) -> (Outcomes, Vec<(i32, i64)>)
+where
+    F: FnOnce(PoolConnection<Postgres>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Outcomes> + Send,
+{
+    let ids: Vec<i32> = claims.iter().map(|c| c.0).collect();
+    expire_in(pool, &ids, rand::rng().random_range(0..=12)).await;
+    let barrier = Arc::new(Barrier::new(2));
+    let writing = {
+        let (barrier, pool) = (barrier.clone(), pool.clone());
+        tokio::spawn(async move {
+            let conn = pool.acquire().await.unwrap();
+            barrier.wait().await;
+            write(conn).await
+        })
+    };
+    let taking = {
+        let (barrier, pool, n) = (barrier.clone(), pool.clone(), claims.len());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            take_over(pool, round, n).await
+        })
+    };
+    (writing.await.unwrap(), taking.await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_both_win() {
     // Each round: 6 tasks claimed by 6 holders in one statement; their
@@ -135,31 +179,16 @@ async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_bo
     for round in 0..30 {
         let claims = claim_round(&db.pool, round, n).await;
         let ids: Vec<i32> = claims.iter().map(|c| c.0).collect();
-        expire_in(&db.pool, &ids, rand::rng().random_range(0..=12)).await;
-        let barrier = Arc::new(Barrier::new(2));
-        let completing = {
-            let (barrier, pool) = (barrier.clone(), db.pool.clone());
-            let each: Vec<Completion> = claims
-                .iter()
-                .map(|(id, token, who)| {
-                    Completion::new(*id, *token, who.clone(), Some(json!({"by": who.as_str()})))
-                })
-                .collect();
-            tokio::spawn(async move {
-                let mut conn = pool.acquire().await.unwrap();
-                barrier.wait().await;
-                store::complete_each(&mut conn, &each).await.unwrap()
+        let each: Vec<Completion> = claims
+            .iter()
+            .map(|(id, token, who)| {
+                Completion::new(*id, *token, who.clone(), Some(json!({"by": who.as_str()})))
             })
-        };
-        let taking = {
-            let (barrier, pool) = (barrier.clone(), db.pool.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                take_over(pool, round, n).await
-            })
-        };
-        let outcomes = completing.await.unwrap();
-        let taken = taking.await.unwrap();
+            .collect();
+        let (outcomes, taken) = race_at_deadline(&db.pool, round, &claims, |mut conn| async move {
+            store::complete_each(&mut conn, &each).await.unwrap()
+        })
+        .await;
         let taken_ids: HashMap<i32, i64> = taken.iter().copied().collect();
         for ((id, token, who), outcome) in claims.iter().zip(&outcomes) {
             match (outcome, taken_ids.get(id)) {
@@ -177,24 +206,9 @@ async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_bo
         }
         // Every refusal and every takeover is in the history.
         let refused = outcomes.iter().filter(|o| o.is_err()).count() as i64;
+        assert_eq!(events(&db.pool, "stale_write_refused", &ids).await, refused);
         assert_eq!(
-            count(
-                &db.pool,
-                "SELECT count(*) FROM lease_events WHERE kind = 'stale_write_refused'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
-                &ids
-            )
-            .await,
-            refused
-        );
-        assert_eq!(
-            count(
-                &db.pool,
-                "SELECT count(*) FROM lease_events WHERE kind = 'taken_over'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
-                &ids
-            )
-            .await,
+            events(&db.pool, "taken_over", &ids).await,
             taken.len() as i64
         );
         finish_round(&db.pool, &taken).await;
@@ -216,27 +230,11 @@ async fn batched_heartbeats_raced_with_takeovers_at_the_deadline_never_let_both_
     for round in 0..30 {
         let claims = claim_round(&db.pool, round, n).await;
         let ids: Vec<i32> = claims.iter().map(|c| c.0).collect();
-        expire_in(&db.pool, &ids, rand::rng().random_range(0..=12)).await;
-        let barrier = Arc::new(Barrier::new(2));
-        let beating = {
-            let (barrier, pool, claims) = (barrier.clone(), db.pool.clone(), claims.clone());
-            tokio::spawn(async move {
-                let mut conn = pool.acquire().await.unwrap();
-                barrier.wait().await;
-                store::heartbeat_each(&mut conn, &claims, TTL)
-                    .await
-                    .unwrap()
-            })
-        };
-        let taking = {
-            let (barrier, pool) = (barrier.clone(), db.pool.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                take_over(pool, round, n).await
-            })
-        };
-        let outcomes = beating.await.unwrap();
-        let taken = taking.await.unwrap();
+        let beats = claims.clone();
+        let (outcomes, taken) = race_at_deadline(&db.pool, round, &claims, |mut conn| async move {
+            store::heartbeat_each(&mut conn, &beats, TTL).await.unwrap()
+        })
+        .await;
         let taken_ids: HashMap<i32, i64> = taken.iter().copied().collect();
         for ((id, token, _), outcome) in claims.iter().zip(&outcomes) {
             match (outcome, taken_ids.get(id)) {
@@ -252,25 +250,10 @@ async fn batched_heartbeats_raced_with_takeovers_at_the_deadline_never_let_both_
             }
         }
         let refused = outcomes.iter().filter(|o| o.is_err()).count() as i64;
-        assert_eq!(
-            count(
-                &db.pool,
-                "SELECT count(*) FROM lease_events WHERE kind = 'stale_write_refused'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
-                &ids
-            )
-            .await,
-            refused
-        );
+        assert_eq!(events(&db.pool, "stale_write_refused", &ids).await, refused);
         // The renewed leases say so in the history, one event each.
         assert_eq!(
-            count(
-                &db.pool,
-                "SELECT count(*) FROM lease_events WHERE kind = 'renewed'
-                               AND resource = ANY(SELECT 'task:' || unnest($1::int4[]))",
-                &ids
-            )
-            .await,
+            events(&db.pool, "renewed", &ids).await,
             outcomes.iter().filter(|o| o.is_ok()).count() as i64
         );
         // Finish the round: the renewed claims by their holders, the rest by the takers.
@@ -542,63 +525,4 @@ async fn a_runtime_batches_its_claims_and_completions_and_loses_nothing() {
         done, 600,
         "every worker's last report was written and counts its completions"
     );
-}
-
-/// A rough look at the runtime's throughput on the test database (no-op
-/// handler, concurrency 16), alternating batching settings, for the inner
-/// loop; the benchmark (`leasekeeper bench`, key `fleet_w16`) is the
-/// measurement. Run by hand:
-/// `cargo test --features ssr --test it runtime_rate -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, run by hand"]
-async fn runtime_rate() {
-    for round in 0..4 {
-        let batching = Batching {
-            claimers: 1 + round % 2,
-            ..Batching::default()
-        };
-        let db = TestDb::with_connections(24).await;
-        add_tasks(&db.pool, "noop", 30_000).await;
-        sqlx::query("VACUUM ANALYZE tasks")
-            .execute(&db.pool)
-            .await
-            .unwrap();
-        let runtime = Runtime::builder(db.pool.clone())
-            .queue("default", 16)
-            .batching(batching)
-            .handler("noop", |_job: Job, _ctx: TaskContext| async move {
-                Ok(Done::empty())
-            })
-            .start()
-            .await
-            .unwrap();
-        let processed = || async {
-            sqlx::query_scalar::<_, i64>("SELECT sum(processed)::int8 FROM task_counts")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap()
-        };
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let (from, t0) = (processed().await, std::time::Instant::now());
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        let rate = (processed().await - from) as f64 / t0.elapsed().as_secs_f64();
-        runtime.shutdown().await;
-        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_events")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        let total = processed().await;
-        let (claims, completions): (i64, i64) = sqlx::query_as(
-            "SELECT count(DISTINCT started_at), count(DISTINCT processed_at) FROM tasks WHERE status = 'processed'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        println!(
-            "{batching:?}: {rate:.0} tasks/s; {:.2} lease events per task; {:.1} tasks per claim, {:.1} per completion statement",
-            events as f64 / total as f64,
-            total as f64 / claims as f64,
-            total as f64 / completions as f64
-        );
-    }
 }

@@ -55,11 +55,6 @@ pub struct Batching {
     pub max: usize,
     /// How often the workers' reports are written. Default: 100 ms.
     pub report_every: Duration,
-    /// How many claim statements may be under way at once (each on a
-    /// connection of its own): while one waits for its commit to reach
-    /// the disk, the next gathers the workers freed meanwhile. Default: 1
-    /// (measured: no faster with 2 at 16 workers, and smaller batches).
-    pub claimers: usize,
 }
 
 impl Default for Batching {
@@ -68,7 +63,6 @@ impl Default for Batching {
             linger: Duration::from_millis(2),
             max: 100,
             report_every: Duration::from_millis(100),
-            claimers: 1,
         }
     }
 }
@@ -147,10 +141,7 @@ impl Batcher {
         let (beats, beats_rx) = mpsc::unbounded_channel();
         let (completions, completions_rx) = mpsc::channel(setup.batching.max.clamp(1, MAX_BATCH));
         let (reports, reports_rx) = mpsc::unbounded_channel();
-        let claims_rx = Arc::new(tokio::sync::Mutex::new(claims_rx));
-        for _ in 0..setup.batching.claimers.clamp(1, 8) {
-            tokio::spawn(produce(setup.clone(), claims_rx.clone()));
-        }
+        tokio::spawn(produce(setup.clone(), claims_rx));
         tokio::spawn(heartbeat(setup.clone(), beats_rx));
         tokio::spawn(complete(setup.clone(), completions_rx));
         tokio::spawn(report(setup, reports_rx));
@@ -300,23 +291,14 @@ impl Held {
     }
 }
 
-/// The producer: one claim statement for every worker free at the
-/// moment; [`Batching::claimers`] of these loops share the inbox.
-async fn produce(setup: Arc<Setup>, rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Want>>>) {
+/// The producer: one claim statement for every worker free at the moment.
+async fn produce(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Want>) {
     let mut held = Held::default();
-    loop {
-        let wants = {
-            let mut rx = rx.lock().await;
-            let Some(first) = held.next(&mut *rx).await else {
-                return;
-            };
-            let mut wants = vec![first];
-            drain(&mut rx, &mut wants, MAX_BATCH);
-            wants
-        };
+    while let Some(first) = held.next(&mut rx).await {
+        let mut wants = vec![first];
+        drain(&mut rx, &mut wants, MAX_BATCH);
         // A worker whose loop ended while it waited wants nothing now; and
         // one name twice (a worker restarted under its id) is served once.
-        let mut wants = wants;
         wants.retain(|w| !w.reply.is_closed());
         let mut seen = std::collections::HashSet::new();
         wants.reverse();
