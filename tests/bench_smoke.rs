@@ -112,7 +112,7 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
         .lines()
         .filter_map(|l| l.strip_prefix("bench ["))
         .filter_map(|l| l.split(']').next())
-        .last()
+        .next_back()
         .expect("phase lines on stderr");
     let (n, total) = last.split_once('/').expect("bench [n/total]");
     assert_eq!(n, total, "the last phase reached: {stderr}");
