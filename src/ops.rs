@@ -181,6 +181,12 @@ pub async fn control_worker(
         )
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))?;
+        if let Some(why) = gone(state, &worker).await? {
+            return Err(AppError::Conflict(format!(
+                "worker {id} is not running ({why}); nothing to {}",
+                action.as_str()
+            )));
+        }
         let owner = match (worker.kind, worker.instance_id.as_deref()) {
             (crate::worker::WorkerKind::Simulated, Some(owner)) if owner != &*state.instance_id => {
                 owner
@@ -235,6 +241,42 @@ pub async fn control_worker(
     )
     .await?;
     Ok(message)
+}
+
+/// Why `worker`, not run by this instance, cannot be controlled: it is
+/// crashed, stopped, silent past its liveness window, or ran on an instance
+/// that is dead. `None` when it is alive as far as the database can tell.
+async fn gone(
+    state: &AppState,
+    worker: &crate::worker::WorkerInfo,
+) -> Result<Option<String>, AppError> {
+    use crate::worker::WorkerState;
+    if matches!(worker.state, WorkerState::Crashed | WorkerState::Stopped) {
+        return Ok(Some(format!("state {}", worker.state.as_str())));
+    }
+    if !worker.alive {
+        return Ok(Some(format!(
+            "silent for {:.0} s: unreachable",
+            worker.last_seen_age_ms as f64 / 1000.0
+        )));
+    }
+    let Some(owner) = worker.instance_id.as_deref() else {
+        return Ok(None);
+    };
+    if worker.kind != crate::worker::WorkerKind::Simulated || owner == &*state.instance_id {
+        return Ok(None);
+    }
+    let window = crate::instance::alive_window(state.settings.renew_interval);
+    let instances = crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?;
+    Ok(instances
+        .into_iter()
+        .find(|i| i.id == owner && !i.alive)
+        .map(|i| {
+            format!(
+                "its instance {owner} is dead, silent for {:.0} s, and its workers with it",
+                i.last_seen_ms_ago.max(0) as f64 / 1000.0
+            )
+        }))
 }
 
 /// Kills instance `id` like a crash: no lease released, no goodbye, so its

@@ -86,3 +86,43 @@ test.describe("before hydration (JavaScript off)", () => {
     await expect(page.getByTestId("lease-detail").getByTestId("detail-token")).toHaveText(String(lease.fencing_token));
   });
 });
+
+test("a timeline opens on a recent window, its buttons choose how much, and operator rows name the action", async ({ page, request }) => {
+  test.setTimeout(60_000);
+  const resource = unique("window");
+  const first = await (await request.post("/api/leases", { data: { resource, holder: "old-holder", ttl_seconds: 60 } })).json();
+  expect((await request.delete("/api/leases/release", { data: { resource, holder: "old-holder" } })).status()).toBe(200);
+  await page.waitForTimeout(16_000); // past the 15 s window
+  const second = await (await request.post("/api/leases", { data: { resource, holder: "new-holder", ttl_seconds: 60 } })).json();
+  expect(second.id).toBe(first.id);
+
+  await page.goto(`/leases?id=${first.id}`);
+  await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
+  const timeline = page.locator(`[data-testid="timeline"][data-resource="${resource}"]`);
+  const terms = timeline.getByTestId("timeline-term");
+  await expect(timeline).toHaveAttribute("data-window", "60");
+  await expect(timeline.getByTestId("timeline-window-60")).toHaveAttribute("aria-pressed", "true");
+  await expect(terms).toHaveCount(2);
+
+  await timeline.getByTestId("timeline-window-15").click();
+  await expect(timeline).toHaveAttribute("data-window", "15");
+  await expect(terms).toHaveCount(1);
+  await expect(terms).toHaveAttribute("data-holder", "new-holder");
+  await expect(timeline.getByTestId("timeline-older")).toContainText("1 older term");
+  await expect(timeline.getByTestId("timeline-span")).toHaveText("-15 s");
+
+  await timeline.getByTestId("timeline-window-all").click();
+  await expect(terms).toHaveCount(2);
+  await expect(timeline.getByTestId("timeline-older")).toHaveCount(0);
+
+  // A force-release from the page: the history names the action, not just
+  // "operator".
+  await page.getByTestId("lease-force-release").click();
+  const op = page.getByTestId("lease-detail").locator('[data-testid="history-event"][data-kind="operator"]');
+  await expect(op).toHaveCount(1);
+  await expect(op).toContainText("operator: force release");
+  await expect(op).toContainText(`token #${second.fencing_token}`);
+  await expect(op).toContainText("held by new-holder");
+  // Tokens are explained where they first appear.
+  await expect(page.getByTestId("fencing-token-note")).toContainText("fencing token");
+});

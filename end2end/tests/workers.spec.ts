@@ -31,31 +31,40 @@ async function drain(request: APIRequestContext) {
  * Enqueues a task of `seconds`, spawns one worker from the page and waits
  * until it is working on that task; returns the task and the worker's row.
  */
-async function spawnBusyWorker(page: Page, request: APIRequestContext, seconds: number) {
-  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: seconds } } });
+async function spawnBusyWorker(page: Page, request: APIRequestContext, seconds: number, extra: Record<string, unknown> = {}) {
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: seconds }, ...extra } });
   expect(created.status()).toBe(201);
   const task = await created.json();
   await page.goto("/workers");
-  const rows = page.getByTestId("worker-row");
-  const before = await rows.count();
-  await page.getByTestId("worker-spawn").click();
-  await expect(rows).toHaveCount(before + 1);
+  await spawnFromPage(page);
   const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
   await expect(busy).toHaveCount(1, { timeout: 5_000 });
-  return { task, busy, busyId: (await busy.getAttribute("data-worker"))!, rows, before };
+  return { task, busy, busyId: (await busy.getAttribute("data-worker"))! };
+}
+
+/** Presses "Spawn a worker" and answers the new worker's row. */
+async function spawnFromPage(page: Page) {
+  const result = page.getByTestId("worker-action-result");
+  const earlier = (await result.count()) > 0 ? await result.textContent() : null;
+  await page.getByTestId("worker-spawn").click();
+  await expect(result).toHaveText(/^spawned \S+$/);
+  await expect(result).not.toHaveText(earlier ?? "");
+  const id = (await result.textContent())!.replace("spawned ", "");
+  const row = page.locator(`[data-testid="worker-row"][data-worker="${id}"]`);
+  await expect(row).toHaveCount(1);
+  return row;
 }
 
 test("kill a busy worker and see its task taken over by another worker", async ({ page, request }) => {
   await request.delete("/api/generator/stop");
   await drain(request);
   // The new worker claims our task.
-  const { task, busy, busyId, rows, before } = await spawnBusyWorker(page, request, 30);
+  const { task, busy, busyId } = await spawnBusyWorker(page, request, 30);
   const claimed = await (await request.get(`/api/tasks/${task.id}`)).json();
   expect(claimed.processor).toBe(busyId);
 
   // A second worker waits idle; then the busy one is killed.
-  await page.getByTestId("worker-spawn").click();
-  await expect(rows).toHaveCount(before + 2);
+  await spawnFromPage(page);
   await busy.getByTestId("worker-kill").click();
   const killed = page.locator(`[data-testid="worker-row"][data-worker="${busyId}"]`);
   await expect(killed).toHaveAttribute("data-state", "crashed");
@@ -127,4 +136,74 @@ test("a paused worker's late completion is refused by its fencing token", async 
   const after = await (await request.get(`/api/tasks/${task.id}`)).json();
   expect(after.processor).toBe(done.processor);
   expect(after.task_output).toEqual(done.task_output);
+});
+
+test("an operator's kill stays on the stopwatch however many failovers follow, and says when its task failed instead", async ({ page, request }) => {
+  test.setTimeout(90_000);
+  await request.delete("/api/generator/stop");
+  await drain(request);
+  // One attempt: once its worker is killed, nobody may run the task again.
+  const { task, busy, busyId } = await spawnBusyWorker(page, request, 30, { max_attempts: 1 });
+  await busy.getByTestId("worker-kill").click();
+  await expect(page.locator(`[data-testid="worker-row"][data-worker="${busyId}"]`)).toHaveAttribute("data-state", "crashed");
+  const watch = page.locator(`[data-testid="stopwatch-row"][data-resource="task:${task.id}"]`);
+  await expect(watch).toHaveAttribute("data-state", "waiting");
+  await expect(watch).toHaveAttribute("data-cause", "killed");
+  await expect(watch).toHaveAttribute("data-subject", busyId);
+
+  // Twelve silent deaths after the kill (more than the stopwatch's ten
+  // newest rows): each lease runs out and another holder takes it.
+  const names = Array.from({ length: 12 }, (_, i) => `stopwatch-${Date.now()}-${i}`);
+  for (const resource of names) {
+    expect((await request.post("/api/leases", { data: { resource, holder: "pw-silent", ttl_seconds: 1 } })).status()).toBe(201);
+  }
+  await page.waitForTimeout(1_300);
+  for (const resource of names) {
+    expect((await request.post("/api/leases", { data: { resource, holder: "pw-rescuer", ttl_seconds: 60 } })).status()).toBe(201);
+  }
+  await expect(page.locator('[data-testid="stopwatch-row"][data-cause="found_dead"]')).toHaveCount(10, { timeout: 5_000 });
+  // The operator's kill is still listed, still waiting.
+  await expect(watch).toHaveAttribute("data-state", "waiting");
+
+  // Its lease runs out; the next claim finds the task out of attempts and
+  // fails it instead of running it again: the stopwatch says so.
+  await expect
+    .poll(
+      async () => {
+        const res = await request.post("/api/tasks/next", { data: { processor: "pw-claimer" } });
+        if (res.status() === 202) {
+          const t = await res.json();
+          await request.put(`/api/tasks/${t.id}/complete`, {
+            data: { processor: "pw-claimer", fencing_token: t.fencing_token, task_output: "other" },
+          });
+        }
+        return (await (await request.get(`/api/tasks/${task.id}`)).json()).status;
+      },
+      { timeout: 15_000 },
+    )
+    .toBe("failed");
+  await expect(watch).toHaveAttribute("data-state", "ended");
+  await expect(watch.getByTestId("stopwatch-elapsed")).toHaveText("task failed");
+  await expect(watch.getByTestId("stopwatch-ended")).toContainText("ran out of attempts");
+});
+
+test("the workers filter hides and shows crashed workers", async ({ page, request }) => {
+  const spawned = await request.post("/api/workers");
+  expect(spawned.status()).toBe(201);
+  const worker = await spawned.json();
+  await page.goto("/workers?show=alive");
+  const row = page.locator(`[data-testid="worker-row"][data-worker="${worker.id}"]`);
+  await expect(row).toHaveAttribute("data-alive", "true");
+  await row.getByTestId("worker-kill").click();
+  await expect(page.getByTestId("worker-action-result")).toContainText(`worker ${worker.id} killed`);
+  // Crashed: gone from "alive", listed under "gone" and (recently) "current".
+  await expect(row).toHaveCount(0);
+  await page.getByTestId("filter-gone").click();
+  await expect(page).toHaveURL(/show=gone/);
+  await expect(row).toHaveAttribute("data-state", "crashed");
+  await expect(row).toHaveAttribute("data-alive", "false");
+  await page.getByTestId("filter-current").click();
+  await expect(row).toHaveAttribute("data-state", "crashed");
+  await page.getByTestId("filter-all").click();
+  await expect(row).toHaveCount(1);
 });

@@ -98,6 +98,10 @@ pub struct Live {
     pub state: RwSignal<LiveState>,
     /// The browser's clock, updated four times a second; 0 on the server.
     pub clock: RwSignal<f64>,
+    /// Set when the operator killed the instance serving this page, with
+    /// the addresses of live instances to open instead: the page then says
+    /// so once, instead of an error box per failed refetch.
+    pub gone: RwSignal<Option<Vec<String>>>,
 }
 
 /// Creates the live context and, in the browser, opens the event stream.
@@ -107,6 +111,7 @@ pub fn provide_live() -> Live {
         changes: RwSignal::new(0),
         state: RwSignal::new(LiveState::Connecting),
         clock: RwSignal::new(0.0),
+        gone: RwSignal::new(None),
     };
     provide_context(live);
     Effect::new(move |_| {
@@ -119,7 +124,7 @@ pub fn provide_live() -> Live {
         }
     });
     every(FALLBACK_POLL, move || {
-        if live.state.get_untracked() != LiveState::Live {
+        if live.state.get_untracked() != LiveState::Live && live.gone.get_untracked().is_none() {
             live.changes.update(|c| *c += 1);
         }
     });
@@ -251,7 +256,10 @@ pub fn LiveBadge() -> impl IntoView {
     let state = use_context::<Live>()
         .map(|l| l.state)
         .unwrap_or_else(|| RwSignal::new(LiveState::Connecting));
+    let gone = use_context::<Live>().map(|l| l.gone);
+    let is_gone = move || gone.is_some_and(|g| g.get().is_some());
     let text = move || match state.get() {
+        _ if is_gone() => "instance gone".to_string(),
         LiveState::Connecting => "not live: reload to refresh".to_string(),
         LiveState::Live => "live".to_string(),
         LiveState::Polling => format!(
@@ -268,7 +276,7 @@ pub fn LiveBadge() -> impl IntoView {
         <span
             class=move || format!("rounded-full px-2 py-0.5 text-xs {}", class())
             data-testid="live-status"
-            data-state=move || state.get().as_str()
+            data-state=move || if is_gone() { "gone" } else { state.get().as_str() }
             role="status"
         >
             {text}
@@ -409,6 +417,7 @@ pub fn HistoryList(history: Vec<LeaseEvent>) -> impl IntoView {
                     let holder = event.holder.clone().unwrap_or_default();
                     let who = match (&event.previous_holder, event.kind.as_str()) {
                         (Some(prev), "taken_over") => format!("{holder} took over from {prev}"),
+                        (_, "operator") => operator_text(&holder, event.detail.as_ref()),
                         (_, "stale_write_refused") => {
                             let reason = event
                                 .detail
@@ -434,7 +443,45 @@ pub fn HistoryList(history: Vec<LeaseEvent>) -> impl IntoView {
     }
 }
 
-/// A boxed message for errors and empty states.
+/// What an operator row in a history says: the action, its target's
+/// details and the instance it was taken through.
+pub fn operator_text(by: &str, detail: Option<&serde_json::Value>) -> String {
+    let field = |k: &str| detail.and_then(|d| d.get(k));
+    let action = field("action")
+        .and_then(|a| a.as_str())
+        .unwrap_or("action")
+        .replace('_', " ");
+    let mut facts = Vec::new();
+    if let Some(holder) = field("holder").and_then(|h| h.as_str()) {
+        facts.push(format!("held by {holder}"));
+    }
+    if let Some(token) = field("fencing_token").and_then(|t| t.as_i64()) {
+        facts.push(format!("token #{token}"));
+    }
+    if let Some(previous) = field("previous").and_then(|d| d.as_str()) {
+        facts.push(format!("was {previous}"));
+    }
+    let facts = if facts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", facts.join(", "))
+    };
+    format!("operator: {action}{facts}, through {by}")
+}
+
+/// The one sentence that says what a fencing token is, where tokens first
+/// appear on a page.
+#[component]
+pub fn FencingTokenNote() -> impl IntoView {
+    view! {
+        <p class="mt-1 text-xs text-slate-500" data-testid="fencing-token-note">
+            "Token (#): the lease's fencing token, a number that rises with every new holder; a write carrying an older token than the current one is refused, so a holder that lost its lease cannot overwrite its successor."
+        </p>
+    }
+}
+
+/// A boxed message for errors and empty states. Errors are left out once
+/// this page's instance is gone ([`ServerGone`] says it once instead).
 #[component]
 pub fn Notice(kind: &'static str, #[prop(into)] testid: String, text: String) -> impl IntoView {
     let class = match kind {
@@ -442,7 +489,38 @@ pub fn Notice(kind: &'static str, #[prop(into)] testid: String, text: String) ->
         "warn" => "mt-4 rounded border border-amber-300 bg-amber-50 p-3 text-sm",
         _ => "mt-6 rounded border border-dashed border-slate-300 p-6 text-center text-slate-600",
     };
-    view! { <p class=class data-testid=testid>{text}</p> }
+    let gone = use_context::<Live>().map(|l| l.gone);
+    let hidden = move || {
+        kind == "error" && gone.is_some_and(|g| g.try_with(Option::is_some).unwrap_or(false))
+    };
+    view! { <p class=class data-testid=testid hidden=hidden>{text}</p> }
+}
+
+/// Once the operator killed the instance serving this page: one banner
+/// saying so, with links to the live instances.
+#[component]
+pub fn ServerGone() -> impl IntoView {
+    let gone = use_context::<Live>().map(|l| l.gone);
+    move || {
+        gone.and_then(|g| g.get()).map(|others| {
+            let instead = if others.is_empty() {
+                leptos::either::Either::Left(view! { <span>" No other instance is alive: start one (leasekeeper serve) and open it."</span> })
+            } else {
+                leptos::either::Either::Right(view! {
+                    <span>" Open a live instance: "</span>
+                    {others.into_iter().map(|a| view! {
+                        <a class="mr-2 font-mono text-indigo-700 underline" data-testid="server-gone-link" href=format!("http://{a}/instances")>{a.clone()}</a>
+                    }).collect_view()}
+                })
+            };
+            view! {
+                <p class="mb-4 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="server-gone" role="alert">
+                    <b>"You killed the instance serving this page: nothing here updates any more."</b>
+                    {instead}
+                </p>
+            }
+        })
+    }
 }
 
 /// What the last control press did: its message, or its error.
@@ -464,6 +542,17 @@ pub fn ActionOutcome(
     }
 }
 
+/// The classes of a table cell in column `header`: a `controls` column
+/// sticks to the right edge of the scrolling table, so on a phone its
+/// buttons stay on screen while the other columns scroll.
+pub fn controls_class(header: &str, base: &str) -> String {
+    if header == "controls" {
+        format!("{base} sticky right-0 shadow-[-6px_0_6px_-6px_rgba(0,0,0,0.25)]")
+    } else {
+        base.to_string()
+    }
+}
+
 /// A bordered, scrollable table with a header row of `headers`; the rows
 /// come as children.
 #[component]
@@ -477,7 +566,7 @@ pub fn DataTable(
             <table class="min-w-full text-left text-sm" data-testid=testid>
                 <thead class="bg-slate-100 text-xs uppercase text-slate-600">
                     <tr>
-                        {headers.into_iter().map(|h| view! { <th class="px-3 py-2">{h}</th> }).collect_view()}
+                        {headers.into_iter().map(|h| view! { <th class=controls_class(h, "px-3 py-2 bg-slate-100")>{h}</th> }).collect_view()}
                     </tr>
                 </thead>
                 <tbody>{children()}</tbody>

@@ -69,6 +69,10 @@ const LANE: f64 = 30.0;
 #[component]
 pub fn OwnershipTimeline(#[prop(into)] of: Signal<Option<TimelineOf>>) -> impl IntoView {
     let tick = refresh_tick();
+    // Seconds of history drawn (`None`: all of it). A recent window by
+    // default: over the whole history, the terms that matter now are a
+    // sliver.
+    let window = RwSignal::new(Some(DEFAULT_WINDOW_SECS));
     let timeline = Resource::new(
         move || (of.get(), tick.get()),
         |(of, _)| async move {
@@ -84,12 +88,33 @@ pub fn OwnershipTimeline(#[prop(into)] of: Signal<Option<TimelineOf>>) -> impl I
                 match timeline.await {
                     Ok(None) => ().into_any(),
                     Ok(Some(v)) => view! {
-                        <section class="mt-3 rounded border border-slate-200 bg-white p-3" data-testid="timeline" data-resource=v.resource.clone()>
-                            <h3 class="text-sm font-semibold text-slate-700">{format!("Ownership timeline of {}", v.resource)}</h3>
+                        <section class="mt-3 rounded border border-slate-200 bg-white p-3" data-testid="timeline" data-resource=v.resource.clone()
+                            data-window=move || window.get().map(|w| w.to_string()).unwrap_or_else(|| "all".into())>
+                            <div class="flex flex-wrap items-baseline justify-between gap-2">
+                                <h3 class="text-sm font-semibold text-slate-700">{format!("Ownership timeline of {}", v.resource)}</h3>
+                                <WindowPicker window/>
+                            </div>
                             {if v.timeline.terms.is_empty() {
                                 view! { <Notice kind="empty" testid="timeline-empty" text="Nobody has held this resource yet.".to_string()/> }.into_any()
                             } else {
-                                view! { <TimelineSvg timeline=v.timeline/> }.into_any()
+                                let whole = v.timeline;
+                                (move || {
+                                    let shown = match window.get() {
+                                        Some(secs) => whole.recent(chrono::Duration::seconds(secs)),
+                                        None => whole.clone(),
+                                    };
+                                    let older = whole.terms.len() - shown.terms.len();
+                                    view! {
+                                        <TimelineSvg timeline=shown/>
+                                        {(older > 0).then(|| view! {
+                                            <p class="text-xs text-slate-500" data-testid="timeline-older">
+                                                {format!("{older} older {} before this window (choose “all” to see {}).",
+                                                    if older == 1 { "term" } else { "terms" },
+                                                    if older == 1 { "it" } else { "them" })}
+                                            </p>
+                                        })}
+                                    }
+                                }).into_any()
                             }}
                         </section>
                     }.into_any(),
@@ -97,6 +122,43 @@ pub fn OwnershipTimeline(#[prop(into)] of: Signal<Option<TimelineOf>>) -> impl I
                 }
             })}
         </Transition>
+    }
+}
+
+/// The window a timeline opens with, in seconds.
+pub const DEFAULT_WINDOW_SECS: i64 = 60;
+
+/// The windows a timeline offers: label, seconds (`None`: all).
+const WINDOWS: [(&str, Option<i64>); 5] = [
+    ("15 s", Some(15)),
+    ("1 min", Some(60)),
+    ("10 min", Some(600)),
+    ("1 h", Some(3_600)),
+    ("all", None),
+];
+
+/// Buttons that choose how much history a timeline draws (browser only;
+/// before hydration it shows the default window).
+#[component]
+fn WindowPicker(window: RwSignal<Option<i64>>) -> impl IntoView {
+    view! {
+        <div class="flex gap-1 text-xs" role="group" aria-label="How much history to draw" data-testid="timeline-window">
+            {WINDOWS.into_iter().map(|(label, secs)| {
+                let testid = format!("timeline-window-{}", secs.map(|s| s.to_string()).unwrap_or_else(|| "all".into()));
+                view! {
+                    <button type="button" data-testid=testid
+                        aria-pressed=move || (window.get() == secs).to_string()
+                        class=move || if window.get() == secs {
+                            "rounded bg-slate-800 px-2 py-0.5 text-white"
+                        } else {
+                            "rounded bg-white px-2 py-0.5 text-slate-700 ring-1 ring-slate-300 hover:bg-slate-100"
+                        }
+                        on:click=move |_| window.set(secs)>
+                        {label}
+                    </button>
+                }
+            }).collect_view()}
+        </div>
     }
 }
 
@@ -116,7 +178,7 @@ fn TimelineSvg(timeline: Timeline) -> impl IntoView {
         </rect>
     }).collect_view();
     let labels = holders.iter().enumerate().map(|(i, h)| view! {
-        <text x=4 y=LANE * i as f64 + 19.0 font-size="12" class="fill-slate-700" font-family="monospace">
+        <text x=4 y=LANE * i as f64 + 19.0 font-size="13" class="fill-slate-700" font-family="monospace" data-testid="timeline-label">
             {if h.len() > 22 { format!("{}…", &h[..21]) } else { h.clone() }}
         </text>
     }).collect_view();
@@ -164,15 +226,19 @@ fn TimelineSvg(timeline: Timeline) -> impl IntoView {
     }).collect_view();
     let span = format!("-{:.0} s", span_ms / 1000.0);
     view! {
-        <svg viewBox=format!("0 0 {WIDTH} {height}") width="100%" class="mt-1 rounded border border-slate-200 bg-white" role="img"
-            aria-label="Ownership timeline: one bar per term">
-            {gaps}
-            {labels}
-            {terms}
-            {marks}
-            <text x=LABEL y=height - 5.0 font-size="11" class="fill-slate-500">{span}</text>
-            <text x=WIDTH - 10.0 y=height - 5.0 font-size="11" text-anchor="end" class="fill-slate-500">"now"</text>
-        </svg>
+        // On a phone the drawing keeps a readable size and scrolls inside
+        // its box; the page itself never scrolls sideways.
+        <div class="mt-1 overflow-x-auto" data-testid="timeline-scroll">
+            <svg viewBox=format!("0 0 {WIDTH} {height}") width="100%" class="min-w-[720px] rounded border border-slate-200 bg-white" role="img"
+                aria-label="Ownership timeline: one bar per term">
+                {gaps}
+                {labels}
+                {terms}
+                {marks}
+                <text x=LABEL y=height - 5.0 font-size="12" class="fill-slate-500" data-testid="timeline-span">{span}</text>
+                <text x=WIDTH - 10.0 y=height - 5.0 font-size="12" text-anchor="end" class="fill-slate-500">"now"</text>
+            </svg>
+        </div>
         <p class="mt-1 flex flex-wrap gap-x-4 text-xs text-slate-500">
             <span><span class="inline-block h-2 w-3 bg-emerald-500"></span>" held"</span>
             <span><span class="inline-block h-2 w-3 bg-slate-500"></span>" released"</span>
@@ -239,14 +305,22 @@ fn StopwatchRows(view: StopwatchView) -> impl IntoView {
     view! {
         <ol class="mt-2 divide-y divide-slate-100 text-sm">
             {view.rows.into_iter().map(|f| {
-                let waiting = f.elapsed_ms.is_none();
+                let ended = f.ended.clone();
+                let waiting = f.elapsed_ms.is_none() && ended.is_none();
                 let over = f.elapsed_ms.is_some_and(|ms| ms > view.bound_ms);
                 let running = remaining(-f.since_ms);
-                let elapsed = move || match f.elapsed_ms {
-                    Some(ms) => format!("{:.2} s", ms as f64 / 1000.0),
-                    None => format!("waiting… {:.1} s", -running.try_get().unwrap_or(-f.since_ms) as f64 / 1000.0),
+                let ended_text = ended.clone();
+                let elapsed = move || match (f.elapsed_ms, &ended_text) {
+                    (Some(ms), _) => format!("{:.2} s", ms as f64 / 1000.0),
+                    (None, Some(how)) => how.clone(),
+                    (None, None) => format!("waiting… {:.1} s", -running.try_get().unwrap_or(-f.since_ms) as f64 / 1000.0),
                 };
-                let class = if waiting { "text-amber-700" } else if over { "text-red-700 font-semibold" } else { "text-emerald-700" };
+                let class = if ended.is_some() { "text-red-700 font-semibold" } else if waiting { "text-amber-700" } else if over { "text-red-700 font-semibold" } else { "text-emerald-700" };
+                let row_state = match (&ended, waiting) {
+                    (Some(_), _) => "ended",
+                    (None, true) => "waiting",
+                    (None, false) => "taken_over",
+                };
                 let who = if f.cause == "killed" {
                     format!("killed {}", f.subject.clone().unwrap_or_default())
                 } else {
@@ -255,14 +329,25 @@ fn StopwatchRows(view: StopwatchView) -> impl IntoView {
                 let taken = f.new_holder.clone().map(|h| format!("→ {h} #{}", f.new_token.unwrap_or_default())).unwrap_or_default();
                 view! {
                     <li class="flex flex-wrap items-baseline gap-x-4 py-1" data-testid="stopwatch-row" data-resource=f.resource.clone()
-                        data-state=if waiting { "waiting" } else { "taken_over" } data-cause=f.cause.clone()>
+                        data-state=row_state data-cause=f.cause.clone() data-subject=f.subject.clone()>
                         <span class="font-mono">{f.resource.clone()}</span>
                         <span class="text-slate-600">{format!("{who} (#{})", f.old_token.unwrap_or_default())}</span>
                         <span class="font-mono text-slate-600">{taken}</span>
                         <span class=format!("tabular-nums {class}") data-testid="stopwatch-elapsed" data-ms=f.elapsed_ms.map(|m| m.to_string())>{elapsed}</span>
-                        <span class="tabular-nums text-slate-500" data-testid="stopwatch-bound" data-ms=view.bound_ms>
-                            {format!("bound {bound_s:.1} s{}", if over { " — over: no contender claimed it sooner" } else { "" })}
-                        </span>
+                        {ended.is_none().then(|| view! {
+                            <span class="tabular-nums text-slate-500" data-testid="stopwatch-bound" data-ms=view.bound_ms>
+                                {format!("bound {bound_s:.1} s{}", if over { " — over: no contender claimed it sooner" } else { "" })}
+                            </span>
+                        })}
+                        {ended.as_ref().map(|how| view! {
+                            <span class="text-xs text-red-700" data-testid="stopwatch-ended">
+                                {if how == "task failed" {
+                                    "the task ran out of attempts (see its last error), so nobody takes its lease over".to_string()
+                                } else {
+                                    format!("{how}: nobody takes its lease over")
+                                }}
+                            </span>
+                        })}
                     </li>
                 }
             }).collect_view()}

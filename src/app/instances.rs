@@ -3,13 +3,15 @@
 //! instance) and every instance with whether it is alive.
 
 use super::common::{
-    ActionOutcome, DataTable, LocalTime, Notice, refresh_tick, relative, remaining,
+    ActionOutcome, DataTable, Live, LocalTime, Notice, controls_class, refresh_tick, relative,
+    remaining,
 };
 use crate::error::AppError;
 use crate::generator::GeneratorStatus;
 use crate::instance::Instance;
 use leptos::either::Either;
 use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
 
 /// The generator's status as this instance sees it.
 #[server(prefix = "/sfn")]
@@ -43,12 +45,24 @@ pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> 
     .await?)
 }
 
+/// The instances, and which one serves this page.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct InstancesView {
+    /// Every instance that ever registered, newest first.
+    pub instances: Vec<Instance>,
+    /// The instance serving this page.
+    pub here: String,
+}
+
 /// Every instance that ever registered, newest first.
 #[server(prefix = "/sfn")]
-pub async fn get_instances() -> Result<Vec<Instance>, AppError> {
+pub async fn get_instances() -> Result<InstancesView, AppError> {
     let state = super::common::state()?;
     let window = crate::instance::alive_window(state.settings.renew_interval);
-    Ok(crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?)
+    Ok(InstancesView {
+        instances: crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?,
+        here: state.instance_id.to_string(),
+    })
 }
 
 /// Kills instance `id` like a crash (through the instance serving this, if
@@ -68,24 +82,51 @@ pub async fn kill_instance(id: String) -> Result<String, AppError> {
 pub fn InstancesPage() -> impl IntoView {
     let tick = refresh_tick();
     let kill = ServerAction::<KillInstance>::new();
+    // `?confirm=<id>`: the instance serving this page asked to be killed;
+    // the page asks first (before hydration too: it is a link).
+    let query = use_query_map();
+    let confirm = Memo::new(move |_| query.read().get("confirm"));
     let instances = Resource::new(
-        move || (tick.get(), kill.version().get()),
+        move || (tick.get(), kill.version().get(), confirm.get()),
         |_| get_instances(),
     );
+    // Once this page's own instance is killed, the page says where to go
+    // instead of showing every refetch's network error.
+    let live = use_context::<Live>();
+    let alternatives = StoredValue::new(Vec::<String>::new());
+    let self_kill = ServerAction::<KillInstance>::new();
+    Effect::new(move |_| {
+        if let (Some(Ok(_)), Some(live)) = (self_kill.value().get(), live) {
+            live.gone.set(Some(alternatives.get_value()));
+        }
+    });
     view! {
         <GeneratorPanel/>
         <h2 class="mt-8 text-xl font-semibold">"Instances"</h2>
         <p class="text-sm text-slate-600">
             "Every leasekeeper process on this database. An instance is alive while it heartbeats; a killed one drops out after two missed heartbeats. Kill = crash: its leases are not released, so they run out and other instances take over."
         </p>
-        <ActionOutcome last=kill.value() prefix="instance"/>
+        <ActionOutcome last=Signal::derive(move || self_kill.value().get().or_else(|| kill.value().get())) prefix="instance"/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading instances…"</p> }>
             {move || Suspend::new(async move {
                 match instances.await {
-                    Ok(list) if list.is_empty() => Either::Left(view! {
+                    Ok(v) if v.instances.is_empty() => Either::Left(view! {
                         <Notice kind="empty" testid="instances-empty" text="No instance has registered yet.".to_string()/>
                     }),
-                    Ok(list) => Either::Right(Either::Left(view! { <InstanceTable instances=list kill/> })),
+                    Ok(v) => {
+                        let others: Vec<String> = v
+                            .instances
+                            .iter()
+                            .filter(|i| i.alive && i.id != v.here)
+                            .map(|i| i.address.clone())
+                            .collect();
+                        alternatives.set_value(others.clone());
+                        let confirming = confirm.get_untracked().filter(|c| *c == v.here);
+                        Either::Right(Either::Left(view! {
+                            {confirming.map(|id| view! { <ConfirmSelfKill id others=others.clone() kill=self_kill/> })}
+                            <InstanceTable view=v kill/>
+                        }))
+                    }
                     Err(e) => Either::Right(Either::Right(view! {
                         <Notice kind="error" testid="instances-error" text=format!("Cannot load instances: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
@@ -96,18 +137,55 @@ pub fn InstancesPage() -> impl IntoView {
     }
 }
 
+/// Asks before killing the instance that serves this page, and says which
+/// live instance to open afterwards.
 #[component]
-fn InstanceTable(instances: Vec<Instance>, kill: ServerAction<KillInstance>) -> impl IntoView {
+fn ConfirmSelfKill(
+    id: String,
+    others: Vec<String>,
+    kill: ServerAction<KillInstance>,
+) -> impl IntoView {
+    let instead = if others.is_empty() {
+        Either::Left(view! {
+            <span data-testid="confirm-no-other">"No other instance is alive: nothing will serve this dashboard until you start one."</span>
+        })
+    } else {
+        Either::Right(view! {
+            <span>"Afterwards, open a live instance: "</span>
+            {others.into_iter().map(|a| view! {
+                <a class="mr-2 font-mono text-indigo-700 underline" data-testid="confirm-other" href=format!("http://{a}/instances")>{a.clone()}</a>
+            }).collect_view()}
+        })
+    };
+    view! {
+        <div class="mt-4 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="instance-kill-confirm" role="alertdialog" aria-label="Kill the instance serving this page?">
+            <p class="font-semibold">{format!("Instance {id} serves this page. Kill it?")}</p>
+            <p class="mt-1">"It dies like a crash: this page stops updating, and its leases run out before others take over. " {instead}</p>
+            <div class="mt-2 flex gap-2">
+                <ActionForm action=kill>
+                    <input type="hidden" name="id" value=id.clone()/>
+                    <button type="submit" class="rounded bg-red-600 px-3 py-1 text-sm font-medium text-white hover:bg-red-700" data-testid="instance-kill-confirmed">"Kill it"</button>
+                </ActionForm>
+                <a href="/instances" class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid="instance-kill-cancel">"Cancel"</a>
+            </div>
+        </div>
+    }
+}
+
+#[component]
+fn InstanceTable(view: InstancesView, kill: ServerAction<KillInstance>) -> impl IntoView {
+    let here = view.here;
     view! {
         <DataTable testid="instances-table" headers=vec!["instance", "address", "alive", "last seen", "generator", "started", "controls"]>
-            {instances
+            {view.instances
                 .into_iter()
                 .map(|i| {
                     let kill_id = i.id.clone();
+                    let is_here = i.id == here;
                     let alive_class = if i.alive { "bg-emerald-100 text-emerald-800" } else { "bg-red-100 text-red-800" };
                     view! {
                         <tr class="border-t border-slate-100" data-testid="instance-row" data-instance=i.id.clone() data-alive=i.alive.to_string()>
-                            <td class="px-3 py-2 font-mono">{i.id.clone()}</td>
+                            <td class="px-3 py-2 font-mono">{i.id.clone()}{is_here.then_some(" (this one)")}</td>
                             <td class="px-3 py-2 font-mono">
                                 <a class="text-indigo-700 underline" href=format!("http://{}/instances", i.address)>{i.address.clone()}</a>
                             </td>
@@ -119,13 +197,19 @@ fn InstanceTable(instances: Vec<Instance>, kill: ServerAction<KillInstance>) -> 
                             <td class="px-3 py-2 tabular-nums" data-testid="instance-last-seen">{relative(-i.last_seen_ms_ago)}</td>
                             <td class="px-3 py-2">{i.holds_generator.then_some("holds the generator")}</td>
                             <td class="px-3 py-2 tabular-nums text-slate-500"><LocalTime at=i.started_at/></td>
-                            <td class="px-3 py-2">
-                                {i.alive.then(|| view! {
-                                    <ActionForm action=kill>
-                                        <input type="hidden" name="id" value=kill_id/>
-                                        <button type="submit" class="rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="instance-kill">"Kill"</button>
-                                    </ActionForm>
-                                })}
+                            <td class=controls_class("controls", "px-3 py-2 bg-white")>
+                                {match (i.alive, is_here) {
+                                    (false, _) => None,
+                                    (true, true) => Some(Either::Left(view! {
+                                        <a href=format!("/instances?confirm={kill_id}") class="inline-block rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="instance-kill">"Kill…"</a>
+                                    })),
+                                    (true, false) => Some(Either::Right(view! {
+                                        <ActionForm action=kill>
+                                            <input type="hidden" name="id" value=kill_id/>
+                                            <button type="submit" class="rounded bg-red-600 px-2 py-0.5 text-xs font-medium text-white hover:bg-red-700" data-testid="instance-kill">"Kill"</button>
+                                        </ActionForm>
+                                    })),
+                                }}
                             </td>
                         </tr>
                     }
@@ -153,6 +237,7 @@ pub fn GeneratorPanel() -> impl IntoView {
                     <p class="text-sm text-slate-600">
                         "Inserts a task every interval, on exactly one instance: the holder of the singleton:generator lease."
                     </p>
+                    <super::common::FencingTokenNote/>
                 </div>
                 <div class="flex gap-2">
                     <ActionForm action=action>
@@ -191,10 +276,14 @@ pub fn GeneratorPanel() -> impl IntoView {
 
 #[component]
 fn GeneratorFacts(status: GeneratorStatus) -> impl IntoView {
-    let left = status.expires_in_ms.map(remaining);
-    let expiry = move || match left {
-        Some(left) if left.get() > 0 => format!("expires {}", relative(left.get())),
-        Some(left) => format!("expired {}", relative(left.get())),
+    let first = status.expires_in_ms;
+    let left = first.map(remaining);
+    // `try_get`: a refetch disposes this view's signals while a clock tick
+    // may still re-run it; a plain `get` then panics (and froze the
+    // countdown while the badge still said live).
+    let expiry = move || match left.map(|l| l.try_get().or(first)).unwrap_or(first) {
+        Some(ms) if ms > 0 => format!("expires {}", relative(ms)),
+        Some(ms) => format!("expired {}", relative(ms)),
         None => "—".to_string(),
     };
     view! {

@@ -111,6 +111,7 @@ pub fn LeasesPage() -> impl IntoView {
                 <p class="text-sm text-slate-600">
                     "Who owns what, until when, with which fencing token. Judged by the database clock; updated live as leases change."
                 </p>
+                <super::common::FencingTokenNote/>
             </div>
             <LookupForm path="/leases" param="state" keep=Signal::derive(move || filter.get().as_str()) prefix="lease" placeholder="Lease id"/>
         </div>

@@ -78,6 +78,7 @@ pub fn App() -> impl IntoView {
                 </div>
             </header>
             <main class="mx-auto max-w-6xl px-4 py-6">
+                <common::ServerGone/>
                 <Routes fallback=|| view! { <NotFound/> }>
                     // Async: the server waits for the data and sends whole
                     // HTML, so pages work before (and without) hydration.

@@ -28,6 +28,7 @@ pub fn OverviewPage() -> impl IntoView {
         <p class="text-sm text-slate-600">
             "The whole system at a glance: tasks by state, throughput, who is alive, and whether any resource ever had two live holders."
         </p>
+        <super::common::FencingTokenNote/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading the overview…"</p> }>
             {move || Suspend::new(async move {
                 match overview.await {

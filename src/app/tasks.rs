@@ -106,6 +106,7 @@ pub fn TasksPage() -> impl IntoView {
                 <p class="text-sm text-slate-600">
                     "The queue, newest first. Every claim is a lease: the countdown is the time left before the claim's lease runs out and any worker may take the task over."
                 </p>
+                <super::common::FencingTokenNote/>
             </div>
             <LookupForm path="/tasks" param="status" keep=Signal::derive(move || filter.get()) prefix="task" placeholder="Task id"/>
         </div>
@@ -219,9 +220,11 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
             <dl class="mt-2 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2">
                 <div><dt class="inline text-slate-500">"kind "</dt><dd class="inline font-mono" data-testid="detail-kind">{task.kind.clone()}</dd></div>
                 <div><dt class="inline text-slate-500">"queue "</dt><dd class="inline font-mono" data-testid="detail-queue">{format!("{} (priority {})", task.queue, task.priority)}</dd></div>
-                <div><dt class="inline text-slate-500">"data "</dt><dd class="inline font-mono">{task.task_data.to_string()}</dd></div>
-                <div><dt class="inline text-slate-500">"output "</dt><dd class="inline font-mono">{task.task_output.as_ref().map(|o| o.to_string()).unwrap_or_default()}</dd></div>
-                <div><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
+                // break-all: JSON and error text have long unbroken runs
+                // that would widen the page past a phone's screen.
+                <div class="min-w-0 break-all"><dt class="inline text-slate-500">"data "</dt><dd class="inline font-mono" data-testid="detail-data">{task.task_data.to_string()}</dd></div>
+                <div class="min-w-0 break-all"><dt class="inline text-slate-500">"output "</dt><dd class="inline font-mono" data-testid="detail-output">{task.task_output.as_ref().map(|o| o.to_string()).unwrap_or_default()}</dd></div>
+                <div class="min-w-0 break-words"><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
                 <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums"><LocalTime at=task.created_at/></dd></div>
             </dl>
             <HistoryList history=detail.history/>

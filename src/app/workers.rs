@@ -2,11 +2,12 @@
 //! token and heartbeat age, and buttons to spawn, pause and kill this
 //! instance's simulated workers (plain forms before hydration).
 
-use super::common::{ActionOutcome, DataTable, Notice, refresh_tick};
+use super::common::{ActionOutcome, DataTable, FilterPills, Notice, controls_class, refresh_tick};
 use crate::error::AppError;
 use crate::worker::{WorkerInfo, WorkerKind, WorkerState};
 use leptos::either::Either;
 use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
 /// The workers, and which instance answered (its simulated workers are the
@@ -17,18 +18,98 @@ pub struct WorkersView {
     pub workers: Vec<WorkerInfo>,
     /// The instance serving this page.
     pub instance_id: String,
+    /// Instances judged dead (registered, not stopped, silent): their
+    /// simulated workers died with them, even while the workers' own rows
+    /// are still within their liveness window.
+    pub dead_instances: Vec<String>,
+    /// Workers left out by the filter.
+    pub hidden: usize,
 }
 
-/// Every worker, for the dashboard.
+/// How long a gone worker stays in the default (`current`) list: long
+/// enough to see what a kill did, short enough that chaos crashes do not
+/// pile up.
+pub const RECENTLY_GONE_MS: i64 = 120_000;
+
+/// Which workers the page lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerFilter {
+    /// Alive workers, and those gone in the last [`RECENTLY_GONE_MS`].
+    #[default]
+    Current,
+    /// Alive workers (idle, working or paused, and reporting).
+    Alive,
+    /// Crashed, stopped and unreachable workers.
+    Gone,
+    /// Every worker.
+    All,
+}
+
+impl WorkerFilter {
+    /// The filter's name in `?show=`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerFilter::Current => "current",
+            WorkerFilter::Alive => "alive",
+            WorkerFilter::Gone => "gone",
+            WorkerFilter::All => "all",
+        }
+    }
+
+    /// The filter named `raw`.
+    pub fn parse(raw: &str) -> Option<WorkerFilter> {
+        [
+            WorkerFilter::Current,
+            WorkerFilter::Alive,
+            WorkerFilter::Gone,
+            WorkerFilter::All,
+        ]
+        .into_iter()
+        .find(|f| f.as_str() == raw)
+    }
+}
+
+/// Whether `w` is alive: reporting within its window, and (for a simulated
+/// worker) its instance not dead.
+pub fn worker_alive(w: &WorkerInfo, dead_instances: &[String]) -> bool {
+    w.alive
+        && !(w.kind == WorkerKind::Simulated
+            && w.instance_id
+                .as_ref()
+                .is_some_and(|i| dead_instances.contains(i)))
+}
+
+/// The workers `filter` selects, for the dashboard.
 #[server(prefix = "/sfn")]
-pub async fn get_workers() -> Result<WorkersView, AppError> {
+pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> {
     let state = super::common::state()?;
-    let workers =
-        crate::worker::registry::list(&mut *state.pool.acquire().await?, state.settings.lease_ttl)
-            .await?;
+    let mut conn = state.pool.acquire().await?;
+    let all = crate::worker::registry::list(&mut conn, state.settings.lease_ttl).await?;
+    let window = crate::instance::alive_window(state.settings.renew_interval);
+    let dead_instances: Vec<String> = crate::instance::store::list(&mut conn, window)
+        .await?
+        .into_iter()
+        .filter(|i| !i.alive && i.stopped_at.is_none())
+        .map(|i| i.id)
+        .collect();
+    let total = all.len();
+    let workers: Vec<WorkerInfo> = all
+        .into_iter()
+        .filter(|w| match filter {
+            WorkerFilter::Current => {
+                worker_alive(w, &dead_instances) || w.last_seen_age_ms < RECENTLY_GONE_MS
+            }
+            WorkerFilter::Alive => worker_alive(w, &dead_instances),
+            WorkerFilter::Gone => !worker_alive(w, &dead_instances),
+            WorkerFilter::All => true,
+        })
+        .collect();
     Ok(WorkersView {
+        hidden: total - workers.len(),
         workers,
         instance_id: state.instance_id.to_string(),
+        dead_instances,
     })
 }
 
@@ -53,6 +134,16 @@ pub async fn control_worker(id: String, action: String) -> Result<String, AppErr
         .map_err(super::common::refused)
 }
 
+/// What the page calls a worker's state: its own report while it is alive;
+/// `unreachable` once it (or its instance) stopped reporting without saying
+/// it crashed or stopped.
+fn shown_state(w: &WorkerInfo, alive: bool) -> &'static str {
+    match w.state {
+        WorkerState::Idle | WorkerState::Working | WorkerState::Paused if !alive => "unreachable",
+        state => state.as_str(),
+    }
+}
+
 fn state_badge(state: WorkerState) -> &'static str {
     match state {
         WorkerState::Idle => "bg-slate-200 text-slate-700",
@@ -69,9 +160,24 @@ pub fn WorkersPage() -> impl IntoView {
     let spawn = ServerAction::<SpawnWorker>::new();
     let control = ServerAction::<ControlWorker>::new();
     let tick = refresh_tick();
+    let query = use_query_map();
+    let filter = Memo::new(move |_| {
+        query
+            .read()
+            .get("show")
+            .and_then(|s| WorkerFilter::parse(&s))
+            .unwrap_or_default()
+    });
     let workers = Resource::new(
-        move || (tick.get(), spawn.version().get(), control.version().get()),
-        |_| get_workers(),
+        move || {
+            (
+                filter.get(),
+                tick.get(),
+                spawn.version().get(),
+                control.version().get(),
+            )
+        },
+        |(filter, ..)| get_workers(filter),
     );
     view! {
         <div class="flex flex-wrap items-end justify-between gap-4">
@@ -87,14 +193,35 @@ pub fn WorkersPage() -> impl IntoView {
                 </button>
             </ActionForm>
         </div>
+        <super::common::FencingTokenNote/>
+        <FilterPills
+            path="/workers"
+            param="show"
+            values=vec!["current", "alive", "gone", "all"]
+            selected=Signal::derive(move || filter.get().as_str())
+            testid="worker-filters"
+            label="Filter workers: current (alive, and gone in the last two minutes), alive, gone (crashed, stopped, unreachable) or all"
+        />
         <ActionOutcome last=Signal::derive(move || control.value().get().or_else(|| spawn.value().get())) prefix="worker"/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading workers…"</p> }>
             {move || Suspend::new(async move {
                 match workers.await {
-                    Ok(v) if v.workers.is_empty() => Either::Left(view! {
-                        <Notice kind="empty" testid="workers-empty" text="No workers. Spawn one here, or run `leasekeeper worker --server http://127.0.0.1:3000`.".to_string()/>
-                    }),
-                    Ok(v) => Either::Right(Either::Left(view! { <WorkerTable view=v control/> })),
+                    Ok(v) if v.workers.is_empty() => {
+                        let text = if v.hidden > 0 {
+                            format!("No {} workers ({} others: see all).", filter.get_untracked().as_str(), v.hidden)
+                        } else {
+                            "No workers. Spawn one here, or run `leasekeeper worker --server http://127.0.0.1:3000`.".to_string()
+                        };
+                        Either::Left(view! { <Notice kind="empty" testid="workers-empty" text/> })
+                    }
+                    Ok(v) => Either::Right(Either::Left(view! {
+                        {(v.hidden > 0).then(|| view! {
+                            <p class="mt-2 text-xs text-slate-500" data-testid="workers-hidden">
+                                {format!("{} other workers not shown by this filter.", v.hidden)}
+                            </p>
+                        })}
+                        <WorkerTable view=v control/>
+                    })),
                     Err(e) => Either::Right(Either::Right(view! {
                         <Notice kind="error" testid="workers-error" text=format!("Cannot load workers: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
@@ -108,23 +235,34 @@ pub fn WorkersPage() -> impl IntoView {
 #[component]
 fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl IntoView {
     let here = view.instance_id;
+    let dead = view.dead_instances;
     view! {
         <DataTable testid="workers-table" headers=vec!["worker", "kind", "instance", "state", "task", "token", "heartbeat age", "done / abandoned", "controls"]>
             {view
                 .workers
                 .into_iter()
                 .map(|w| {
-                    let controllable = w.kind == WorkerKind::Simulated
+                    let alive = worker_alive(&w, &dead);
+                    let shown = shown_state(&w, alive);
+                    let badge = if alive { state_badge(w.state) } else { state_badge(WorkerState::Crashed) };
+                    let controllable = alive
+                        && w.kind == WorkerKind::Simulated
                         && matches!(w.state, WorkerState::Idle | WorkerState::Working | WorkerState::Paused);
                     let age = w
                         .heartbeat_age_ms
-                        .filter(|_| w.state == WorkerState::Working || w.state == WorkerState::Paused)
+                        .filter(|_| alive && (w.state == WorkerState::Working || w.state == WorkerState::Paused))
                         .map(|ms| format!("{:.1} s", ms as f64 / 1000.0))
                         .unwrap_or_default();
+                    let gone_why = (!alive && shown == "unreachable").then(|| {
+                        match w.instance_id.as_ref().filter(|i| dead.contains(i)) {
+                            Some(i) => format!("its instance {i} is dead"),
+                            None => format!("silent for {:.0} s", w.last_seen_age_ms as f64 / 1000.0),
+                        }
+                    });
                     let (pause_id, kill_id) = (w.id.clone(), w.id.clone());
                     view! {
                         <tr class="border-t border-slate-100" data-testid="worker-row" data-worker=w.id.clone()
-                            data-state=w.state.as_str() data-task=w.task_id.map(|t| t.to_string()).unwrap_or_default()>
+                            data-state=shown data-alive=alive.to_string() data-task=w.task_id.map(|t| t.to_string()).unwrap_or_default()>
                             <td class="px-3 py-2 font-mono">{w.id.clone()}</td>
                             <td class="px-3 py-2">{w.kind.as_str()}</td>
                             <td class="px-3 py-2 font-mono text-xs" data-testid="worker-instance">
@@ -132,9 +270,10 @@ fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl 
                                 {(w.instance_id.as_deref() == Some(here.as_str())).then_some(" (this one)")}
                             </td>
                             <td class="px-3 py-2">
-                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", state_badge(w.state)) data-testid="worker-state">
-                                    {w.state.as_str()}
+                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {badge}") data-testid="worker-state" title=gone_why.clone()>
+                                    {shown}
                                 </span>
+                                {gone_why.map(|why| view! { <span class="ml-1 text-xs text-slate-500" data-testid="worker-gone-why">{why}</span> })}
                             </td>
                             <td class="px-3 py-2">
                                 {w.task_id.map(|t| view! { <a class="text-indigo-700 underline" href=format!("/tasks?id={t}")>{t}</a> })}
@@ -142,7 +281,7 @@ fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl 
                             <td class="px-3 py-2 font-mono">{w.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
                             <td class="px-3 py-2 tabular-nums" data-testid="worker-heartbeat-age">{age}</td>
                             <td class="px-3 py-2 tabular-nums">{format!("{} / {}", w.tasks_done, w.tasks_abandoned)}</td>
-                            <td class="px-3 py-2">
+                            <td class=controls_class("controls", "px-3 py-2 bg-white")>
                                 {controllable.then(|| view! {
                                     <div class="flex gap-2">
                                         <ActionForm action=control>

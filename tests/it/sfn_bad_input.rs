@@ -90,7 +90,7 @@ const KNOWN: &[(&str, &[Arg])] = &[
         &[arg("status", Kind::OptionalChoice, "pending")],
     ),
     ("get_task_detail", &[arg("id", Kind::Id, "2147483647")]),
-    ("get_workers", &[]),
+    ("get_workers", &[arg("filter", Kind::Choice, "all")]),
     ("spawn_worker", &[]),
     (
         "control_worker",

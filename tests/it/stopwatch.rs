@@ -126,3 +126,106 @@ async fn killing_a_busy_worker_through_the_api_starts_the_stopwatch() {
     assert_eq!(rows[0].subject.as_deref(), Some(id.as_str()));
     api.fleet.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    leases::acquire(&mut conn, &resource("task:77"), &holder("w-killed"), TTL)
+        .await
+        .unwrap();
+    record_kill(&mut conn, "worker", "w-killed", &["w-killed".to_string()])
+        .await
+        .unwrap();
+    // Twelve silent deaths after the kill, each newer than it.
+    for i in 0..12 {
+        let name = format!("singleton:s{i}");
+        leases::acquire(&mut conn, &resource(&name), &holder("i-silent"), TTL)
+            .await
+            .unwrap();
+        expire(&db, &name).await;
+        leases::acquire(&mut conn, &resource(&name), &holder("i-next"), TTL)
+            .await
+            .unwrap();
+    }
+    let rows = recent(&mut conn, 10).await.unwrap();
+    assert_eq!(rows.iter().filter(|f| f.cause == "found_dead").count(), 10);
+    let kill = rows.iter().find(|f| f.resource == "task:77");
+    assert!(
+        kill.is_some_and(|k| k.taken_at.is_none() && k.ended.is_none()),
+        "the unresolved kill must stay listed: {rows:?}"
+    );
+    // Ordered newest first, the kill (the oldest) last.
+    assert_eq!(rows.last().map(|f| f.resource.as_str()), Some("task:77"));
+
+    // Resolved by a takeover: still listed (for a few minutes), with its time.
+    expire(&db, "task:77").await;
+    leases::acquire(&mut conn, &resource("task:77"), &holder("w-next"), TTL)
+        .await
+        .unwrap();
+    let rows = recent(&mut conn, 10).await.unwrap();
+    let kill = rows.iter().find(|f| f.resource == "task:77").unwrap();
+    assert_eq!(kill.new_holder.as_deref(), Some("w-next"));
+    assert!(kill.elapsed_ms.is_some() && kill.ended.is_none());
+    // Killed an hour ago and resolved long since: no longer kept.
+    sqlx::raw_sql(
+        "UPDATE failover_kills SET killed_at = killed_at - interval '2 hours';
+         UPDATE lease_events SET at = at - interval '2 hours' WHERE resource = 'task:77'",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let rows = recent(&mut conn, 10).await.unwrap();
+    assert!(rows.iter().all(|f| f.resource != "task:77"), "{rows:?}");
+}
+
+#[tokio::test]
+async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
+    use leasekeeper::queue::{NewTask, TaskStatus, store as tasks};
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let task = tasks::enqueue(
+        &mut conn,
+        &NewTask::new(leasekeeper::worker::simulated::KIND, json!({})).max_attempts(1),
+    )
+    .await
+    .unwrap();
+    let claimed = tasks::claim_next(&mut conn, &holder("w-killed"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.id, task.id);
+    record_kill(&mut conn, "worker", "w-killed", &["w-killed".to_string()])
+        .await
+        .unwrap();
+    let name = format!("task:{}", task.id);
+    let waiting = recent(&mut conn, 10).await.unwrap();
+    assert_eq!(waiting[0].resource, name);
+    assert_eq!(waiting[0].ended, None);
+    // Its claim runs out; the next claimer finds it out of attempts and
+    // fails it rather than taking its lease.
+    sqlx::query("UPDATE tasks SET must_heartbeat_before = now() - interval '1 ms' WHERE id = $1")
+        .bind(task.id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    expire(&db, &name).await;
+    assert!(
+        tasks::claim_next(&mut conn, &holder("w-next"), TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        tasks::get(&mut conn, task.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        TaskStatus::Failed
+    );
+    let rows = recent(&mut conn, 10).await.unwrap();
+    let row = rows.iter().find(|f| f.resource == name).unwrap();
+    assert_eq!(row.ended.as_deref(), Some("task failed"), "{row:?}");
+    assert!(row.taken_at.is_none());
+}

@@ -346,3 +346,122 @@ async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
     fleet.shutdown(Duration::from_secs(5)).await;
     live.shutdown();
 }
+
+/// Counts the log events of `target` (a prefix) whose fields contain
+/// `needle`.
+#[derive(Clone)]
+struct LogCounter {
+    target: &'static str,
+    needle: &'static str,
+    seen: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LogCounter {
+    fn new(target: &'static str, needle: &'static str) -> Self {
+        LogCounter {
+            target,
+            needle,
+            seen: Arc::default(),
+        }
+    }
+
+    fn seen(&self) -> usize {
+        self.seen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCounter {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={value:?}", field.name()));
+            }
+        }
+        if !event.metadata().target().starts_with(self.target) {
+            return;
+        }
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        if text.0.contains(self.needle) {
+            self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// Issue 16, item 8: every chaos crash used to log `WARN sqlx … there is no
+/// transaction in progress`. Chaos crashes and kills (the fleet aborting
+/// busy workers) on a current-thread runtime, so every task logs to this
+/// test's subscriber; a deliberate stray ROLLBACK first shows the counter
+/// sees the notice at all.
+#[tokio::test(flavor = "current_thread")]
+async fn crashes_and_kills_leave_no_stray_rollback() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let stray = LogCounter::new(
+        "sqlx::postgres::notice",
+        "there is no transaction in progress",
+    );
+    let crashes = LogCounter::new("leasekeeper", "chaos: crashing");
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::registry()
+            .with(stray.clone())
+            .with(crashes.clone()),
+    );
+    let db = TestDb::new().await;
+
+    // The counter works: a ROLLBACK outside a transaction is the notice.
+    sqlx::query("ROLLBACK").execute(&db.pool).await.unwrap();
+    assert_eq!(
+        stray.seen(),
+        1,
+        "the counter must see a stray ROLLBACK's notice"
+    );
+
+    let mut chaos = ChaosSettings::off();
+    chaos.enabled = true;
+    chaos.crash_probability = 0.3;
+    chaos.check_every_ticks = 1;
+    let fleet = Fleet::new(
+        db.pool.clone(),
+        Arc::from("inst-n"),
+        FleetConfig {
+            worker: WorkerConfig::new(TTL, TTL / 3),
+            chaos,
+            respawn_after: Some(Duration::from_millis(200)),
+            seed: Some(7),
+        },
+        None,
+    );
+    enqueue(&db, 2, 40).await;
+    for _ in 0..3 {
+        fleet.spawn().await.unwrap();
+    }
+    // A fresh worker every 600 ms, killed 600 ms later: mid-claim,
+    // mid-task or mid-report, wherever it happens to be.
+    let mut kills = 0;
+    for _ in 0..12 {
+        let victim = fleet.spawn().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        if fleet.kill(&victim.id).await.is_ok() {
+            kills += 1;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fleet.shutdown(Duration::from_secs(5)).await;
+    assert!(kills >= 8, "the test killed only {kills} workers");
+    assert!(
+        crashes.seen() >= 3,
+        "only {} chaos crashes: the chaos did not happen",
+        crashes.seen()
+    );
+    assert_eq!(
+        stray.seen(),
+        1,
+        "a crash or kill left a stray ROLLBACK ({kills} kills, {} chaos crashes)",
+        crashes.seen()
+    );
+}

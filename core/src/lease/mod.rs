@@ -192,6 +192,10 @@ pub struct Failover {
     pub new_holder: Option<String>,
     /// The new term's token.
     pub new_token: Option<i64>,
+    /// How it ended without a takeover, when it did: `task failed` (the
+    /// task ran out of attempts, so nobody took its lease) or
+    /// `task cancelled`.
+    pub ended: Option<String>,
     /// Start to takeover, when taken over.
     pub elapsed_ms: Option<i64>,
     /// Start to now (database clock), for the running stopwatch.

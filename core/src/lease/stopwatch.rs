@@ -32,25 +32,42 @@ pub async fn record_kill(
     Ok(done.rows_affected())
 }
 
-/// The newest `limit` failovers: dashboard kills (taken over or still
-/// waiting) and, from the last ten minutes, takeovers after a silent death.
+/// How long a dashboard kill stays listed after it resolved, however many
+/// failovers came after it: long enough for its operator to read it.
+pub const KILL_SHOWN_FOR_SECS: i64 = 300;
+
+/// The newest `limit` failovers (dashboard kills, taken over or still
+/// waiting, and, from the last ten minutes, takeovers after a silent death),
+/// plus every dashboard kill from the last hour that is unresolved (no
+/// takeover yet, and its task has not ended) or resolved less than
+/// [`KILL_SHOWN_FOR_SECS`] ago: a burst of chaos crashes never pushes an
+/// operator's own kill out of view before its outcome shows. A kill whose
+/// task ended without a takeover (it ran out of attempts) says so in
+/// `ended`.
 pub async fn recent(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Failover>> {
     sqlx::query_as(
         "WITH killed AS (
             SELECT 'killed' AS cause, k.subject, k.resource, k.holder AS old_holder,
                    k.fencing_token AS old_token, k.killed_at AS started_at,
-                   t.at AS taken_at, t.holder AS new_holder, t.fencing_token AS new_token
-              FROM (SELECT * FROM failover_kills ORDER BY id DESC LIMIT $1) k
+                   t.at AS taken_at, t.holder AS new_holder, t.fencing_token AS new_token,
+                   CASE WHEN t.at IS NULL THEN task.ended END AS ended
+              FROM (SELECT * FROM failover_kills ORDER BY id DESC LIMIT 200) k
               LEFT JOIN LATERAL (
                     SELECT e.at, e.holder, e.fencing_token FROM lease_events e
                      WHERE e.resource = k.resource AND e.fencing_token > k.fencing_token
                        AND e.kind IN ('acquired', 'taken_over')
                      ORDER BY e.id LIMIT 1) t ON true
+              LEFT JOIN LATERAL (
+                    SELECT 'task ' || s.status AS ended FROM tasks s
+                     WHERE s.id = CASE WHEN k.resource ~ '^task:[0-9]{1,9}$'
+                                       THEN substr(k.resource, 6)::int END
+                       AND s.status IN ('failed', 'cancelled')) task ON true
+             WHERE k.killed_at > now() - interval '1 hour'
          ), silent AS (
             SELECT 'found_dead' AS cause, e.previous_holder AS subject, e.resource,
                    e.previous_holder AS old_holder, last.fencing_token AS old_token,
                    last.at AS started_at, e.at AS taken_at, e.holder AS new_holder,
-                   e.fencing_token AS new_token
+                   e.fencing_token AS new_token, NULL::text AS ended
               FROM lease_events e
               JOIN LATERAL (
                     SELECT p.at, p.fencing_token FROM lease_events p
@@ -61,15 +78,26 @@ pub async fn recent(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Fai
                AND NOT EXISTS (SELECT 1 FROM failover_kills k
                                 WHERE k.resource = e.resource AND k.fencing_token = last.fencing_token)
              ORDER BY e.at DESC LIMIT $1
+         ), everything AS (
+            SELECT * FROM killed UNION ALL SELECT * FROM silent
+         ), shown AS (
+            (SELECT * FROM everything ORDER BY started_at DESC LIMIT $1)
+            UNION
+            (SELECT * FROM everything
+              WHERE cause = 'killed'
+                AND ((taken_at IS NULL AND ended IS NULL)
+                     OR taken_at > now() - make_interval(secs => $2)
+                     OR (ended IS NOT NULL AND started_at > now() - make_interval(secs => $2))))
          )
          SELECT cause, subject, resource, old_holder, old_token, started_at, taken_at,
-                new_holder, new_token,
+                new_holder, new_token, ended,
                 (EXTRACT(EPOCH FROM (taken_at - started_at)) * 1000)::bigint AS elapsed_ms,
                 (EXTRACT(EPOCH FROM (now() - started_at)) * 1000)::bigint AS since_ms
-           FROM (SELECT * FROM killed UNION ALL SELECT * FROM silent) f
-          ORDER BY started_at DESC LIMIT $1",
+           FROM shown
+          ORDER BY started_at DESC",
     )
     .bind(limit)
+    .bind(KILL_SHOWN_FOR_SECS as f64)
     .fetch_all(&mut *conn)
     .await
 }

@@ -99,6 +99,40 @@ impl Timeline {
         gaps
     }
 
+    /// The part of this timeline within `window` of its end: terms that
+    /// ended before are left out, one that began before starts at the
+    /// window's edge (its takeover mark, if any, was before it too), and so
+    /// do renewals and marks before it. The whole timeline when `window` is
+    /// longer than it.
+    pub fn recent(&self, window: chrono::Duration) -> Timeline {
+        let from = self.from.max(self.to - window);
+        let terms = self
+            .terms
+            .iter()
+            .filter(|t| t.end >= from)
+            .map(|t| {
+                let mut t = t.clone();
+                if t.start < from {
+                    t.start = from;
+                    t.took_over = false;
+                    t.renewals.retain(|r| *r >= from);
+                }
+                t
+            })
+            .collect();
+        Timeline {
+            from,
+            to: self.to,
+            terms,
+            marks: self
+                .marks
+                .iter()
+                .filter(|m| m.at >= from)
+                .cloned()
+                .collect(),
+        }
+    }
+
     /// The holders, in order of first appearance (one lane each).
     pub fn holders(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -252,6 +286,39 @@ mod tests {
         assert!(b.took_over && !a.took_over);
         assert_eq!(tl.gaps(), vec![(t(16), t(20))]);
         assert_eq!(tl.holders(), vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn a_recent_window_leaves_out_older_terms_and_cuts_the_one_across_its_edge() {
+        let events = vec![
+            ev(1, "acquired", "a", 1, 0, 10),
+            ev(2, "released", "a", 1, 5, 5),
+            ev(3, "acquired", "b", 2, 100, 200),
+            ev(4, "renewed", "b", 2, 110, 210),
+            ev(5, "renewed", "b", 2, 150, 250),
+        ];
+        let mut stale = ev(6, "stale_write_refused", "a", 1, 20, 20);
+        stale.expires_at = None;
+        let mut events = events;
+        events.push(stale);
+        let tl = build(&events, t(160));
+        assert_eq!(tl.from, t(0));
+        let recent = tl.recent(chrono::Duration::seconds(60));
+        assert_eq!(recent.from, t(100), "60 s before the end");
+        assert_eq!(recent.to, t(160));
+        assert_eq!(recent.terms.len(), 1, "a's term ended before the window");
+        assert_eq!(recent.terms[0].holder, "b");
+        assert_eq!(recent.terms[0].start, t(100));
+        assert_eq!(recent.terms[0].renewals, vec![t(110), t(150)]);
+        assert!(recent.marks.is_empty(), "the refused write was before it");
+        let narrower = tl.recent(chrono::Duration::seconds(30));
+        assert_eq!(narrower.terms[0].start, t(130), "cut at the window's edge");
+        assert_eq!(narrower.terms[0].renewals, vec![t(150)]);
+        assert_eq!(
+            tl.recent(chrono::Duration::seconds(1_000)),
+            tl,
+            "a longer window is the whole"
+        );
     }
 
     #[test]
