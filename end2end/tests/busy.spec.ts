@@ -66,6 +66,7 @@ test("every page, on two instances of a busy cluster, runs without a browser err
       await page.waitForTimeout(2_500);
     }
   }
+  expect(errors).toEqual([]);
   // The generator's countdown still moves (it froze after the panic).
   await page.goto(`${mainUrl}/instances`);
   const expiry = page.getByTestId("generator-expiry");

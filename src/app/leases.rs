@@ -15,14 +15,14 @@ use leptos::either::EitherOf3;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
-/// Leases matching `filter` (first page), for the dashboard.
+/// The newest leases matching `filter` (a page's worth), for the dashboard.
 #[server(prefix = "/sfn")]
 pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
     use crate::lease::store;
-    Ok(store::list(
+    Ok(store::list_newest(
         &mut *super::common::pool()?.acquire().await?,
         filter,
-        store::Page::default(),
+        store::Page::DEFAULT_LIMIT,
     )
     .await?)
 }

@@ -26,16 +26,13 @@ pub struct WorkersView {
     pub hidden: usize,
 }
 
-/// How long a gone worker stays in the default (`current`) list: long
-/// enough to see what a kill did, short enough that chaos crashes do not
-/// pile up.
-pub const RECENTLY_GONE_MS: i64 = 120_000;
-
 /// Which workers the page lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkerFilter {
-    /// Alive workers, and those gone in the last [`RECENTLY_GONE_MS`].
+    /// Alive workers, and those gone in the last two minutes: long enough
+    /// to see what a kill did, short enough that chaos crashes do not pile
+    /// up.
     #[default]
     Current,
     /// Alive workers (idle, working or paused, and reporting).
@@ -93,6 +90,8 @@ pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> 
         .filter(|i| !i.alive && i.stopped_at.is_none())
         .map(|i| i.id)
         .collect();
+    // How long a gone worker stays in the `current` list.
+    const RECENTLY_GONE_MS: i64 = 120_000;
     let total = all.len();
     let workers: Vec<WorkerInfo> = all
         .into_iter()

@@ -399,3 +399,37 @@ async fn the_database_backs_the_name_length_limit() {
         .map(|c| c.to_string());
     assert_eq!(code.as_deref(), Some("23514"), "{err}");
 }
+
+#[tokio::test]
+async fn the_dashboard_list_shows_the_newest_leases_past_a_page() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    for i in 0..150 {
+        store::acquire(
+            &mut conn,
+            &resource(&format!("many-{i}")),
+            &holder("h"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    }
+    let newest = store::list_newest(&mut conn, LeaseFilter::All, Page::DEFAULT_LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(newest.len(), 100);
+    assert_eq!(newest[0].resource, "many-149", "newest first");
+    assert!(newest.windows(2).all(|w| w[0].id > w[1].id));
+    assert!(newest.iter().all(|l| l.resource != "many-0"));
+    store::release(&mut conn, &resource("many-149"), &holder("h"), None)
+        .await
+        .unwrap();
+    let released = store::list_newest(&mut conn, LeaseFilter::Released, 10)
+        .await
+        .unwrap();
+    assert_eq!(released.len(), 1);
+    let active = store::list_newest(&mut conn, LeaseFilter::Active, 10)
+        .await
+        .unwrap();
+    assert_eq!(active[0].resource, "many-148");
+}

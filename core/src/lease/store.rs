@@ -404,24 +404,46 @@ impl Default for Page {
     }
 }
 
+/// The SQL condition of `filter`, by the database clock.
+fn filter_condition(filter: LeaseFilter) -> &'static str {
+    match filter {
+        LeaseFilter::All => "TRUE",
+        LeaseFilter::Active => "released_at IS NULL AND expires_at > now()",
+        LeaseFilter::Expired => "released_at IS NULL AND expires_at <= now()",
+        LeaseFilter::Renewed => "renew_count > 0",
+        LeaseFilter::Released => "released_at IS NOT NULL",
+    }
+}
+
 /// Leases matching `filter`, ordered by id, one page at a time.
 pub async fn list(
     conn: &mut PgConnection,
     filter: LeaseFilter,
     page: Page,
 ) -> Result<Vec<Lease>, sqlx::Error> {
-    let condition = match filter {
-        LeaseFilter::All => "TRUE",
-        LeaseFilter::Active => "released_at IS NULL AND expires_at > now()",
-        LeaseFilter::Expired => "released_at IS NULL AND expires_at <= now()",
-        LeaseFilter::Renewed => "renew_count > 0",
-        LeaseFilter::Released => "released_at IS NOT NULL",
-    };
+    let condition = filter_condition(filter);
     sqlx::query_as(&format!(
         "SELECT {LEASE_COLUMNS} FROM leases WHERE {condition} AND id > $1 ORDER BY id LIMIT $2"
     ))
     .bind(page.after_id)
     .bind(page.limit)
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// The newest `limit` leases matching `filter`, newest first: what the
+/// dashboard shows (the oldest first, as [`list`] pages them, would never
+/// show a new lease once there are more than a page).
+pub async fn list_newest(
+    conn: &mut PgConnection,
+    filter: LeaseFilter,
+    limit: i64,
+) -> Result<Vec<Lease>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {LEASE_COLUMNS} FROM leases WHERE {} ORDER BY id DESC LIMIT $1",
+        filter_condition(filter)
+    ))
+    .bind(limit.clamp(1, Page::MAX_LIMIT))
     .fetch_all(&mut *conn)
     .await
 }
