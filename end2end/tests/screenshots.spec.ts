@@ -22,7 +22,13 @@ for (const [name, url] of pages) {
     await page.setViewportSize({ width: 1280, height: 900 });
     await page.goto(url);
     await page.waitForTimeout(1_500); // hydrated, live, a few updates in
-    await page.screenshot({ path: path.join(docs, `dashboard-${name}.png`), fullPage: true });
+    // The whole page, but no taller than 1,600 px (a long task list).
+    const height = Math.min(1_600, await page.evaluate(() => document.documentElement.scrollHeight));
+    await page.screenshot({
+      path: path.join(docs, `dashboard-${name}.png`),
+      fullPage: true,
+      clip: { x: 0, y: 0, width: 1280, height },
+    });
   });
 }
 
