@@ -107,7 +107,7 @@ pub async fn force_release(
         )));
     };
     // A task lease's claim ends with it, in the same transaction.
-    crate::queue::store::end_claim_of(&mut tx, &lease).await?;
+    let freed_a_task = crate::queue::store::end_claim_of(&mut tx, &lease).await?;
     record_operator_action(
         &mut tx,
         &lease.resource,
@@ -117,6 +117,11 @@ pub async fn force_release(
     )
     .await?;
     tx.commit().await?;
+    if freed_a_task {
+        // The task is claimable now: wake idle workers, as an enqueue does
+        // (after the commit, so a woken worker finds it).
+        crate::live::announce(crate::live::Topics::WORK);
+    }
     Ok(lease)
 }
 

@@ -49,7 +49,7 @@ test("completions show up in the throughput chart", async ({ page, request }) =>
   const done = await request.put(`/api/tasks/${claimed.id}/complete`, {
     data: { processor: "pw-overview", fencing_token: claimed.fencing_token, task_output: { ok: true } },
   });
-  expect(done.status()).toBe(200);
+  expect(done.status()).toBe(202);
   await expect.poll(total, { timeout: 6_000 }).toBeGreaterThan(before);
   const bars = page.locator('[data-testid="throughput-bar"]:not([data-completed="0"])');
   await expect(bars.first()).toBeVisible();

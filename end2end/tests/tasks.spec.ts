@@ -30,10 +30,28 @@ test("a claimed task shows its processor and countdown, turns late, and its hist
   await expect(row.getByTestId("task-token")).toHaveText(String(claimed.fencing_token));
   await expect(row.getByTestId("task-heartbeat")).toContainText("s left");
   await expect(row.getByTestId("task-heartbeat")).toHaveAttribute("data-late", "false");
+  // Record every colour band the countdown passes through (the orange one
+  // lasts a fifth of the 3 s TTL: too short to catch by polling).
+  await page.evaluate((id) => {
+    // Watch the whole page: a refetch may replace the row's element.
+    const band = () =>
+      document.querySelector(`[data-testid="task-row"][data-task-id="${id}"] [data-testid="task-heartbeat"]`)?.getAttribute("data-band");
+    const seen: string[] = [band() ?? ""];
+    (window as unknown as { __bands: string[] }).__bands = seen;
+    new MutationObserver(() => {
+      const now = band();
+      if (now && seen[seen.length - 1] !== now) seen.push(now);
+    }).observe(document.body, { subtree: true, childList: true, attributes: true, attributeFilter: ["data-band"] });
+  }, task.id);
 
   // No heartbeat: after the 3 s TTL the page flags it late, by itself.
   await expect(row.getByTestId("task-heartbeat")).toHaveAttribute("data-late", "true", { timeout: 6_000 });
   await expect(row.getByTestId("task-heartbeat")).toContainText("late by");
+  await expect(row.getByTestId("task-heartbeat")).toHaveClass(/bg-red-100/);
+  // Green (more than half the TTL left), amber, orange (a fifth or less), red.
+  const bands = await page.evaluate(() => (window as unknown as { __bands: string[] }).__bands);
+  // (Green may already be over when the recording starts.)
+  expect([["ok", "soon", "urgent", "late"], ["soon", "urgent", "late"]]).toContainEqual(bands);
 
   // The stalled processor's completion is refused; a rescuer takes it over.
   const stale = await request.put(`/api/tasks/${task.id}/complete`, {
@@ -51,7 +69,7 @@ test("a claimed task shows its processor and countdown, turns late, and its hist
   const done = await request.put(`/api/tasks/${task.id}/complete`, {
     data: { processor: "pw-rescuer", fencing_token: rescued.fencing_token, task_output: { ok: true } },
   });
-  expect(done.status()).toBe(200);
+  expect(done.status()).toBe(202);
 
   await page.getByTestId("task-lookup-input").fill(String(task.id));
   await page.getByTestId("task-lookup-submit").click();
@@ -90,7 +108,7 @@ test("a service's task shows its kind, queue and priority in the list and the de
   const done = await request.put(`/api/tasks/${task.id}/complete`, {
     data: { processor: "pw-billing", fencing_token: claimed.fencing_token, task_output: "invoiced" },
   });
-  expect(done.status()).toBe(200);
+  expect(done.status()).toBe(202);
 
   // A bad kind is refused with a clear error and stores nothing.
   const bad = await request.post("/api/tasks", { data: { task_data: {}, kind: "" } });

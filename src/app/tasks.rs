@@ -41,28 +41,63 @@ pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
     Ok(Some(TaskDetail { task, history }))
 }
 
-/// The heartbeat countdown for `ms` left (`None`: the task is not started):
-/// text, colour class, and whether the task is late.
-pub fn heartbeat_view(ms: Option<i64>, ttl_ms: i64) -> (String, &'static str, bool) {
+/// How near a started task's heartbeat deadline is: the countdown's colour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Band {
+    /// Not started: no deadline.
+    None,
+    /// More than half the TTL left (green).
+    Ok,
+    /// Between half and a fifth of the TTL left (amber).
+    Soon,
+    /// A fifth of the TTL or less left (orange).
+    Urgent,
+    /// Past the deadline: anyone may take the task over (red).
+    Late,
+}
+
+impl Band {
+    /// The band's name, for `data-band`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Band::None => "none",
+            Band::Ok => "ok",
+            Band::Soon => "soon",
+            Band::Urgent => "urgent",
+            Band::Late => "late",
+        }
+    }
+
+    /// The band's colour classes.
+    pub fn class(self) -> &'static str {
+        match self {
+            Band::None => "text-slate-400",
+            Band::Ok => "bg-emerald-100 text-emerald-800",
+            Band::Soon => "bg-amber-100 text-amber-800",
+            Band::Urgent => "bg-orange-200 text-orange-900",
+            Band::Late => "bg-red-100 text-red-800 font-semibold",
+        }
+    }
+}
+
+/// The heartbeat countdown for `ms` left (`None`: the task is not started)
+/// against a TTL of `ttl_ms`: its text and band.
+pub fn heartbeat_view(ms: Option<i64>, ttl_ms: i64) -> (String, Band) {
     let Some(ms) = ms else {
-        return ("—".to_string(), "text-slate-400", false);
+        return ("—".to_string(), Band::None);
     };
     if ms <= 0 {
-        return (
-            format!("late by {:.1} s", -ms as f64 / 1000.0),
-            "bg-red-100 text-red-800 font-semibold",
-            true,
-        );
+        return (format!("late by {:.1} s", -ms as f64 / 1000.0), Band::Late);
     }
     let left = ms as f64 / ttl_ms.max(1) as f64;
-    let class = if left > 0.5 {
-        "bg-emerald-100 text-emerald-800"
+    let band = if left > 0.5 {
+        Band::Ok
     } else if left > 0.2 {
-        "bg-amber-100 text-amber-800"
+        Band::Soon
     } else {
-        "bg-orange-200 text-orange-900"
+        Band::Urgent
     };
-    (format!("{:.1} s left", ms as f64 / 1000.0), class, false)
+    (format!("{:.1} s left", ms as f64 / 1000.0), band)
 }
 
 fn status_badge(status: TaskStatus) -> &'static str {
@@ -190,7 +225,8 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
                             <td class="px-3 py-2 font-mono" data-testid="task-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</td>
                             <td class="px-3 py-2 tabular-nums">{format!("{}/{}", task.attempts, task.max_attempts)}</td>
                             <td class="px-3 py-2">
-                                <span class=move || format!("rounded px-2 py-0.5 text-xs tabular-nums {}", beat().1) data-testid="task-heartbeat" data-late=move || beat().2.to_string()>
+                                <span class=move || format!("rounded px-2 py-0.5 text-xs tabular-nums {}", beat().1.class()) data-testid="task-heartbeat"
+                                    data-band=move || beat().1.as_str() data-late=move || (beat().1 == Band::Late).to_string()>
                                     {move || beat().0}
                                 </span>
                             </td>
@@ -229,5 +265,30 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
             </dl>
             <HistoryList history=detail.history/>
         </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Band, heartbeat_view};
+
+    #[test]
+    fn the_countdown_changes_colour_at_a_half_and_a_fifth_of_the_ttl_and_turns_late_at_zero() {
+        let band = |ms| heartbeat_view(Some(ms), 10_000).1;
+        assert_eq!(heartbeat_view(None, 10_000), ("—".to_string(), Band::None));
+        assert_eq!(band(10_000), Band::Ok);
+        assert_eq!(band(5_001), Band::Ok);
+        assert_eq!(band(5_000), Band::Soon);
+        assert_eq!(band(2_001), Band::Soon);
+        assert_eq!(band(2_000), Band::Urgent);
+        assert_eq!(band(1), Band::Urgent);
+        assert_eq!(band(0), Band::Late);
+        assert_eq!(heartbeat_view(Some(-1_500), 10_000).0, "late by 1.5 s");
+        assert_eq!(heartbeat_view(Some(2_500), 10_000).0, "2.5 s left");
+        // Each band has its own colour.
+        let classes = [Band::None, Band::Ok, Band::Soon, Band::Urgent, Band::Late].map(Band::class);
+        for (i, a) in classes.iter().enumerate() {
+            assert!(classes[i + 1..].iter().all(|b| b != a), "{a} repeats");
+        }
     }
 }

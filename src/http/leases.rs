@@ -182,6 +182,7 @@ async fn delete_one(
         id,
         &body.resource,
         &body.holder,
+        body.fencing_token,
     )
     .await?;
     Ok(Json(lease))

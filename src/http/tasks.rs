@@ -219,7 +219,7 @@ async fn complete(
     State(s): State<AppState>,
     Id(id): Id,
     JsonBody(body): JsonBody<CompleteBody>,
-) -> Result<Json<Task>, AppError> {
+) -> Result<(StatusCode, Json<Task>), AppError> {
     if let Some(output) = &body.task_output {
         no_nul(output, "task_output")?;
     }
@@ -231,7 +231,9 @@ async fn complete(
         body.task_output.as_ref(),
     )
     .await?;
-    Ok(Json(task))
+    // 202 Accepted, as heartbeat answers: the contract of the original
+    // design's clients.
+    Ok((StatusCode::ACCEPTED, Json(task)))
 }
 
 /// Body of `PUT /api/tasks/{id}/fail`.

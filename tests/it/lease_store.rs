@@ -212,6 +212,7 @@ async fn fencing_tokens_survive_row_deletion() {
             lease.id,
             &r,
             &holder("a"),
+            Some(lease.fencing_token),
         )
         .await
         .unwrap();
@@ -284,6 +285,7 @@ async fn delete_needs_the_right_resource_and_holder() {
             lease.id,
             &resource(res),
             &holder(hold),
+            None,
         )
         .await;
         assert!(matches!(err, Err(LeaseError::NotFound(_))), "{err:?}");
@@ -432,4 +434,100 @@ async fn the_dashboard_list_shows_the_newest_leases_past_a_page() {
         .await
         .unwrap();
     assert_eq!(active[0].resource, "many-148");
+}
+
+#[tokio::test]
+async fn delete_with_a_token_ends_only_that_term() {
+    let db = TestDb::new().await;
+    let r = resource("r1");
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first = store::acquire(&mut conn, &r, &holder("a"), TTL)
+        .await
+        .unwrap()
+        .into_lease();
+    store::release(&mut conn, &r, &holder("a"), None)
+        .await
+        .unwrap();
+    let second = store::acquire(&mut conn, &r, &holder("a"), TTL)
+        .await
+        .unwrap()
+        .into_lease();
+    assert_eq!(second.fencing_token, first.fencing_token + 1);
+    let stale = store::delete(
+        &mut conn,
+        second.id,
+        &r,
+        &holder("a"),
+        Some(first.fencing_token),
+    )
+    .await;
+    assert!(matches!(stale, Err(LeaseError::NotFound(_))), "{stale:?}");
+    assert!(store::get(&mut conn, second.id).await.unwrap().is_some());
+    let gone = store::delete(
+        &mut conn,
+        second.id,
+        &r,
+        &holder("a"),
+        Some(second.fencing_token),
+    )
+    .await
+    .unwrap();
+    assert_eq!(gone.fencing_token, second.fencing_token);
+}
+
+/// A delete of term N, barrier-started against the same holder beginning
+/// term N + 1: whichever wins, term N + 1 is never deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_of_an_old_term_racing_a_new_term_never_deletes_the_new_one() {
+    let db = TestDb::new().await;
+    let (mut deleted_first, mut refused) = (0, 0);
+    for round in 0..30 {
+        let r = resource(&format!("race-{round}"));
+        let mut conn = db.pool.acquire().await.unwrap();
+        let old = store::acquire(&mut conn, &r, &holder("a"), TTL)
+            .await
+            .unwrap()
+            .into_lease();
+        store::release(&mut conn, &r, &holder("a"), None)
+            .await
+            .unwrap();
+        drop(conn);
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+        let (pool, b, r2) = (db.pool.clone(), barrier.clone(), r.clone());
+        let deleter = tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            b.wait().await;
+            store::delete(
+                &mut conn,
+                old.id,
+                &r2,
+                &holder("a"),
+                Some(old.fencing_token),
+            )
+            .await
+        });
+        let (pool, b, r2) = (db.pool.clone(), barrier.clone(), r.clone());
+        let acquirer = tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            b.wait().await;
+            store::acquire(&mut conn, &r2, &holder("a"), TTL).await
+        });
+        let deleted = deleter.await.unwrap();
+        let new = acquirer.await.unwrap().unwrap().into_lease();
+        assert_eq!(new.fencing_token, old.fencing_token + 1);
+        match deleted {
+            Ok(l) => {
+                assert_eq!(l.fencing_token, old.fencing_token, "only the old term");
+                deleted_first += 1;
+            }
+            Err(LeaseError::NotFound(_)) => refused += 1,
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        let now = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
+            .await
+            .unwrap()
+            .expect("the new term survives");
+        assert_eq!(now.fencing_token, new.fencing_token, "round {round}");
+    }
+    assert_eq!(deleted_first + refused, 30);
 }

@@ -1,5 +1,5 @@
 //! The task REST contract (SPEC §3), in-process: enqueue, claim (202/200),
-//! heartbeat (202/409), complete (200/409), fail, lists and bad input.
+//! heartbeat (202/409), complete (202/409), fail, lists and bad input.
 
 use crate::api::{Api, error_of};
 use axum::body::Body;
@@ -52,7 +52,7 @@ async fn a_task_goes_through_claim_heartbeat_complete() {
     let (s, finished) = api
         .put(&format!("/api/tasks/{id}/complete"), done.clone())
         .await;
-    assert_eq!(s, StatusCode::OK, "{finished}");
+    assert_eq!(s, StatusCode::ACCEPTED, "{finished}");
     assert_eq!(finished["status"], "processed");
     assert_eq!(finished["task_output"], json!({"slept": 5}));
     let (s, err) = api.put(&format!("/api/tasks/{id}/complete"), done).await;

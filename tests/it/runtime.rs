@@ -74,6 +74,16 @@ async fn claims_honour_priority_then_due_time_and_serve_only_their_queue_and_kin
     .await;
     // Priority -3 first, then the two 0s in enqueue order, then the 5s.
     assert_eq!(*order.lock().unwrap(), vec![2, 1, 3, 0, 4]);
+    // The handler has run; its completion is written by the batching
+    // completer a moment later.
+    until("five processed", Duration::from_secs(10), || async {
+        let mut done = 0;
+        for id in &ids {
+            done += usize::from(task(&db, *id).await.status == TaskStatus::Processed);
+        }
+        done == ids.len()
+    })
+    .await;
     for id in &ids {
         let t = task(&db, *id).await;
         assert_eq!(t.status, TaskStatus::Processed);

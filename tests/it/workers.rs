@@ -347,6 +347,81 @@ async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
     live.shutdown();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
+    let db = TestDb::new().await;
+    let live = leasekeeper::live::LiveHub::start(db.pool.clone());
+    let mut config = WorkerConfig::new(TTL, TTL / 3);
+    // A poll so slow that only a wake-up can explain a quick claim.
+    config.poll = Duration::from_secs(120)..=Duration::from_secs(120);
+    let fleet = Fleet::new(
+        db.pool.clone(),
+        Arc::from("inst-f"),
+        FleetConfig {
+            worker: config,
+            chaos: ChaosSettings::off(),
+            respawn_after: None,
+            seed: Some(1),
+        },
+        Some(live.clone()),
+    );
+    // A task held by hand, with a long lease, before the worker starts.
+    let ids = enqueue(&db, 0, 1).await;
+    let held = store::claim_next(
+        &mut db.pool.acquire().await.unwrap(),
+        &leasekeeper::lease::Holder::parse("by-hand").unwrap(),
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap()
+    .expect("the task");
+    assert_eq!(held.id, ids[0]);
+    fleet.spawn().await.unwrap();
+    eventually("the worker idle", Duration::from_secs(10), || async {
+        let mut conn = db.pool.acquire().await.unwrap();
+        registry::list(&mut conn, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .iter()
+            .any(|w| w.id == "inst-f-w1" && w.state == WorkerState::Idle)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lease = leasekeeper::lease::store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &leasekeeper::lease::Resource::parse(Task::resource_name(held.id)).unwrap(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let started = Instant::now();
+    leasekeeper::ops::force_release(
+        &mut db.pool.acquire().await.unwrap(),
+        lease.id,
+        lease.fencing_token,
+        "inst-f",
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the task taken over and done",
+        Duration::from_secs(10),
+        || async { task(&db, ids[0]).await.status == TaskStatus::Processed },
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken in {:?}, not at the 120 s poll",
+        started.elapsed()
+    );
+    assert_eq!(
+        task(&db, ids[0]).await.processor.as_deref(),
+        Some("inst-f-w1")
+    );
+    fleet.shutdown(Duration::from_secs(5)).await;
+    live.shutdown();
+}
+
 /// Counts the log events of `target` (a prefix) whose fields contain
 /// `needle`.
 #[derive(Clone)]

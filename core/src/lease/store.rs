@@ -290,31 +290,40 @@ pub async fn release(
     released.ok_or_else(|| no_live_lease(resource, holder))
 }
 
-/// Deletes lease row `id` if it names `resource` and `holder`. The fencing
-/// counter survives in `lease_fencing`, so a later acquisition still gets a
-/// higher token. Fails with [`LeaseError::NotFound`] otherwise.
+/// Deletes lease row `id` if it names `resource` and `holder` (and, when
+/// `token` is given, is still in term `token`). The fencing counter
+/// survives in `lease_fencing`, so a later acquisition still gets a higher
+/// token. Fails with [`LeaseError::NotFound`] otherwise.
 pub async fn delete(
     conn: &mut PgConnection,
     id: i32,
     resource: &Resource,
     holder: &Holder,
+    token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
     let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-    // Race prevented: deleting a lease that was just taken over by someone
-    // else. DELETE re-checks `holder` on the newest row version, so a row
-    // whose holder changed under us is left alone.
+    // Races prevented: deleting a lease that was just taken over by someone
+    // else, and (with a token) deleting a newer term the same holder began
+    // since (a re-acquisition after its old term ended). DELETE re-checks
+    // `holder` and `fencing_token` on the newest row version, so a row
+    // whose holder or term changed under us is left alone.
     let sql = format!(
         "DELETE FROM leases WHERE id = $1 AND resource = $2 AND holder = $3
+            AND ($4::bigint IS NULL OR fencing_token = $4)
          RETURNING {LEASE_COLUMNS}"
     );
     let deleted: Option<Lease> = sqlx::query_as(&sql)
         .bind(id)
         .bind(resource.as_str())
         .bind(holder.as_str())
+        .bind(token)
         .fetch_optional(&mut *conn)
         .await?;
     deleted.ok_or_else(|| {
-        LeaseError::NotFound(format!("no lease {id} on {resource} held by {holder}"))
+        LeaseError::NotFound(match token {
+            Some(t) => format!("no lease {id} on {resource} held by {holder} in term #{t}"),
+            None => format!("no lease {id} on {resource} held by {holder}"),
+        })
     })
 }
 
