@@ -65,6 +65,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos_options.clone();
     Router::new()
         .merge(crate::http::events::route())
+        .merge(http::health::routes())
         .merge(http::api_router())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))

@@ -4,6 +4,7 @@
 pub mod events;
 pub mod extract;
 pub mod generator;
+pub mod health;
 pub mod instances;
 pub mod leases;
 pub mod origin;

@@ -10,6 +10,7 @@ mod common;
 mod fault_check;
 mod fenced;
 mod generator;
+mod health;
 mod instances;
 mod lease_client;
 mod lease_race;

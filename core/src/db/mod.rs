@@ -175,3 +175,69 @@ async fn migrate_on(conn: &mut PgConnection, schema: &Schema) -> anyhow::Result<
         .context("releasing the migration lock")?;
     Ok(())
 }
+
+/// Whether the database's migrations (in the connection's schema, on its
+/// `search_path`) are those this build carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MigrationState {
+    /// Every migration of this build is applied, and nothing else.
+    Current {
+        /// How many migrations are applied.
+        applied: usize,
+    },
+    /// Not ready, and why: a migration missing or failed, or one applied
+    /// that this build does not know (a newer build migrated the database).
+    Behind(String),
+}
+
+/// Compares the schema's `_sqlx_migrations` with [`MIGRATOR`]'s list, by
+/// version, success and checksum: what a readiness check asks.
+pub async fn migration_state(conn: &mut PgConnection) -> sqlx::Result<MigrationState> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(MigrationState::Behind(
+            "no migrations applied in this schema".into(),
+        ));
+    }
+    let applied: Vec<(i64, bool, Vec<u8>)> =
+        sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations ORDER BY version")
+            .fetch_all(&mut *conn)
+            .await?;
+    for (version, success, _) in &applied {
+        if !success {
+            return Ok(MigrationState::Behind(format!(
+                "migration {version} failed"
+            )));
+        }
+        if !MIGRATOR.iter().any(|m| m.version == *version) {
+            return Ok(MigrationState::Behind(format!(
+                "migration {version} is applied but unknown to this build (a newer build migrated the database)"
+            )));
+        }
+    }
+    for m in MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+    {
+        match applied.iter().find(|(v, ..)| *v == m.version) {
+            None => {
+                return Ok(MigrationState::Behind(format!(
+                    "migration {} ({}) is not applied",
+                    m.version, m.description
+                )));
+            }
+            Some((_, _, checksum)) if checksum.as_slice() != &*m.checksum => {
+                return Ok(MigrationState::Behind(format!(
+                    "migration {} ({}) was applied with a different checksum",
+                    m.version, m.description
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(MigrationState::Current {
+        applied: applied.len(),
+    })
+}

@@ -1,0 +1,99 @@
+//! `/healthz` and `/readyz`: ready only while the database answers and its
+//! migrations are exactly this build's; each way of not being ready says why.
+
+use crate::api::Api;
+use axum::http::StatusCode;
+use leasekeeper::db::MIGRATOR;
+
+#[tokio::test]
+async fn healthz_answers_while_the_process_runs_even_without_a_database() {
+    let api = Api::new().await;
+    let (s, body) = api.get("/healthz").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "ok");
+    api.db.pool.close().await;
+    let (s, _) = api.get("/healthz").await;
+    assert_eq!(
+        s,
+        StatusCode::OK,
+        "liveness does not depend on the database"
+    );
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["ready"], false);
+    assert!(
+        body["reason"].as_str().unwrap().contains("did not answer"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_ready_only_with_exactly_this_builds_migrations() {
+    let api = Api::new().await;
+    let known = MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .count();
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["ready"], true);
+    assert_eq!(body["migrations"], known);
+
+    let newest = MIGRATOR.iter().map(|m| m.version).max().unwrap();
+    let exec = |sql: String| {
+        let pool = api.db.pool.clone();
+        async move { sqlx::raw_sql(&sql).execute(&pool).await.unwrap() }
+    };
+    exec(format!(
+        "CREATE TABLE saved_migration AS SELECT * FROM _sqlx_migrations WHERE version = {newest}"
+    ))
+    .await;
+    // A migration failed half-way.
+    exec(format!(
+        "UPDATE _sqlx_migrations SET success = false WHERE version = {newest}"
+    ))
+    .await;
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("migration {newest} failed")),
+        "{body}"
+    );
+
+    // A migration of this build not applied (an old database).
+    exec(format!(
+        "DELETE FROM _sqlx_migrations WHERE version = {newest}"
+    ))
+    .await;
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("is not applied"),
+        "{body}"
+    );
+
+    // Put back as it was: ready again.
+    exec("INSERT INTO _sqlx_migrations SELECT * FROM saved_migration".to_string()).await;
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
+    // One applied that this build does not know (a newer build migrated).
+    exec(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (99991231000000, 'from the future', true, '\\x00', 0)"
+            .to_string(),
+    )
+    .await;
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("unknown to this build"),
+        "{body}"
+    );
+}
