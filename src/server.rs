@@ -66,6 +66,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(crate::http::events::route())
         .merge(http::health::routes())
+        .merge(http::metrics::route())
         .merge(http::api_router())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
@@ -81,6 +82,9 @@ pub fn router(state: AppState) -> Router {
 /// `leasekeeper serve`: open the database, serve until Ctrl-C or SIGTERM,
 /// then stop the embedded cluster if this process started it.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // Before anything is counted: a counter touched before the recorder
+    // exists is lost.
+    http::metrics::install();
     let db = Database::open(
         settings.database_url.as_deref(),
         &settings.data_dir,

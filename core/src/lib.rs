@@ -84,6 +84,8 @@ pub mod worker;
 
 #[cfg(feature = "postgres")]
 pub mod db;
+#[cfg(feature = "postgres")]
+pub mod metrics;
 
 // The items a service uses most, at the crate's root.
 #[cfg(feature = "postgres")]

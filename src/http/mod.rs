@@ -7,6 +7,7 @@ pub mod generator;
 pub mod health;
 pub mod instances;
 pub mod leases;
+pub mod metrics;
 pub mod origin;
 pub mod overview;
 pub mod server_fns;

@@ -17,6 +17,7 @@ mod lease_race;
 mod lease_store;
 mod length_checks;
 mod live;
+mod metrics;
 mod operator;
 mod overview;
 mod rest_leases;

@@ -134,6 +134,7 @@ pub async fn insert_task(
         }))
         .execute(&mut *tx)
         .await?;
+        crate::metrics::refused();
         tx.commit().await?;
         return Ok(None);
     }

@@ -175,8 +175,17 @@ async fn try_acquire(
     // and update nothing), and a renew that committed first keeps the lease.
     // The token is the last issued + 1: from the live row when there is one,
     // else from lease_fencing (the row may have been deleted).
+    // `prev` only reads, for the takeover metric: whether the term this
+    // statement replaces ran out unreleased, and how long its holder had
+    // been silent (the snapshot at the statement's start; it decides
+    // nothing).
     let sql = format!(
-        "INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
+        "WITH prev AS (
+            SELECT released_at IS NULL AND expires_at <= now() AS lapsed,
+                   (EXTRACT(EPOCH FROM (now() - COALESCE(renewed_at, acquired_at))) * 1000)::bigint AS silent_ms
+              FROM leases WHERE resource = $1
+         )
+         INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
          VALUES ($1, $2, now(), now() + make_interval(secs => $3::float8 / 1000), $3,
                  COALESCE((SELECT f.last_token FROM lease_fencing f WHERE f.resource = $1), 0) + 1)
          ON CONFLICT (resource) DO UPDATE
@@ -189,15 +198,21 @@ async fn try_acquire(
                 renew_count = 0,
                 fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
           WHERE l.expires_at <= now()
-         RETURNING {LEASE_COLUMNS}"
+         RETURNING {LEASE_COLUMNS}, (SELECT lapsed FROM prev) AS took_over,
+                   (SELECT silent_ms FROM prev) AS silent_ms"
     );
-    let won: Option<Lease> = sqlx::query_as(&sql)
+    let won = sqlx::query(&sql)
         .bind(resource.as_str())
         .bind(holder.as_str())
         .bind(ttl_ms)
         .fetch_optional(&mut *conn)
         .await?;
-    if let Some(lease) = won {
+    if let Some(row) = won {
+        use sqlx::Row;
+        let lease = <Lease as sqlx::FromRow<_>>::from_row(&row)?;
+        if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
+            crate::metrics::took_over(row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0));
+        }
         return Ok(Some(Acquired::New(lease)));
     }
     // Someone holds a live lease. If it is us, acquire is idempotent.
@@ -247,6 +262,7 @@ pub async fn renew(
             AND released_at IS NULL AND expires_at > now()
          RETURNING {LEASE_COLUMNS}"
     );
+    let started = std::time::Instant::now();
     let renewed: Option<Lease> = sqlx::query_as(&sql)
         .bind(resource.as_str())
         .bind(holder.as_str())
@@ -254,6 +270,9 @@ pub async fn renew(
         .bind(ttl_ms)
         .fetch_optional(&mut *conn)
         .await?;
+    if renewed.is_some() {
+        crate::metrics::renewed(started.elapsed(), 1);
+    }
     renewed.ok_or_else(|| no_live_lease(resource, holder))
 }
 

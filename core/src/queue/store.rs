@@ -268,13 +268,13 @@ pub fn claim_sql(limit: usize, by_kind: bool) -> String {
     let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
     format!(
         "WITH late AS (
-            SELECT id, attempts, max_attempts, true AS late FROM tasks
+            SELECT id, attempts, max_attempts, true AS late, last_heartbeat_at AS last_seen FROM tasks
              WHERE status = 'started' AND must_heartbeat_before <= now()
                AND queue = $3 {kinds}
              ORDER BY must_heartbeat_before, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), fresh AS (
-            SELECT id, attempts, max_attempts, false AS late FROM tasks
+            SELECT id, attempts, max_attempts, false AS late, NULL::timestamptz AS last_seen FROM tasks
              WHERE status = 'pending' AND scheduled_at <= now()
                AND queue = $3 {kinds}
                AND NOT EXISTS (SELECT 1 FROM late)
@@ -307,11 +307,12 @@ pub fn claim_sql(limit: usize, by_kind: bool) -> String {
                    must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
               FROM candidate c JOIN lease ON lease.resource = 'task:' || c.id
              WHERE t.id = c.id
-            RETURNING t.*
+            RETURNING t.*, c.late AS took_over,
+                      (EXTRACT(EPOCH FROM (now() - c.last_seen)) * 1000)::bigint AS silent_ms
          )
          SELECT n.candidates, claimed.*
            FROM (SELECT count(*) AS candidates FROM candidate) n
-           LEFT JOIN (SELECT {TASK_COLUMNS} FROM claimed) claimed ON true
+           LEFT JOIN (SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed) claimed ON true
           ORDER BY claimed.must_heartbeat_before, claimed.id"
     )
 }
@@ -400,8 +401,14 @@ async fn claim_up_to(
                 for row in &rows {
                     if row.try_get::<Option<i32>, _>("id")?.is_some() {
                         claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
+                        if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
+                            crate::metrics::took_over(
+                                row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0),
+                            );
+                        }
                     }
                 }
+                crate::metrics::claimed(claimed.len());
                 return Ok(ClaimBatch {
                     claimed,
                     candidates,
@@ -510,6 +517,8 @@ async fn claim_carefully(
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
+        // (A takeover here was counted by the lease store's acquire.)
+        crate::metrics::claimed(1);
         return Ok(Some(task));
     }
     tx.commit().await?;
@@ -566,6 +575,7 @@ async fn refuse(
     }))
     .execute(&mut *conn)
     .await?;
+    crate::metrics::refused();
     Ok(TaskError::Stale { id, reason })
 }
 
@@ -650,6 +660,7 @@ pub async fn heartbeat_each(
     // deadlock) and re-checks processor, token, status and deadline on its
     // newest version; the lease of a term is renewed only with its task
     // row, under the same holder and token, and only while it is live.
+    let started = std::time::Instant::now();
     let renewed: Vec<Task> = sqlx::query_as(&format!(
         "WITH beat AS (
             SELECT * FROM unnest($1::int4[], $2::int8[], $3::text[]) AS b(id, token, processor)
@@ -679,6 +690,7 @@ pub async fn heartbeat_each(
     .bind(millis(ttl))
     .fetch_all(&mut *conn)
     .await?;
+    crate::metrics::renewed(started.elapsed(), renewed.len());
     let mut accepted: std::collections::HashMap<(i32, i64), Task> = renewed
         .into_iter()
         .map(|t| ((t.id, t.fencing_token.unwrap_or_default()), t))

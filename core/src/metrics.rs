@@ -1,0 +1,80 @@
+//! What the library counts and times, through the [`metrics`] facade. A
+//! service installs whichever recorder it likes (the dashboard exports
+//! Prometheus text at `/metrics`) and calls [`describe`] once; without a
+//! recorder every call here is a no-op.
+//!
+//! Counted where it happens, per process: a claim, takeover or refusal made
+//! through this process's stores (its runtime's workers, or the REST
+//! requests it serves). Sum them over the processes for the whole cluster.
+
+use std::time::Duration;
+
+/// Counter: tasks claimed.
+pub const CLAIMS_TOTAL: &str = "leasekeeper_claims_total";
+/// Counter: new terms begun on a lease whose previous term ran out
+/// unreleased (a task taken over from a silent worker, a singleton from a
+/// dead instance).
+pub const TAKEOVERS_TOTAL: &str = "leasekeeper_takeovers_total";
+/// Counter: writes refused because their fencing token or claim was no
+/// longer current (each also in `lease_events` as `stale_write_refused`).
+pub const STALE_WRITES_REFUSED_TOTAL: &str = "leasekeeper_stale_writes_refused_total";
+/// Histogram: how long a lease renewal (a lease's renew, a task's
+/// heartbeat) took, in seconds.
+pub const LEASE_RENEW_SECONDS: &str = "leasekeeper_lease_renew_seconds";
+/// Histogram: for each takeover, seconds from the old holder's last sign
+/// of life (its last renewal or heartbeat) to the new term.
+pub const FAILOVER_SECONDS: &str = "leasekeeper_failover_seconds";
+/// Gauge, label `status`: tasks by status (set by the host when scraped).
+pub const TASKS: &str = "leasekeeper_tasks";
+
+/// Registers each metric's unit and help text with the installed recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(CLAIMS_TOTAL, "Tasks claimed through this process.");
+    describe_counter!(
+        TAKEOVERS_TOTAL,
+        "New lease terms begun after the previous term ran out unreleased."
+    );
+    describe_counter!(
+        STALE_WRITES_REFUSED_TOTAL,
+        "Writes refused because their fencing token or claim was no longer current."
+    );
+    describe_histogram!(
+        LEASE_RENEW_SECONDS,
+        Unit::Seconds,
+        "Time a lease renewal or task heartbeat took."
+    );
+    describe_histogram!(
+        FAILOVER_SECONDS,
+        Unit::Seconds,
+        "Time from the old holder's last renewal to another holder's term."
+    );
+    describe_gauge!(TASKS, "Tasks by status.");
+}
+
+/// `n` tasks were claimed.
+pub(crate) fn claimed(n: usize) {
+    if n > 0 {
+        metrics::counter!(CLAIMS_TOTAL).increment(n as u64);
+    }
+}
+
+/// A term began on a lease whose previous term ran out unreleased, its
+/// holder silent for `silent_ms`.
+pub(crate) fn took_over(silent_ms: i64) {
+    metrics::counter!(TAKEOVERS_TOTAL).increment(1);
+    metrics::histogram!(FAILOVER_SECONDS).record(silent_ms.max(0) as f64 / 1000.0);
+}
+
+/// A stale write was refused.
+pub(crate) fn refused() {
+    metrics::counter!(STALE_WRITES_REFUSED_TOTAL).increment(1);
+}
+
+/// `n` renewals took `took` (one statement for all of them).
+pub(crate) fn renewed(took: Duration, n: usize) {
+    let histogram = metrics::histogram!(LEASE_RENEW_SECONDS);
+    for _ in 0..n {
+        histogram.record(took);
+    }
+}

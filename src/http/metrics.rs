@@ -1,0 +1,93 @@
+//! `GET /metrics`: Prometheus text, rendered by `metrics-exporter-prometheus`
+//! from what the library counts through the `metrics` facade
+//! ([`crate::metrics`](leasekeeper_core::metrics): claims, takeovers,
+//! refused stale writes, renewal and failover times, per process) and the
+//! task counts by status, read from the database at each scrape.
+
+use crate::state::AppState;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use leasekeeper_core::metrics::{FAILOVER_SECONDS, LEASE_RENEW_SECONDS, TASKS, describe};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+/// Bucket bounds of the renewal-time histogram, in seconds: a statement's
+/// round trip, up to the slowest that still beats a renew interval.
+const RENEW_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+];
+/// Bucket bounds of the failover-time histogram, in seconds: around the
+/// TTLs people run (a few seconds to a minute).
+const FAILOVER_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0, 120.0];
+
+/// The process's recorder, installed on first use (`serve` installs it at
+/// start-up, before anything is counted). `None` when another recorder was
+/// installed first.
+pub fn install() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let installed = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(LEASE_RENEW_SECONDS.into()), RENEW_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(FAILOVER_SECONDS.into()),
+                        FAILOVER_BUCKETS,
+                    )
+                })
+                .and_then(|b| b.install_recorder());
+            match installed {
+                Ok(handle) => {
+                    describe();
+                    Some(handle)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed: /metrics answers 503");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// `GET /metrics`.
+pub fn route() -> axum::Router<AppState> {
+    axum::Router::new().route("/metrics", get(render))
+}
+
+async fn render(State(s): State<AppState>) -> Response {
+    let Some(handle) = install() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no metrics recorder\n").into_response();
+    };
+    // Counts from one snapshot; a scrape while the database is away still
+    // answers with the process's own counters (the gauges keep their last
+    // values).
+    let counted = async {
+        let mut conn = s.pool.acquire().await?;
+        crate::overview::store::counts(&mut conn).await
+    };
+    match counted.await {
+        Ok(c) => {
+            for (status, n) in [
+                ("pending", c.tasks_pending),
+                ("started", c.tasks_started),
+                ("processed", c.tasks_processed),
+                ("failed", c.tasks_failed),
+            ] {
+                metrics::gauge!(TASKS, "status" => status).set(n as f64);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics: cannot read the task counts"),
+    }
+    handle.run_upkeep();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        handle.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,151 @@
+//! `GET /metrics`: Prometheus text with the task gauge read from the
+//! database and the library's counters and histograms moving with what
+//! happens. The recorder is global to the test process, and other tests
+//! run meanwhile, so counters are checked to rise by at least what this
+//! test did; everything is in one test so that no two scrapes race to set
+//! the gauge.
+
+use crate::api::Api;
+use axum::http::StatusCode;
+use http_body_util::BodyExt;
+use leasekeeper::lease::store as leases;
+use leasekeeper::queue::{NewTask, store as tasks};
+use serde_json::json;
+use std::time::Duration;
+
+/// The value of the sample `series` (a name with its labels, exactly as
+/// rendered), or `None` when absent.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn scrape(api: &Api) -> String {
+    let res = api.open("/metrics").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let ctype = res.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewals() {
+    let api = Api::new().await;
+    let before = scrape(&api).await;
+    let count = |text: &str, series: &str| sample(text, series).unwrap_or(0.0);
+    let mut conn = api.db.pool.acquire().await.unwrap();
+    let holder = |n: &str| leasekeeper::lease::Holder::parse(n).unwrap();
+    let resource = |n: &str| leasekeeper::lease::Resource::parse(n).unwrap();
+    for i in 0..5 {
+        tasks::enqueue(&mut conn, &NewTask::new("sleep", json!({ "i": i })))
+            .await
+            .unwrap();
+    }
+    // Three claims; one runs out and is taken over; its old holder's
+    // completion is refused.
+    let short = Duration::from_millis(150);
+    let first = tasks::claim_next(&mut conn, &holder("m-a"), short)
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..2 {
+        tasks::claim_next(&mut conn, &holder("m-b"), Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taken = tasks::claim_next(&mut conn, &holder("m-c"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.id, first.id, "the late task first");
+    let stale = tasks::complete(
+        &mut conn,
+        first.id,
+        &holder("m-a"),
+        first.fencing_token.unwrap(),
+        None,
+    )
+    .await;
+    assert!(stale.is_err());
+    // A lease renewed twice; another runs out and is taken over.
+    leases::acquire(
+        &mut conn,
+        &resource("m-lease"),
+        &holder("m-a"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        leases::renew(&mut conn, &resource("m-lease"), &holder("m-a"), None, None)
+            .await
+            .unwrap();
+    }
+    leases::acquire(&mut conn, &resource("m-single"), &holder("m-a"), short)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    leases::acquire(
+        &mut conn,
+        &resource("m-single"),
+        &holder("m-b"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+
+    let after = scrape(&api).await;
+    for name in [
+        "leasekeeper_claims_total",
+        "leasekeeper_takeovers_total",
+        "leasekeeper_stale_writes_refused_total",
+    ] {
+        assert!(after.contains(&format!("# TYPE {name} counter")), "{after}");
+    }
+    for name in [
+        "leasekeeper_lease_renew_seconds",
+        "leasekeeper_failover_seconds",
+    ] {
+        assert!(
+            after.contains(&format!("# TYPE {name} histogram")),
+            "{after}"
+        );
+    }
+    assert!(after.contains("# TYPE leasekeeper_tasks gauge"), "{after}");
+    // This test's database: 5 tasks, 2 started by m-b, 1 by m-c.
+    assert_eq!(
+        sample(&after, r#"leasekeeper_tasks{status="pending"}"#),
+        Some(2.0),
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, r#"leasekeeper_tasks{status="started"}"#),
+        Some(3.0),
+        "{after}"
+    );
+    let rose = |series: &str| count(&after, series) - count(&before, series);
+    assert!(rose("leasekeeper_claims_total") >= 4.0, "{after}");
+    assert!(rose("leasekeeper_takeovers_total") >= 2.0, "{after}");
+    assert!(
+        rose("leasekeeper_stale_writes_refused_total") >= 1.0,
+        "{after}"
+    );
+    assert!(
+        rose("leasekeeper_lease_renew_seconds_count") >= 2.0,
+        "{after}"
+    );
+    assert!(rose("leasekeeper_failover_seconds_count") >= 2.0, "{after}");
+    // Both takeovers came some 300 ms after their holder's last renewal.
+    assert!(
+        rose(r#"leasekeeper_failover_seconds_bucket{le="2"}"#) >= 2.0,
+        "{after}"
+    );
+    assert!(
+        after.contains("leasekeeper_lease_renew_seconds_bucket{le=\"0.001\"}"),
+        "{after}"
+    );
+}
