@@ -6,6 +6,7 @@
 //! the database or the network exist only on the server.
 
 pub mod app;
+pub mod bundle;
 pub mod error;
 pub mod generator;
 pub mod overview;
@@ -43,5 +44,13 @@ pub mod state;
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
+    // A page of another build would fail to hydrate half-way: say why
+    // instead, and leave the server-rendered page as it is.
+    if let Some(served) = bundle::served_build()
+        && served != bundle::own_build()
+    {
+        bundle::show_mismatch(&served);
+        return;
+    }
     leptos::mount::hydrate_body(app::App);
 }

@@ -85,6 +85,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Before anything is counted: a counter touched before the recorder
     // exists is lost.
     http::metrics::install();
+    crate::bundle::check_at_start(&leptos_options(&settings));
     let db = Database::open(
         settings.database_url.as_deref(),
         &settings.data_dir,

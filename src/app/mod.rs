@@ -44,6 +44,9 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <AutoReload options=options.clone()/>
                 <HydrationScripts options/>
                 <link rel="icon" type="image/svg+xml" href="/favicon.svg"/>
+                // The browser compares its own build with this one before
+                // hydrating (see `crate::bundle`).
+                <meta name="leasekeeper-build" content=crate::bundle::BUILD/>
                 <MetaTags/>
             </head>
             <body class="bg-slate-50 text-slate-900 antialiased">
@@ -51,6 +54,26 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
             </body>
         </html>
     }
+}
+
+/// The banner over a page whose server serves another build's bundle (the
+/// browser then does not hydrate, so nothing else would explain why the
+/// page is not live).
+fn bundle_mismatch() -> Option<impl IntoView> {
+    #[cfg(feature = "ssr")]
+    let other = match crate::bundle::checked() {
+        Some(crate::bundle::BundleCheck::Different(other)) => Some(other.clone()),
+        _ => None,
+    };
+    #[cfg(not(feature = "ssr"))]
+    let other: Option<String> = None;
+    other.map(|other| {
+        view! {
+            <p class="border-b border-red-300 bg-red-50 p-3 text-sm" data-testid="bundle-mismatch" role="alert">
+                {crate::bundle::mismatch_text(&other)}
+            </p>
+        }
+    })
 }
 
 /// The dashboard application: navigation and routes.
@@ -62,6 +85,9 @@ pub fn App() -> impl IntoView {
         <Stylesheet id="leptos" href="/pkg/leasekeeper.css"/>
         <Title text="leasekeeper"/>
         <Router>
+            // Rendered only by a server whose bundle is another build's; the
+            // browser then does not hydrate, so both sides agree.
+            {bundle_mismatch()}
             <header class="border-b border-slate-200 bg-white">
                 <div class="mx-auto flex max-w-6xl flex-wrap items-center gap-x-6 gap-y-2 px-4 py-3">
                     <a href="/" class="text-lg font-semibold tracking-tight" data-testid="brand">
