@@ -503,22 +503,41 @@ pub fn ServerGone() -> impl IntoView {
     let gone = use_context::<Live>().map(|l| l.gone);
     move || {
         gone.and_then(|g| g.get()).map(|others| {
-            let instead = if others.is_empty() {
-                leptos::either::Either::Left(view! { <span>" No other instance is alive: start one (leasekeeper serve) and open it."</span> })
-            } else {
-                leptos::either::Either::Right(view! {
-                    <span>" Open a live instance: "</span>
-                    {others.into_iter().map(|a| view! {
-                        <a class="mr-2 font-mono text-indigo-700 underline" data-testid="server-gone-link" href=format!("http://{a}/instances")>{a.clone()}</a>
-                    }).collect_view()}
-                })
-            };
             view! {
                 <p class="mb-4 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="server-gone" role="alert">
                     <b>"You killed the instance serving this page: nothing here updates any more."</b>
-                    {instead}
+                    <LiveInstanceLinks
+                        others
+                        lead=" Open a live instance: "
+                        none=" No other instance is alive: start one (leasekeeper serve) and open it."
+                        testid="server-gone-link"
+                    />
                 </p>
             }
+        })
+    }
+}
+
+/// Links to the instances pages of the live instances at `others`
+/// (addresses) after `lead`, each with `data-testid=testid`; `none` when
+/// there is none (`data-testid="<testid>-none"`).
+#[component]
+pub fn LiveInstanceLinks(
+    others: Vec<String>,
+    lead: &'static str,
+    none: &'static str,
+    testid: &'static str,
+) -> impl IntoView {
+    if others.is_empty() {
+        leptos::either::Either::Left(
+            view! { <span data-testid=format!("{testid}-none")>{none}</span> },
+        )
+    } else {
+        leptos::either::Either::Right(view! {
+            <span>{lead}</span>
+            {others.into_iter().map(|a| view! {
+                <a class="mr-2 font-mono text-indigo-700 underline" data-testid=testid href=format!("http://{a}/instances")>{a.clone()}</a>
+            }).collect_view()}
         })
     }
 }

@@ -145,17 +145,13 @@ fn ConfirmSelfKill(
     others: Vec<String>,
     kill: ServerAction<KillInstance>,
 ) -> impl IntoView {
-    let instead = if others.is_empty() {
-        Either::Left(view! {
-            <span data-testid="confirm-no-other">"No other instance is alive: nothing will serve this dashboard until you start one."</span>
-        })
-    } else {
-        Either::Right(view! {
-            <span>"Afterwards, open a live instance: "</span>
-            {others.into_iter().map(|a| view! {
-                <a class="mr-2 font-mono text-indigo-700 underline" data-testid="confirm-other" href=format!("http://{a}/instances")>{a.clone()}</a>
-            }).collect_view()}
-        })
+    let instead = view! {
+        <super::common::LiveInstanceLinks
+            others
+            lead="Afterwards, open a live instance: "
+            none="No other instance is alive: nothing will serve this dashboard until you start one."
+            testid="confirm-other"
+        />
     };
     view! {
         <div class="mt-4 rounded border border-red-300 bg-red-50 p-3 text-sm" data-testid="instance-kill-confirm" role="alertdialog" aria-label="Kill the instance serving this page?">

@@ -18,7 +18,7 @@ pub struct WorkersView {
     pub workers: Vec<WorkerInfo>,
     /// The instance serving this page.
     pub instance_id: String,
-    /// Instances judged dead (registered, not stopped, silent): their
+    /// Instances not alive (found dead, or stopped): their
     /// simulated workers died with them, even while the workers' own rows
     /// are still within their liveness window.
     pub dead_instances: Vec<String>,
@@ -67,16 +67,6 @@ impl WorkerFilter {
     }
 }
 
-/// Whether `w` is alive: reporting within its window, and (for a simulated
-/// worker) its instance not dead.
-pub fn worker_alive(w: &WorkerInfo, dead_instances: &[String]) -> bool {
-    w.alive
-        && !(w.kind == WorkerKind::Simulated
-            && w.instance_id
-                .as_ref()
-                .is_some_and(|i| dead_instances.contains(i)))
-}
-
 /// The workers `filter` selects, for the dashboard.
 #[server(prefix = "/sfn")]
 pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> {
@@ -84,12 +74,8 @@ pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> 
     let mut conn = state.pool.acquire().await?;
     let all = crate::worker::registry::list(&mut conn, state.settings.lease_ttl).await?;
     let window = crate::instance::alive_window(state.settings.renew_interval);
-    let dead_instances: Vec<String> = crate::instance::store::list(&mut conn, window)
-        .await?
-        .into_iter()
-        .filter(|i| !i.alive && i.stopped_at.is_none())
-        .map(|i| i.id)
-        .collect();
+    let dead_instances =
+        crate::instance::dead_ids(&crate::instance::store::list(&mut conn, window).await?);
     // How long a gone worker stays in the `current` list.
     const RECENTLY_GONE_MS: i64 = 120_000;
     let total = all.len();
@@ -97,10 +83,10 @@ pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> 
         .into_iter()
         .filter(|w| match filter {
             WorkerFilter::Current => {
-                worker_alive(w, &dead_instances) || w.last_seen_age_ms < RECENTLY_GONE_MS
+                w.alive_given(&dead_instances) || w.last_seen_age_ms < RECENTLY_GONE_MS
             }
-            WorkerFilter::Alive => worker_alive(w, &dead_instances),
-            WorkerFilter::Gone => !worker_alive(w, &dead_instances),
+            WorkerFilter::Alive => w.alive_given(&dead_instances),
+            WorkerFilter::Gone => !w.alive_given(&dead_instances),
             WorkerFilter::All => true,
         })
         .collect();
@@ -241,7 +227,7 @@ fn WorkerTable(view: WorkersView, control: ServerAction<ControlWorker>) -> impl 
                 .workers
                 .into_iter()
                 .map(|w| {
-                    let alive = worker_alive(&w, &dead);
+                    let alive = w.alive_given(&dead);
                     let shown = shown_state(&w, alive);
                     let badge = if alive { state_badge(w.state) } else { state_badge(WorkerState::Crashed) };
                     let controllable = alive

@@ -70,15 +70,11 @@ pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
     let instances = crate::instance::store::list(&mut conn, alive_window).await?;
     // A simulated worker dies with its instance: leave out those of dead
     // instances at once, not only when their own rows go stale.
+    let dead = crate::instance::dead_ids(&instances);
     let workers: Vec<_> = crate::worker::registry::list_alive(&mut conn, at.lease_ttl)
         .await?
         .into_iter()
-        .filter(|w| {
-            w.kind != crate::worker::WorkerKind::Simulated
-                || w.instance_id
-                    .as_ref()
-                    .is_none_or(|id| instances.iter().all(|i| &i.id != id || i.alive))
-        })
+        .filter(|w| w.alive_given(&dead))
         .collect();
     let now_ms: i64 = sqlx::query_scalar("SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint")
         .fetch_one(&mut *conn)

@@ -18,13 +18,15 @@ async fn healthz_answers_while_the_process_runs_even_without_a_database() {
         StatusCode::OK,
         "liveness does not depend on the database"
     );
+    not_ready_because(&api, "did not answer").await;
+}
+
+/// `/readyz` answers 503 with a reason containing `why`.
+async fn not_ready_because(api: &Api, why: &str) {
     let (s, body) = api.get("/readyz").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(body["ready"], false);
-    assert!(
-        body["reason"].as_str().unwrap().contains("did not answer"),
-        "{body}"
-    );
+    assert_eq!(body["ready"], false, "{body}");
+    assert!(body["reason"].as_str().unwrap().contains(why), "{body}");
 }
 
 #[tokio::test]
@@ -53,27 +55,14 @@ async fn readyz_is_ready_only_with_exactly_this_builds_migrations() {
         "UPDATE _sqlx_migrations SET success = false WHERE version = {newest}"
     ))
     .await;
-    let (s, body) = api.get("/readyz").await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        body["reason"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("migration {newest} failed")),
-        "{body}"
-    );
+    not_ready_because(&api, &format!("migration {newest} failed")).await;
 
     // A migration of this build not applied (an old database).
     exec(format!(
         "DELETE FROM _sqlx_migrations WHERE version = {newest}"
     ))
     .await;
-    let (s, body) = api.get("/readyz").await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        body["reason"].as_str().unwrap().contains("is not applied"),
-        "{body}"
-    );
+    not_ready_because(&api, "is not applied").await;
 
     // Put back as it was: ready again.
     exec("INSERT INTO _sqlx_migrations SELECT * FROM saved_migration".to_string()).await;
@@ -87,13 +76,5 @@ async fn readyz_is_ready_only_with_exactly_this_builds_migrations() {
             .to_string(),
     )
     .await;
-    let (s, body) = api.get("/readyz").await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        body["reason"]
-            .as_str()
-            .unwrap()
-            .contains("unknown to this build"),
-        "{body}"
-    );
+    not_ready_because(&api, "unknown to this build").await;
 }

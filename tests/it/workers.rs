@@ -300,16 +300,15 @@ async fn thirty_two_workers_share_a_hundred_tasks_without_overlap() {
     fleet.shutdown(Duration::from_secs(5)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
-    let db = TestDb::new().await;
+/// A fleet on `db` whose workers poll only every 120 s, and the live hub
+/// that wakes them: only a wake-up explains a quick claim.
+fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper::live::LiveHub) {
     let live = leasekeeper::live::LiveHub::start(db.pool.clone());
     let mut config = WorkerConfig::new(TTL, TTL / 3);
-    // A poll so slow that only a wake-up can explain a quick claim.
     config.poll = Duration::from_secs(120)..=Duration::from_secs(120);
     let fleet = Fleet::new(
         db.pool.clone(),
-        Arc::from("inst-w"),
+        Arc::from(instance),
         FleetConfig {
             worker: config,
             chaos: ChaosSettings::off(),
@@ -318,17 +317,30 @@ async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
         },
         Some(live.clone()),
     );
-    fleet.spawn().await.unwrap();
-    // Idle: its first claim found nothing, and it now waits.
+    (fleet, live)
+}
+
+/// Waits until worker `id` reports itself idle (its first claim found
+/// nothing and it waits).
+async fn idle(db: &TestDb, id: &str) {
     eventually("the worker idle", Duration::from_secs(10), || async {
         let mut conn = db.pool.acquire().await.unwrap();
         registry::list(&mut conn, Duration::from_secs(60))
             .await
             .unwrap()
             .iter()
-            .any(|w| w.id == "inst-w-w1" && w.state == WorkerState::Idle)
+            .any(|w| w.id == id && w.state == WorkerState::Idle)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
+    let db = TestDb::new().await;
+    let (fleet, live) = slow_polling_fleet(&db, "inst-w");
+    fleet.spawn().await.unwrap();
+    // Idle: its first claim found nothing, and it now waits.
+    idle(&db, "inst-w-w1").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let ids = enqueue(&db, 0, 1).await;
@@ -350,21 +362,7 @@ async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     let db = TestDb::new().await;
-    let live = leasekeeper::live::LiveHub::start(db.pool.clone());
-    let mut config = WorkerConfig::new(TTL, TTL / 3);
-    // A poll so slow that only a wake-up can explain a quick claim.
-    config.poll = Duration::from_secs(120)..=Duration::from_secs(120);
-    let fleet = Fleet::new(
-        db.pool.clone(),
-        Arc::from("inst-f"),
-        FleetConfig {
-            worker: config,
-            chaos: ChaosSettings::off(),
-            respawn_after: None,
-            seed: Some(1),
-        },
-        Some(live.clone()),
-    );
+    let (fleet, live) = slow_polling_fleet(&db, "inst-f");
     // A task held by hand, with a long lease, before the worker starts.
     let ids = enqueue(&db, 0, 1).await;
     let held = store::claim_next(
@@ -377,15 +375,7 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     .expect("the task");
     assert_eq!(held.id, ids[0]);
     fleet.spawn().await.unwrap();
-    eventually("the worker idle", Duration::from_secs(10), || async {
-        let mut conn = db.pool.acquire().await.unwrap();
-        registry::list(&mut conn, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .iter()
-            .any(|w| w.id == "inst-f-w1" && w.state == WorkerState::Idle)
-    })
-    .await;
+    idle(&db, "inst-f-w1").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lease = leasekeeper::lease::store::get_by_resource(
         &mut db.pool.acquire().await.unwrap(),

@@ -51,6 +51,17 @@ pub fn new_id(port: u16) -> String {
     format!("i-{port}-{:04x}", rand::random::<u16>())
 }
 
+/// The ids of the instances in `instances` that are not alive (found dead,
+/// or stopped): their simulated workers are gone with them (see
+/// [`crate::worker::WorkerInfo::alive_given`]).
+pub fn dead_ids(instances: &[Instance]) -> Vec<String> {
+    instances
+        .iter()
+        .filter(|i| !i.alive)
+        .map(|i| i.id.clone())
+        .collect()
+}
+
 /// How long after its last heartbeat an instance still counts as alive: two
 /// missed heartbeats and a second of slack, so one slow heartbeat does not
 /// flap it to dead.

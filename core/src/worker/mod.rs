@@ -149,6 +149,20 @@ pub struct WorkerInfo {
     pub alive: bool,
 }
 
+impl WorkerInfo {
+    /// Whether it is alive, given the instances judged dead: a simulated
+    /// worker dies with its instance, at once, not only when its own row
+    /// goes stale.
+    pub fn alive_given(&self, dead_instances: &[String]) -> bool {
+        self.alive
+            && !(self.kind == WorkerKind::Simulated
+                && self
+                    .instance_id
+                    .as_ref()
+                    .is_some_and(|i| dead_instances.contains(i)))
+    }
+}
+
 /// What a worker tells the `workers` table about itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
