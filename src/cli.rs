@@ -135,6 +135,28 @@ pub enum BenchWhat {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Push --tasks tasks (a million by default) through the worker runtime
+    /// with the maintenance job pruning everything older than
+    /// --prune-older-than-secs, then the same without retention: table
+    /// sizes and throughput over time.
+    Retention {
+        /// Tasks pushed through each run.
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1000..))]
+        tasks: u64,
+        /// Retention of the pruning run, in seconds (not the serve setting
+        /// --retention-secs, which must outlast two lease TTLs).
+        #[arg(long, default_value_t = 20)]
+        prune_older_than_secs: u64,
+        /// Maintenance interval of the pruning run, in seconds.
+        #[arg(long, default_value_t = 5)]
+        prune_every_secs: u64,
+        /// Skip the baseline run without retention.
+        #[arg(long)]
+        no_baseline: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
 }
 
 /// Actions on the embedded cluster.

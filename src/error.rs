@@ -37,6 +37,16 @@ pub enum AppError {
     ServerFn(String),
 }
 
+/// The JSON body of every error answer, REST route or server function:
+/// `{"error": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    /// What went wrong, in words a client can act on (a generic message for
+    /// a 500; the details are in the server's log).
+    pub error: String,
+}
+
 /// Parses a row id from a path or a lookup box: a positive integer that
 /// fits a `serial` column.
 pub fn parse_id(raw: &str) -> Result<i32, AppError> {
@@ -109,7 +119,9 @@ mod server {
 
     impl IntoResponse for AppError {
         fn into_response(self) -> Response {
-            let body = serde_json::json!({ "error": self.to_string() });
+            let body = super::ErrorBody {
+                error: self.to_string(),
+            };
             (self.status(), Json(body)).into_response()
         }
     }

@@ -16,7 +16,9 @@ pub mod worker;
 // short in the dashboard.
 #[cfg(feature = "ssr")]
 pub use leasekeeper_core::db;
-pub use leasekeeper_core::{instance, lease, live, queue};
+#[cfg(feature = "ssr")]
+pub use leasekeeper_core::maintenance;
+pub use leasekeeper_core::{instance, lease, live, paging, queue};
 
 #[cfg(feature = "ssr")]
 pub mod bench;

@@ -53,6 +53,25 @@ async fn main() -> std::process::ExitCode {
                 )
                 .await
             }
+            Some(leasekeeper::cli::BenchWhat::Retention {
+                tasks,
+                prune_older_than_secs,
+                prune_every_secs,
+                no_baseline,
+                json,
+            }) => {
+                leasekeeper::bench::retention::retention(
+                    settings,
+                    leasekeeper::bench::retention::RetentionOptions {
+                        tasks,
+                        retention: std::time::Duration::from_secs(prune_older_than_secs.max(1)),
+                        interval: std::time::Duration::from_secs(prune_every_secs.max(1)),
+                        baseline: !no_baseline,
+                        json,
+                    },
+                )
+                .await
+            }
             Some(leasekeeper::cli::BenchWhat::Dashboard { quick, json }) => {
                 leasekeeper::bench::dashboard::dashboard(
                     settings,

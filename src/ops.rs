@@ -6,7 +6,8 @@
 //! `Authorization: Bearer <token>` (programs) or the `leasekeeper_admin`
 //! cookie the dashboard's sign-in form sets (browsers; `HttpOnly`,
 //! `SameSite=Strict`); everything stays readable without it. Every action
-//! taken is written to `lease_events` as an `operator` row.
+//! taken is written to `lease_events` as an `operator` row, in the
+//! transaction of the action itself.
 
 use crate::error::AppError;
 use crate::lease::store::{self as lease_store, record_operator_action};
@@ -154,19 +155,10 @@ impl WorkerAction {
     }
 }
 
-/// Spawns a simulated worker on this instance, recorded as an operator action.
+/// Spawns a simulated worker on this instance, recorded as an operator
+/// action in the transaction that records the worker.
 pub async fn spawn_worker(state: &AppState) -> Result<crate::worker::WorkerInfo, AppError> {
-    let worker = state.fleet.spawn().await?;
-    let mut conn = state.pool.acquire().await?;
-    record_operator_action(
-        &mut conn,
-        &format!("worker:{}", worker.id),
-        &state.instance_id,
-        "spawn_worker",
-        json!({}),
-    )
-    .await?;
-    Ok(worker)
+    Ok(state.fleet.spawn_by(&state.instance_id).await?)
 }
 
 /// Pauses or kills simulated worker `id`: here when this instance runs it,
@@ -218,33 +210,34 @@ pub async fn control_worker(
     }
     let message = match action {
         WorkerAction::Pause => {
+            // A pause changes no row (the worker freezes in memory), so its
+            // audit row goes first, in a transaction that commits only once
+            // the pause took effect: a pause that failed leaves no row.
+            let mut conn = state.pool.acquire().await?;
+            let mut tx = conn.begin().await?;
+            record_operator_action(
+                &mut tx,
+                &format!("worker:{id}"),
+                &state.instance_id,
+                "pause_worker",
+                json!({}),
+            )
+            .await?;
             let frozen = state.fleet.pause(id)?;
+            tx.commit().await?;
             format!(
                 "worker {id} paused for {:.1} s: no ticks, no heartbeats; then it tries to complete its task",
                 frozen.as_secs_f64()
             )
         }
         WorkerAction::Kill => {
-            state.fleet.kill(id).await?;
+            // Crashed row, failover stopwatch and audit row: one transaction.
+            state.fleet.kill_by(id, &state.instance_id).await?;
             format!(
                 "worker {id} killed: nothing completed or released; its task's lease must run out"
             )
         }
     };
-    let mut conn = state.pool.acquire().await?;
-    if action == WorkerAction::Kill {
-        // Start the failover stopwatch on whatever it held (its leases stay
-        // live: a kill releases nothing).
-        crate::lease::stopwatch::record_kill(&mut conn, "worker", id, &[id.to_string()]).await?;
-    }
-    record_operator_action(
-        &mut conn,
-        &format!("worker:{id}"),
-        &state.instance_id,
-        &format!("{}_worker", action.as_str()),
-        json!({}),
-    )
-    .await?;
     Ok(message)
 }
 
@@ -302,18 +295,21 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     }
     let mut conn = state.pool.acquire().await?;
     // The stopwatch starts on the generator lease and every task lease of
-    // this instance's workers.
-    let mut holders = crate::worker::registry::running_ids(&mut conn, id).await?;
+    // this instance's workers; the audit row commits with it, before the
+    // process dies.
+    let mut tx = conn.begin().await?;
+    let mut holders = crate::worker::registry::running_ids(&mut tx, id).await?;
     holders.push(id.to_string());
-    crate::lease::stopwatch::record_kill(&mut conn, "instance", id, &holders).await?;
+    crate::lease::stopwatch::record_kill(&mut tx, "instance", id, &holders).await?;
     record_operator_action(
-        &mut conn,
+        &mut tx,
         &format!("instance:{id}"),
         id,
         "kill_instance",
         json!({}),
     )
     .await?;
+    tx.commit().await?;
     tracing::warn!(instance = %id, "killed by an operator: exiting now without releasing anything");
     // Answer first, then die the way a crash does: exit without running the
     // graceful shutdown (no lease released, instance not marked stopped).

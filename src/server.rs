@@ -15,6 +15,7 @@ use crate::state::AppState;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
+use leasekeeper_core::maintenance::Maintenance;
 use leptos::config::{Env, LeptosOptions};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use std::sync::Arc;
@@ -109,6 +110,12 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
         GeneratorConfig::from_settings(&settings),
     );
+    // Retention runs on whichever instance holds `singleton:maintenance`.
+    let maintenance = Maintenance::spawn(
+        db.pool.clone(),
+        Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
+        settings.maintenance_config(),
+    );
     let live = LiveHub::start(db.pool.clone());
     let fleet = Fleet::new(
         db.pool.clone(),
@@ -148,6 +155,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Release the generator lease if held, so another instance takes over
     // at once rather than after the TTL; then say goodbye.
     generator.shutdown().await;
+    maintenance.shutdown().await;
     if let Err(e) = registration.shutdown().await {
         tracing::warn!(error = %e, "cannot mark this instance stopped");
     }

@@ -61,6 +61,13 @@ pub struct SettingArgs {
     /// Attempts before a task is marked failed.
     #[arg(long, global = true, env = "LEASEKEEPER_MAX_ATTEMPTS")]
     pub max_attempts: Option<String>,
+    /// Finished tasks, history and dead instances/workers older than this
+    /// many seconds are deleted (default 604800, 7 days).
+    #[arg(long, global = true, env = "LEASEKEEPER_RETENTION_SECS")]
+    pub retention_secs: Option<String>,
+    /// How often the maintenance job prunes, in seconds (default 60).
+    #[arg(long, global = true, env = "LEASEKEEPER_MAINTENANCE_INTERVAL_SECS")]
+    pub maintenance_interval_secs: Option<String>,
     /// Token the dashboard's controls and the operator API require; without
     /// it they are open to anyone who can reach the server.
     #[arg(
@@ -103,6 +110,10 @@ pub struct Settings {
     pub stall_probability: f64,
     /// Attempts before a task is marked failed.
     pub max_attempts: u32,
+    /// What the maintenance job deletes must be older than this.
+    pub retention: Duration,
+    /// How often the maintenance job runs a pass.
+    pub maintenance_interval: Duration,
     /// The operator token, when controls require one.
     pub admin_token: Option<String>,
 }
@@ -203,7 +214,18 @@ const MAX_ATTEMPTS: Key = Key {
     flag: "max-attempts",
 };
 
-const ALL_KEYS: [&Key; 14] = [
+const RETENTION: Key = Key {
+    file: "retention_secs",
+    env: "LEASEKEEPER_RETENTION_SECS",
+    flag: "retention-secs",
+};
+const MAINTENANCE_INTERVAL: Key = Key {
+    file: "maintenance_interval_secs",
+    env: "LEASEKEEPER_MAINTENANCE_INTERVAL_SECS",
+    flag: "maintenance-interval-secs",
+};
+
+const ALL_KEYS: [&Key; 16] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &DATA_DIR,
@@ -218,6 +240,8 @@ const ALL_KEYS: [&Key; 14] = [
     &CRASH_PROBABILITY,
     &STALL_PROBABILITY,
     &MAX_ATTEMPTS,
+    &RETENTION,
+    &MAINTENANCE_INTERVAL,
 ];
 
 /// The section of `Leptos.toml` that holds the program's settings.
@@ -396,6 +420,33 @@ impl Settings {
                 lease_ttl
             )));
         }
+        let retention = src.parse(
+            &RETENTION,
+            &args.retention_secs,
+            leasekeeper_core::maintenance::DEFAULT_RETENTION,
+            |raw| {
+                let secs: f64 = raw
+                    .parse()
+                    .map_err(|_| "is not a number of seconds".to_string())?;
+                // Up to 100 years; beyond that, nothing is ever old enough.
+                if !secs.is_finite() || secs <= 0.0 || secs > 3.2e9 {
+                    return Err("must be more than 0 seconds and at most 3200000000".into());
+                }
+                Ok(Duration::from_secs_f64(secs))
+            },
+        )?;
+        // A worker counts as alive for two TTLs after its last report, an
+        // instance for two renew intervals and a second: a row not seen for
+        // the retention must be dead by both, or a live one could be pruned.
+        let liveness = lease_ttl * 2 + Duration::from_secs(1);
+        if retention < liveness {
+            return Err(SettingsError(format!(
+                "{}: {:?} must be at least two lease TTLs and a second ({:?}), or live workers and instances could be pruned",
+                RETENTION.describe(),
+                retention,
+                liveness
+            )));
+        }
         if heartbeat_interval >= lease_ttl {
             return Err(SettingsError(format!(
                 "{}: {:?} must be shorter than the lease TTL ({:?}), or tasks expire between heartbeats",
@@ -472,6 +523,13 @@ impl Settings {
                     Ok(n)
                 }
             })?,
+            retention,
+            maintenance_interval: src.parse(
+                &MAINTENANCE_INTERVAL,
+                &args.maintenance_interval_secs,
+                leasekeeper_core::maintenance::DEFAULT_INTERVAL,
+                seconds,
+            )?,
             admin_token: match src
                 .raw(&ADMIN_TOKEN, &args.admin_token)
                 .filter(|t| !t.is_empty())
@@ -497,6 +555,26 @@ impl Settings {
     /// A worker's timing from `lease_ttl` and `heartbeat_interval`.
     pub fn worker_config(&self) -> crate::worker::run::WorkerConfig {
         crate::worker::run::WorkerConfig::new(self.lease_ttl, self.heartbeat_interval)
+    }
+
+    /// The maintenance job's timing: `retention`, `maintenance_interval`,
+    /// and the lease on `singleton:maintenance` held like every other
+    /// (`lease_ttl`, renewed every `renew_interval`, a non-holder retrying
+    /// once per renew interval).
+    pub fn maintenance_config(&self) -> leasekeeper_core::maintenance::MaintenanceConfig {
+        use leasekeeper_core::lease::client::LeaseTiming;
+        leasekeeper_core::maintenance::MaintenanceConfig {
+            timing: LeaseTiming {
+                ttl: self.lease_ttl,
+                renew_interval: self.renew_interval,
+                safety_margin: self.lease_ttl / 10,
+            },
+            retry: self.renew_interval,
+            ..leasekeeper_core::maintenance::MaintenanceConfig::new(
+                self.retention,
+                self.maintenance_interval,
+            )
+        }
     }
 
     /// The chaos settings (`chaos`, `crash_probability`,
@@ -538,6 +616,11 @@ impl Settings {
             (CRASH_PROBABILITY.env, self.crash_probability.to_string()),
             (STALL_PROBABILITY.env, self.stall_probability.to_string()),
             (MAX_ATTEMPTS.env, self.max_attempts.to_string()),
+            (RETENTION.env, self.retention.as_secs_f64().to_string()),
+            (
+                MAINTENANCE_INTERVAL.env,
+                self.maintenance_interval.as_secs_f64().to_string(),
+            ),
         ]
         .into_iter()
         .chain(self.admin_token.clone().map(|t| (ADMIN_TOKEN.env, t)))
@@ -696,6 +779,8 @@ mod tests {
             workers: Some("7".into()),
             chaos: Some("0".into()),
             schema: Some("svc_jobs".into()),
+            retention_secs: Some("90.5".into()),
+            maintenance_interval_secs: Some("7".into()),
             ..Default::default()
         };
         let original = resolve(None, args).unwrap();
@@ -714,11 +799,53 @@ mod tests {
                 crash_probability: env.get("LEASEKEEPER_CRASH_PROBABILITY").cloned(),
                 stall_probability: env.get("LEASEKEEPER_STALL_PROBABILITY").cloned(),
                 max_attempts: env.get("LEASEKEEPER_MAX_ATTEMPTS").cloned(),
+                retention_secs: env.get("LEASEKEEPER_RETENTION_SECS").cloned(),
+                maintenance_interval_secs: env
+                    .get("LEASEKEEPER_MAINTENANCE_INTERVAL_SECS")
+                    .cloned(),
                 ..Default::default()
             },
         )
         .unwrap();
         assert_eq!(again, original);
+    }
+
+    #[test]
+    fn retention_defaults_to_a_week_and_must_outlast_liveness() {
+        let s = resolve(None, SettingArgs::default()).unwrap();
+        assert_eq!(s.retention, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(s.maintenance_interval, Duration::from_secs(60));
+        let file = "[leasekeeper]\nretention_secs = 120\nmaintenance_interval_secs = 5\n";
+        let s = resolve(Some(file), SettingArgs::default()).unwrap();
+        assert_eq!(
+            (s.retention, s.maintenance_interval),
+            (Duration::from_secs(120), Duration::from_secs(5))
+        );
+        // Default TTL 15 s: a live worker may be silent for 30 s.
+        let short = SettingArgs {
+            retention_secs: Some("30".into()),
+            ..Default::default()
+        };
+        let err = resolve(None, short).unwrap_err().to_string();
+        assert!(err.contains("LEASEKEEPER_RETENTION_SECS"), "{err}");
+        assert!(err.contains("two lease TTLs"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        for bad in ["0", "-5", "NaN", "week", "1e12"] {
+            let args = SettingArgs {
+                retention_secs: Some(bad.into()),
+                ..Default::default()
+            };
+            let err = resolve(None, args).unwrap_err().to_string();
+            assert!(err.contains("retention_secs"), "{bad}: {err}");
+        }
+        for bad in ["0", "-1", "x", "100000"] {
+            let args = SettingArgs {
+                maintenance_interval_secs: Some(bad.into()),
+                ..Default::default()
+            };
+            let err = resolve(None, args).unwrap_err().to_string();
+            assert!(err.contains("maintenance_interval_secs"), "{bad}: {err}");
+        }
     }
 
     #[test]

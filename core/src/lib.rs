@@ -54,6 +54,9 @@
 //!   generator (whether it should run, and its fenced inserts).
 //! - [`live`]: change announcements on a PostgreSQL channel, batched, so
 //!   listeners (the dashboard, idle workers) hear about changes at once.
+//! - [`maintenance`]: retention, on one replica (a singleton): deletes
+//!   finished tasks with their leases and history, old history and dead
+//!   instances/workers, in small batches that never hold up a claim.
 //! - [`db`]: the schema of its own (never `public`), the connection pool
 //!   and the migrations (safe from many replicas at once), and an embedded
 //!   local PostgreSQL cluster for when no database URL is given.
@@ -79,11 +82,14 @@ pub mod generator;
 pub mod instance;
 pub mod lease;
 pub mod live;
+pub mod paging;
 pub mod queue;
 pub mod worker;
 
 #[cfg(feature = "postgres")]
 pub mod db;
+#[cfg(feature = "postgres")]
+pub mod maintenance;
 #[cfg(feature = "postgres")]
 pub mod metrics;
 

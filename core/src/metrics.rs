@@ -24,6 +24,9 @@ pub const LEASE_RENEW_SECONDS: &str = "leasekeeper_lease_renew_seconds";
 /// Histogram: for each takeover, seconds from the old holder's last sign
 /// of life (its last renewal or heartbeat) to the new term.
 pub const FAILOVER_SECONDS: &str = "leasekeeper_failover_seconds";
+/// Counter, label `table`: rows the maintenance job deleted because they
+/// were older than the retention.
+pub const PRUNED_ROWS_TOTAL: &str = "leasekeeper_pruned_rows_total";
 /// Gauge, label `status`: tasks by status (set by the host when scraped).
 pub const TASKS: &str = "leasekeeper_tasks";
 
@@ -50,6 +53,10 @@ pub fn describe() {
         "Time from the old holder's last renewal to another holder's term."
     );
     describe_gauge!(TASKS, "Tasks by status.");
+    describe_counter!(
+        PRUNED_ROWS_TOTAL,
+        "Rows deleted by the maintenance job as older than the retention, by table."
+    );
 }
 
 /// `n` tasks were claimed.
@@ -76,5 +83,15 @@ pub(crate) fn renewed(took: Duration, n: usize) {
     let histogram = metrics::histogram!(LEASE_RENEW_SECONDS);
     for _ in 0..n {
         histogram.record(took);
+    }
+}
+
+/// The maintenance job deleted these rows.
+pub(crate) fn pruned(pruned: &crate::maintenance::Pruned) {
+    for table in crate::maintenance::Table::ALL {
+        let n = pruned.get(table);
+        if n > 0 {
+            metrics::counter!(PRUNED_ROWS_TOTAL, "table" => table.as_str()).increment(n);
+        }
     }
 }

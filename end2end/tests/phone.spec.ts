@@ -16,34 +16,41 @@ async function expectNoSidewaysScroll(page: Page) {
   expect(widths.body, `${page.url()} body is ${widths.body} px wide`).toBeLessThanOrEqual(WIDTH);
 }
 
-/** Every visible control matching `selector` lies within the screen's width. */
+/**
+ * Every visible control matching `selector` lies within the screen's width.
+ * Measured in one read inside the page: a live refetch may remove rows
+ * between two reads (a claimed task leaves the pending list), and waiting
+ * on the n-th of a list that shrank would wait forever.
+ */
 async function expectControlsOnScreen(page: Page, selector: string) {
-  const controls = page.locator(selector);
-  const n = await controls.count();
-  expect(n, `no ${selector} on ${page.url()}`).toBeGreaterThan(0);
-  for (let i = 0; i < n; i++) {
-    const box = await controls.nth(i).boundingBox();
-    if (!box) continue; // hidden (e.g. a row scrolled out of a list)
-    const id = await controls.nth(i).getAttribute("data-testid");
-    expect(box.x, `${id} starts off screen on ${page.url()}`).toBeGreaterThanOrEqual(0);
-    expect(box.x + box.width, `${id} ends off screen on ${page.url()}`).toBeLessThanOrEqual(WIDTH);
+  const boxes = await page.evaluate((sel) => {
+    return Array.from(document.querySelectorAll(sel)).map((el) => {
+      const r = el.getBoundingClientRect();
+      return { id: el.getAttribute("data-testid"), x: r.x, width: r.width, shown: r.width > 0 || r.height > 0 };
+    });
+  }, selector);
+  expect(boxes.length, `no ${selector} on ${page.url()}`).toBeGreaterThan(0);
+  for (const box of boxes) {
+    if (!box.shown) continue; // hidden (e.g. a collapsed menu)
+    expect(box.x, `${box.id} starts off screen on ${page.url()}`).toBeGreaterThanOrEqual(0);
+    expect(box.x + box.width, `${box.id} ends off screen on ${page.url()}`).toBeLessThanOrEqual(WIDTH);
   }
 }
 
 test("every page fits a 390 px phone, with its controls in reach", async ({ page, request }) => {
   test.setTimeout(90_000);
   await page.setViewportSize({ width: WIDTH, height: 844 });
-  // Something on every page: a worker to control (killed at the end), a
-  // lease with a history, and a task whose data is one long unbroken run.
-  const worker = await (await request.post("/api/workers")).json();
+  // Something on every page: a lease with a history, a task whose data is
+  // one long unbroken run, and (from the workers check on) a worker to control.
   const lease = await (
     await request.post("/api/leases", { data: { resource: `phone-${Date.now()}`, holder: "phone-holder-with-a-long-name", ttl_seconds: 60 } })
   ).json();
   const task = await (
     await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 0.1, note: "x".repeat(400) } } })
   ).json();
+  let worker: { id: string } | undefined;
   try {
-    for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/instances"]) {
+    for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/instances", "/audit"]) {
       await page.goto(path);
       await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
       await expectNoSidewaysScroll(page);
@@ -54,8 +61,19 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
     await expect(page.getByTestId("detail-data")).toContainText("xxxx");
     await expectNoSidewaysScroll(page);
 
+    // Task controls: the bulk link and each row's cancel button.
+    await page.goto("/tasks?status=pending");
+    await expect(page.getByTestId("tasks-cancel-all")).toBeVisible();
+    await expectControlsOnScreen(page, '[data-testid="tasks-cancel-all"], [data-testid="task-cancel"]');
+    await page.getByTestId("tasks-cancel-all").click();
+    await expect(page.getByTestId("task-bulk-confirm")).toBeVisible();
+    await expectNoSidewaysScroll(page);
+    await expectControlsOnScreen(page, '[data-testid="task-bulk-confirmed"], [data-testid="task-bulk-keep"]');
+
+    // Spawned only now, so it claims no task the checks above look at.
+    worker = await (await request.post("/api/workers")).json();
     await page.goto("/workers");
-    const row = page.locator(`[data-testid="worker-row"][data-worker="${worker.id}"]`);
+    const row = page.locator(`[data-testid="worker-row"][data-worker="${worker!.id}"]`);
     await expect(row).toHaveCount(1);
     await expectControlsOnScreen(page, '[data-testid="worker-spawn"], [data-testid="worker-kill"], [data-testid="worker-pause"]');
 
@@ -69,10 +87,13 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
     await page.goto(`/leases?id=${lease.id}`);
     const label = page.getByTestId("timeline").getByTestId("timeline-label").first();
     await expect(label).toBeVisible();
-    const box = (await label.boundingBox())!;
-    expect(box.height, "timeline labels at least 9 px tall").toBeGreaterThanOrEqual(9);
+    // A live refetch may redraw the timeline between two reads: measure
+    // until a read finds the label in place.
+    await expect
+      .poll(async () => (await label.boundingBox())?.height ?? 0, { message: "timeline labels at least 9 px tall" })
+      .toBeGreaterThanOrEqual(9);
     await expectNoSidewaysScroll(page);
   } finally {
-    await request.post(`/api/workers/${worker.id}/kill`);
+    if (worker) await request.post(`/api/workers/${worker.id}/kill`);
   }
 });

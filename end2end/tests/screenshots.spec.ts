@@ -13,6 +13,7 @@ const pages: [string, string][] = [
   ["tasks", `/tasks?id=${process.env.SHOT_TASK ?? "1"}`],
   ["workers", "/workers"],
   ["instances", "/instances"],
+  ["audit", "/audit"],
 ];
 
 test.skip(!process.env.SCREENSHOTS, "set SCREENSHOTS=1 to refresh docs/*.png");

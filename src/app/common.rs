@@ -593,3 +593,34 @@ pub fn DataTable(
         </div>
     }
 }
+
+/// The `before` cursor of a list page's URL (`?before=N`), if any.
+pub fn before_param() -> Memo<Option<i64>> {
+    let query = leptos_router::hooks::use_query_map();
+    Memo::new(move |_| query.read().get("before").and_then(|b| b.parse().ok()))
+}
+
+/// Paging links under a newest-first list: "Newest" back to the first
+/// page (when not on it) and "Older" to the next page (when there is
+/// one). `base` is the page's URL with its other parameters, e.g.
+/// `/tasks?status=failed`. Plain links: they work before hydration, and
+/// the cursor stays in the URL to share or reload.
+#[component]
+pub fn Pager(
+    base: String,
+    before: Option<i64>,
+    next: Option<i64>,
+    testid: &'static str,
+) -> impl IntoView {
+    let join = if base.contains('?') { '&' } else { '?' };
+    let older = next.map(|n| format!("{base}{join}before={n}"));
+    let newest = before.is_some().then(|| base.clone());
+    (older.is_some() || newest.is_some()).then(|| {
+        view! {
+            <nav class="mt-2 flex gap-3 text-sm" aria-label="Pages" data-testid=testid>
+                {newest.map(|href| view! { <a class="text-indigo-700 underline" href=href data-testid=format!("{testid}-newest")>"← Newest"</a> })}
+                {older.map(|href| view! { <a class="text-indigo-700 underline" href=href data-testid=format!("{testid}-older")>"Older →"</a> })}
+            </nav>
+        }
+    })
+}

@@ -48,19 +48,25 @@ pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> 
 /// The instances, and which one serves this page.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct InstancesView {
-    /// Every instance that ever registered, newest first.
+    /// A page of the instances, newest first.
     pub instances: Vec<Instance>,
+    /// The cursor of the next (older) page; `None` on the last.
+    pub next: Option<i64>,
     /// The instance serving this page.
     pub here: String,
 }
 
-/// Every instance that ever registered, newest first.
+/// A page of the instances, newest first, below `before`.
 #[server(prefix = "/sfn")]
-pub async fn get_instances() -> Result<InstancesView, AppError> {
+pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppError> {
     let state = super::common::state()?;
     let window = crate::instance::alive_window(state.settings.renew_interval);
+    let cursor = crate::paging::Cursor::new(before, None);
+    let page = crate::instance::store::list_page(&mut *state.pool.acquire().await?, window, cursor)
+        .await?;
     Ok(InstancesView {
-        instances: crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?,
+        instances: page.items,
+        next: page.next,
         here: state.instance_id.to_string(),
     })
 }
@@ -86,9 +92,17 @@ pub fn InstancesPage() -> impl IntoView {
     // the page asks first (before hydration too: it is a link).
     let query = use_query_map();
     let confirm = Memo::new(move |_| query.read().get("confirm"));
+    let before = super::common::before_param();
     let instances = Resource::new(
-        move || (tick.get(), kill.version().get(), confirm.get()),
-        |_| get_instances(),
+        move || {
+            (
+                before.get(),
+                tick.get(),
+                kill.version().get(),
+                confirm.get(),
+            )
+        },
+        |(before, ..)| get_instances(before),
     );
     // Once this page's own instance is killed, the page says where to go
     // instead of showing every refetch's network error.
@@ -122,9 +136,11 @@ pub fn InstancesPage() -> impl IntoView {
                             .collect();
                         alternatives.set_value(others.clone());
                         let confirming = confirm.get_untracked().filter(|c| *c == v.here);
+                        let next = v.next;
                         Either::Right(Either::Left(view! {
                             {confirming.map(|id| view! { <ConfirmSelfKill id others=others.clone() kill=self_kill/> })}
                             <InstanceTable view=v kill/>
+                            <super::common::Pager base="/instances".to_string() before=before.get_untracked() next testid="instances-pager"/>
                         }))
                     }
                     Err(e) => Either::Right(Either::Right(view! {

@@ -15,14 +15,18 @@ use leptos::either::EitherOf3;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
-/// The newest leases matching `filter` (a page's worth), for the dashboard.
+/// A page of the leases matching `filter`, newest first, below `before`,
+/// for the dashboard.
 #[server(prefix = "/sfn")]
-pub async fn get_leases(filter: LeaseFilter) -> Result<Vec<Lease>, AppError> {
+pub async fn get_leases(
+    filter: LeaseFilter,
+    before: Option<i64>,
+) -> Result<crate::paging::Paged<Lease>, AppError> {
     use crate::lease::store;
-    Ok(store::list_newest(
+    Ok(store::list_page(
         &mut *super::common::pool()?.acquire().await?,
         filter,
-        store::Page::DEFAULT_LIMIT,
+        crate::paging::Cursor::new(before, None),
     )
     .await?)
 }
@@ -91,9 +95,17 @@ pub fn LeasesPage() -> impl IntoView {
     let tick = refresh_tick();
     let release = ServerAction::<ForceReleaseLease>::new();
 
+    let before = super::common::before_param();
     let leases = Resource::new(
-        move || (filter.get(), tick.get(), release.version().get()),
-        |(f, _, _)| get_leases(f),
+        move || {
+            (
+                filter.get(),
+                before.get(),
+                tick.get(),
+                release.version().get(),
+            )
+        },
+        |(f, before, _, _)| get_leases(f, before),
     );
     let detail = Resource::new(
         move || (lookup.get(), tick.get(), release.version().get()),
@@ -146,13 +158,22 @@ pub fn LeasesPage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading leases…"</p> }>
             {move || Suspend::new(async move {
                 match leases.await {
-                    Ok(list) if list.is_empty() => EitherOf3::A(view! {
+                    Ok(page) if page.items.is_empty() => EitherOf3::A(view! {
                         <Notice kind="empty" testid="leases-empty" text=format!(
                             "No {} leases. Acquire one with POST /api/leases {{\"resource\": \"r1\", \"holder\": \"me\"}}.",
                             if filter.get_untracked() == LeaseFilter::All { "" } else { filter.get_untracked().as_str() }
                         )/>
                     }),
-                    Ok(list) => EitherOf3::B(view! { <LeaseTable leases=list/> }),
+                    Ok(page) => {
+                        let base = match filter.get_untracked() {
+                            LeaseFilter::All => "/leases".to_string(),
+                            f => format!("/leases?state={}", f.as_str()),
+                        };
+                        EitherOf3::B(view! {
+                            <LeaseTable leases=page.items/>
+                            <super::common::Pager base before=before.get_untracked() next=page.next testid="leases-pager"/>
+                        })
+                    }
                     Err(e) => EitherOf3::C(view! {
                         <Notice kind="error" testid="leases-error" text=format!("Cannot load leases: {e}. The page retries on the next change, and every few seconds.")/>
                     }),

@@ -2,6 +2,7 @@
 //! renders them) and the browser (which hydrates them).
 
 mod access;
+mod audit;
 pub mod common;
 mod failover;
 mod instances;
@@ -11,6 +12,7 @@ mod tasks;
 mod workers;
 
 pub use access::{Access, get_access, sign_in, sign_out};
+pub use audit::{AuditPage, GetAudit, get_audit};
 pub use failover::{
     OwnershipTimeline, Stopwatch, StopwatchView, TimelineOf, TimelineView, get_failovers,
     get_timeline,
@@ -23,7 +25,10 @@ pub use leases::{
     ForceReleaseLease, LeasesPage, force_release_lease, get_lease_detail, get_leases,
 };
 pub use overview::{OverviewPage, get_overview};
-pub use tasks::{GetTasks, TasksPage, get_task_detail, get_tasks};
+pub use tasks::{
+    ControlTask, ControlTasks, GetTasks, TasksPage, control_task, control_tasks, get_task_detail,
+    get_tasks,
+};
 pub use workers::{
     ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
 };
@@ -99,6 +104,7 @@ pub fn App() -> impl IntoView {
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
+                        <a href="/audit" class="hover:text-slate-900" data-testid="nav-audit">"Audit"</a>
                     </nav>
                     <span class="ml-auto flex items-center gap-3"><access::AccessBadge/><common::LiveBadge/></span>
                 </div>
@@ -113,6 +119,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("instances") view=InstancesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("audit") view=audit::AuditPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("signin") view=access::SignInPage ssr=SsrMode::Async/>
                 </Routes>
             </main>

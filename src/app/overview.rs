@@ -60,12 +60,13 @@ fn OverviewBody(overview: Overview) -> impl IntoView {
     let workers_line = format!("{} busy", overview.workers_busy);
     view! {
         <SplitBrainNotice split=overview.split_brain.clone()/>
-        <div class="mt-4 grid grid-cols-2 gap-3 sm:grid-cols-4 lg:grid-cols-8" data-testid="overview-counts">
+        <div class="mt-4 grid grid-cols-2 gap-3 sm:grid-cols-5 lg:grid-cols-9" data-testid="overview-counts">
             <CountCard label="pending" href="/tasks?status=pending" testid="count-pending" value=c.tasks_pending.to_string()/>
             <CountCard label="started" href="/tasks?status=started" testid="count-started" value=c.tasks_started.to_string()/>
             <CountCard label="late" href="/tasks?status=started" testid="count-late" value=late tone=warn(c.tasks_late)/>
             <CountCard label="processed" href="/tasks?status=processed" testid="count-processed" value=c.tasks_processed.to_string()/>
             <CountCard label="failed" href="/tasks?status=failed" testid="count-failed" value=c.tasks_failed.to_string() tone=warn(c.tasks_failed)/>
+            <CountCard label="cancelled" href="/tasks?status=cancelled" testid="count-cancelled" value=c.tasks_cancelled.to_string()/>
             <CountCard label="leases active" href="/leases?state=active" testid="count-leases-active" value=c.leases_active.to_string()/>
             <CountCard label="workers alive" href="/workers" testid="count-workers-alive" value=overview.workers_alive.to_string()>
                 <span class="text-xs text-slate-500" data-testid="count-workers-busy" data-value=overview.workers_busy>{workers_line}</span>

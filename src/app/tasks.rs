@@ -4,25 +4,30 @@
 //! id with attempts, last error and the task lease's history.
 
 use super::common::{
-    DataTable, FilterPills, HistoryList, LocalTime, LookupForm, Notice, parse_id, refresh_tick,
-    remaining,
+    ActionOutcome, DataTable, FilterPills, HistoryList, LocalTime, LookupForm, Notice, Pager,
+    controls_class, parse_id, refresh_tick, remaining,
 };
 use crate::error::AppError;
-use crate::queue::{TaskDetail, TaskPage, TaskStatus};
+use crate::queue::{TaskAction, TaskDetail, TaskPage, TaskStatus};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
-/// The newest tasks with `status` (all when `None`), for the dashboard.
+/// A page of the tasks with `status` (all when `None`), newest first,
+/// below `before`, for the dashboard.
 #[server(prefix = "/sfn")]
-pub async fn get_tasks(status: Option<TaskStatus>) -> Result<TaskPage, AppError> {
-    use crate::lease::store::Page;
+pub async fn get_tasks(
+    status: Option<TaskStatus>,
+    before: Option<i64>,
+) -> Result<TaskPage, AppError> {
     use crate::queue::store;
     let settings = super::common::settings()?;
     let mut conn = super::common::pool()?.acquire().await?;
-    let tasks = store::list_newest(&mut conn, status, Page::default().limit).await?;
+    let page =
+        store::list_page(&mut conn, status, crate::paging::Cursor::new(before, None)).await?;
     Ok(TaskPage {
-        tasks,
+        tasks: page.items,
+        next: page.next,
         ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
     })
 }
@@ -39,6 +44,60 @@ pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
     };
     let history = leases::history(&mut conn, &crate::queue::Task::resource_name(id), 50).await?;
     Ok(Some(TaskDetail { task, history }))
+}
+
+/// Cancels (`action` = `cancel`) or retries (`retry`) task `id`: an
+/// operator action, audited in the same transaction.
+#[server(prefix = "/sfn")]
+pub async fn control_task(id: i32, action: String) -> Result<String, AppError> {
+    super::common::check_id(id)?;
+    let state = super::common::operator_state().await?;
+    let action = parse_action(&action)?;
+    let mut conn = state.pool.acquire().await?;
+    let task = crate::queue::control::apply(&mut conn, action, id, &state.instance_id)
+        .await
+        .map_err(|e| super::common::refused(e.into()))?;
+    Ok(match task.status {
+        TaskStatus::Cancelled => format!(
+            "task {id} cancelled; a worker that still runs it has its next heartbeat or completion refused"
+        ),
+        _ => format!(
+            "task {id} is pending again, attempts reset to 0 of {}",
+            task.max_attempts
+        ),
+    })
+}
+
+/// Cancels or retries every task with `status` (`action` = `cancel` or
+/// `retry`): the tasks page's "all matching the filter" controls.
+#[server(prefix = "/sfn")]
+pub async fn control_tasks(status: String, action: String) -> Result<String, AppError> {
+    use crate::queue::control::{self, TaskFilter};
+    let state = super::common::operator_state().await?;
+    let status = TaskStatus::parse(&status).ok_or_else(|| {
+        super::common::refused(AppError::BadRequest(format!("no task status {status:?}")))
+    })?;
+    let filter = TaskFilter {
+        status,
+        kind: None,
+        queue: None,
+    };
+    let action = parse_action(&action)?;
+    let count = control::apply_matching(&state.pool, action, &filter, &state.instance_id)
+        .await
+        .map_err(|e| super::common::refused(e.into()))?;
+    let done = match action {
+        TaskAction::Cancel => "cancelled",
+        TaskAction::Retry => "retried",
+    };
+    Ok(format!("{count} {} tasks {done}", status.as_str()))
+}
+
+/// A server function's `action` argument, refused with a 400 unless it
+/// names a [`TaskAction`].
+#[cfg(feature = "ssr")]
+fn parse_action(raw: &str) -> Result<TaskAction, AppError> {
+    TaskAction::parse(raw).map_err(|e| super::common::refused(AppError::BadRequest(e)))
 }
 
 /// How near a started task's heartbeat deadline is: the countdown's colour.
@@ -106,10 +165,18 @@ fn status_badge(status: TaskStatus) -> &'static str {
         TaskStatus::Started => "bg-sky-100 text-sky-800",
         TaskStatus::Processed => "bg-emerald-100 text-emerald-800",
         TaskStatus::Failed => "bg-red-100 text-red-800",
+        TaskStatus::Cancelled => "bg-amber-100 text-amber-800",
     }
 }
 
-const FILTERS: [&str; 5] = ["all", "pending", "started", "processed", "failed"];
+const FILTERS: [&str; 6] = [
+    "all",
+    "pending",
+    "started",
+    "processed",
+    "failed",
+    "cancelled",
+];
 
 /// The tasks page.
 #[component]
@@ -120,14 +187,34 @@ pub fn TasksPage() -> impl IntoView {
         FILTERS.into_iter().find(|f| *f == raw).unwrap_or("all")
     });
     let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
+    // `?confirm=cancel|retry`: asks before a bulk action on the filter.
+    let confirm = Memo::new(move |_| query.read().get("confirm"));
     let tick = refresh_tick();
+    let one = ServerAction::<ControlTask>::new();
+    let all = ServerAction::<ControlTasks>::new();
+    let before = super::common::before_param();
     let tasks = Resource::new(
-        move || (filter.get(), tick.get()),
-        |(f, _)| get_tasks(TaskStatus::parse(f)),
+        move || {
+            (
+                filter.get(),
+                before.get(),
+                tick.get(),
+                one.version().get(),
+                all.version().get(),
+            )
+        },
+        |(f, before, ..)| get_tasks(TaskStatus::parse(f), before),
     );
     let detail = Resource::new(
-        move || (lookup.get(), tick.get()),
-        |(raw, _)| async move {
+        move || {
+            (
+                lookup.get(),
+                tick.get(),
+                one.version().get(),
+                all.version().get(),
+            )
+        },
+        |(raw, _, _, _)| async move {
             let Some(raw) = raw else { return Ok(None) };
             let id = parse_id(&raw)?;
             get_task_detail(id).await.map(|d| d.ok_or(id)).map(Some)
@@ -153,12 +240,14 @@ pub fn TasksPage() -> impl IntoView {
             testid="task-filters"
             label="Filter tasks by status"
         />
+        <BulkControls filter=Signal::derive(move || filter.get()) confirm=Signal::derive(move || confirm.get()) all/>
+        <ActionOutcome last=one.value() prefix="task"/>
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading task…"</p> }>
             {move || Suspend::new(async move {
                 match detail.await {
                     Ok(None) => EitherOf3::A(()),
-                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <TaskDetailView detail=d/> }),
+                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <TaskDetailView detail=d one/> }),
                     Ok(Some(Err(id))) => EitherOf3::C(view! {
                         <Notice kind="warn" testid="task-detail-missing" text=format!("No task with id {id}.")/>
                     }),
@@ -182,7 +271,17 @@ pub fn TasksPage() -> impl IntoView {
                             if filter.get_untracked() == "all" { "" } else { filter.get_untracked() }
                         )/>
                     }),
-                    Ok(page) => Either::Right(Either::Left(view! { <TaskTable page/> })),
+                    Ok(page) => {
+                        let base = match filter.get_untracked() {
+                            "all" => "/tasks".to_string(),
+                            f => format!("/tasks?status={f}"),
+                        };
+                        let next = page.next;
+                        Either::Right(Either::Left(view! {
+                            <TaskTable page one/>
+                            <Pager base before=before.get_untracked() next testid="tasks-pager"/>
+                        }))
+                    }
                     Err(e) => Either::Right(Either::Right(view! {
                         <Notice kind="error" testid="tasks-error" text=format!("Cannot load tasks: {e}. The page retries on the next change, and every few seconds.")/>
                     })),
@@ -192,11 +291,88 @@ pub fn TasksPage() -> impl IntoView {
     }
 }
 
+/// "Cancel all pending…" / "Retry all failed…" for the filter shown; each
+/// a link to `?confirm=<action>` (works before hydration), which shows a
+/// confirmation naming what will happen.
 #[component]
-fn TaskTable(page: TaskPage) -> impl IntoView {
+fn BulkControls(
+    filter: Signal<&'static str>,
+    confirm: Signal<Option<String>>,
+    all: ServerAction<ControlTasks>,
+) -> impl IntoView {
+    move || {
+        let status = TaskStatus::parse(filter.get())?;
+        let action = TaskAction::for_status(status)?.as_str();
+        let label = format!("{} all {}…", capitalized(action), status.as_str());
+        let confirming = confirm.get().filter(|c| c == action);
+        let consequence = match status {
+            TaskStatus::Started => {
+                "Their claims end now: the workers running them have their next heartbeat and completion refused."
+            }
+            TaskStatus::Pending => "No worker will claim them; a retry puts them back.",
+            _ => {
+                "They go back to pending with their attempts reset to 0, and workers claim them again."
+            }
+        };
+        Some(view! {
+            <div class="mt-3 flex flex-wrap items-center gap-2 text-sm" data-testid="task-bulk">
+                <a href=format!("/tasks?status={}&confirm={action}", status.as_str())
+                    class="rounded bg-white px-2 py-0.5 text-xs font-medium ring-1 ring-slate-300 hover:bg-slate-100"
+                    data-testid=format!("tasks-{action}-all")>{label}</a>
+                {confirming.map(|_| view! {
+                    <div class="w-full rounded border border-amber-300 bg-amber-50 p-3" role="alertdialog"
+                        aria-label=format!("{action} every {} task?", status.as_str()) data-testid="task-bulk-confirm">
+                        <p class="font-semibold">{format!("{} every {} task, as many as there are when you confirm?", capitalized(action), status.as_str())}</p>
+                        <p class="mt-1">{consequence}</p>
+                        <div class="mt-2 flex gap-2">
+                            <ActionForm action=all>
+                                <input type="hidden" name="status" value=status.as_str()/>
+                                <input type="hidden" name="action" value=action/>
+                                <button type="submit" class="rounded bg-red-600 px-3 py-1 text-sm font-medium text-white hover:bg-red-700" data-testid="task-bulk-confirmed">
+                                    {format!("{} them", capitalized(action))}
+                                </button>
+                            </ActionForm>
+                            <a href=format!("/tasks?status={}", status.as_str()) class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid="task-bulk-keep">"Keep them"</a>
+                        </div>
+                    </div>
+                })}
+                <ActionOutcome last=all.value() prefix="task-bulk"/>
+            </div>
+        })
+    }
+}
+
+fn capitalized(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
+/// The cancel or retry button of one task (none for a processed task).
+#[component]
+fn TaskControl(id: i32, status: TaskStatus, one: ServerAction<ControlTask>) -> impl IntoView {
+    TaskAction::for_status(status).map(TaskAction::as_str).map(|action| {
+        view! {
+            <ActionForm action=one>
+                <input type="hidden" name="id" value=id/>
+                <input type="hidden" name="action" value=action/>
+                <button type="submit" data-testid=format!("task-{action}")
+                    class="rounded bg-white px-2 py-0.5 text-xs font-medium ring-1 ring-slate-300 hover:bg-slate-100"
+                    title=if action == "cancel" { "Take this task out of the queue; a worker running it is refused its next write" } else { "Back to pending, attempts reset" }>
+                    {capitalized(action)}
+                </button>
+            </ActionForm>
+        }
+    })
+}
+
+#[component]
+fn TaskTable(page: TaskPage, one: ServerAction<ControlTask>) -> impl IntoView {
     let ttl_ms = page.ttl_ms;
     view! {
-        <DataTable testid="tasks-table" headers=vec!["id", "kind", "status", "processor", "token", "attempts", "heartbeat deadline", "data"]>
+        <DataTable testid="tasks-table" headers=vec!["id", "kind", "status", "processor", "token", "attempts", "heartbeat deadline", "data", "controls"]>
             {page
                 .tasks
                 .into_iter()
@@ -231,6 +407,9 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
                                 </span>
                             </td>
                             <td class="max-w-xs truncate px-3 py-2 font-mono text-xs text-slate-600">{task.task_data.to_string()}</td>
+                            <td class=controls_class("controls", "px-3 py-2 bg-white")>
+                                <TaskControl id=task.id status=task.status one/>
+                            </td>
                         </tr>
                     }
                 })
@@ -240,7 +419,7 @@ fn TaskTable(page: TaskPage) -> impl IntoView {
 }
 
 #[component]
-fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
+fn TaskDetailView(detail: TaskDetail, one: ServerAction<ControlTask>) -> impl IntoView {
     let task = detail.task;
     view! {
         <section class="mt-4 rounded border border-indigo-200 bg-white p-4" data-testid="task-detail">
@@ -252,6 +431,7 @@ fn TaskDetailView(detail: TaskDetail) -> impl IntoView {
                 <span>"processor " <b class="font-mono" data-testid="detail-processor">{task.processor.clone().unwrap_or_default()}</b></span>
                 <span>"token " <b class="font-mono" data-testid="detail-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</b></span>
                 <span data-testid="detail-attempts">{format!("attempt {} of {}", task.attempts, task.max_attempts)}</span>
+                <TaskControl id=task.id status=task.status one/>
             </div>
             <dl class="mt-2 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2">
                 <div><dt class="inline text-slate-500">"kind "</dt><dd class="inline font-mono" data-testid="detail-kind">{task.kind.clone()}</dd></div>

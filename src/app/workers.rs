@@ -22,8 +22,10 @@ pub struct WorkersView {
     /// simulated workers died with them, even while the workers' own rows
     /// are still within their liveness window.
     pub dead_instances: Vec<String>,
-    /// Workers left out by the filter.
+    /// Workers of this page left out by the filter.
     pub hidden: usize,
+    /// The cursor of the next (older) page; `None` on the last.
+    pub next: Option<i64>,
 }
 
 /// Which workers the page lists.
@@ -67,12 +69,22 @@ impl WorkerFilter {
     }
 }
 
-/// The workers `filter` selects, for the dashboard.
+/// The workers `filter` selects from a page of the workers (newest first,
+/// below `before`), for the dashboard.
 #[server(prefix = "/sfn")]
-pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> {
+pub async fn get_workers(
+    filter: WorkerFilter,
+    before: Option<i64>,
+) -> Result<WorkersView, AppError> {
     let state = super::common::state()?;
     let mut conn = state.pool.acquire().await?;
-    let all = crate::worker::registry::list(&mut conn, state.settings.lease_ttl).await?;
+    let page = crate::worker::registry::list_page(
+        &mut conn,
+        state.settings.lease_ttl,
+        crate::paging::Cursor::new(before, None),
+    )
+    .await?;
+    let (all, next) = (page.items, page.next);
     let window = crate::instance::alive_window(state.settings.renew_interval);
     let dead_instances =
         crate::instance::dead_ids(&crate::instance::store::list(&mut conn, window).await?);
@@ -92,6 +104,7 @@ pub async fn get_workers(filter: WorkerFilter) -> Result<WorkersView, AppError> 
         .collect();
     Ok(WorkersView {
         hidden: total - workers.len(),
+        next,
         workers,
         instance_id: state.instance_id.to_string(),
         dead_instances,
@@ -153,16 +166,18 @@ pub fn WorkersPage() -> impl IntoView {
             .and_then(|s| WorkerFilter::parse(&s))
             .unwrap_or_default()
     });
+    let before = super::common::before_param();
     let workers = Resource::new(
         move || {
             (
                 filter.get(),
+                before.get(),
                 tick.get(),
                 spawn.version().get(),
                 control.version().get(),
             )
         },
-        |(filter, ..)| get_workers(filter),
+        |(filter, before, ..)| get_workers(filter, before),
     );
     view! {
         <div class="flex flex-wrap items-end justify-between gap-4">
@@ -197,9 +212,14 @@ pub fn WorkersPage() -> impl IntoView {
                         } else {
                             "No workers. Spawn one here, or run `leasekeeper worker --server http://127.0.0.1:3000`.".to_string()
                         };
-                        Either::Left(view! { <Notice kind="empty" testid="workers-empty" text/> })
+                        let base = format!("/workers?show={}", filter.get_untracked().as_str());
+                        Either::Left(view! {
+                            <Notice kind="empty" testid="workers-empty" text/>
+                            <super::common::Pager base before=before.get_untracked() next=v.next testid="workers-pager"/>
+                        })
                     }
                     Ok(v) => Either::Right(Either::Left(view! {
+                        <super::common::Pager base=format!("/workers?show={}", filter.get_untracked().as_str()) before=before.get_untracked() next=v.next testid="workers-pager"/>
                         {(v.hidden > 0).then(|| view! {
                             <p class="mt-2 text-xs text-slate-500" data-testid="workers-hidden">
                                 {format!("{} other workers not shown by this filter.", v.hidden)}

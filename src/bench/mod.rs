@@ -9,6 +9,10 @@
 //!   design and graphile-worker; SVG charts of it ([`charts`]).
 //! - `leasekeeper bench dashboard [--quick] [--json PATH]`: push latency and
 //!   server-side rendering ([`dashboard`]).
+//! - `leasekeeper bench retention [--tasks N] [--prune-older-than-secs S]
+//!   [--prune-every-secs I] [--no-baseline] [--json PATH]`: a million tasks
+//!   through the runtime with the maintenance job pruning, against the same
+//!   without: table sizes and throughput over time ([`retention`]).
 //!
 //! Both start their own embedded PostgreSQL cluster
 //! (`target/leasekeeper-bench-db`, durable commits: `fsync` and
@@ -18,6 +22,7 @@
 pub mod charts;
 pub mod dashboard;
 pub mod queue;
+pub mod retention;
 
 use crate::db::embedded::EmbeddedPostgres;
 use crate::db::{Schema, connect_options, migrate, pool_options};

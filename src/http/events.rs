@@ -18,9 +18,11 @@ use tokio::time::Instant;
 /// most this often (and at once after a quiet spell).
 const BROWSER_MIN_GAP: Duration = Duration::from_millis(100);
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
-    /// Comma-separated topic names; all when absent.
+    /// Comma-separated topic names (`leases`, `tasks`, `workers`,
+    /// `instances`, `generator`); all when absent.
     topics: Option<String>,
 }
 
@@ -28,6 +30,15 @@ struct EventsQuery {
 /// (data: the changed topics, comma-separated) per batch of changes, at most
 /// one per [`BROWSER_MIN_GAP`]; `ready` first, so a client knows it is
 /// connected and can refetch what it might have missed.
+#[utoipa::path(
+    get,
+    path = "/api/events",
+    tag = "events",
+    summary = "Live updates (server-sent events)",
+    description = "`ready` on (re)connection (data: the topics followed), then `change` events whose data lists the changed topics, comma-separated, at most one per 100 ms; a keep-alive comment every 15 s.",
+    params(EventsQuery),
+    responses((status = 200, description = "An endless `text/event-stream`", content_type = "text/event-stream", body = String))
+)]
 async fn events(
     State(state): State<AppState>,
     Query(query): Query<EventsQuery>,

@@ -1,7 +1,7 @@
 //! `/api/generator`: the generator's status, and start/stop from any
 //! instance (operator actions: the admin token when one is set).
 
-use crate::error::AppError;
+use crate::error::{AppError, ErrorBody};
 use crate::generator::{self, Desired, GeneratorStatus};
 use crate::ops::Operator;
 use crate::state::AppState;
@@ -18,6 +18,14 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The fleet-wide status, plus who answered and its local singleton state.
+#[utoipa::path(
+    get,
+    path = "/api/generator/status",
+    tag = "generator",
+    summary = "The generator's status",
+    description = "The same from every instance except `answered_by` and `local_state`; the lease fields are null while nobody holds it.",
+    responses((status = 200, description = "The status", body = GeneratorStatus))
+)]
 async fn status(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
     let mut conn = s.pool.acquire().await?;
     Ok(Json(
@@ -32,10 +40,34 @@ async fn set(s: &AppState, desired: Desired) -> Result<Json<GeneratorStatus>, Ap
     Ok(Json(status))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/generator/start",
+    tag = "generator",
+    summary = "Start the generator (operator)",
+    description = "Sets the desired state `running`, recorded in `lease_events` as an `operator` event; some instance takes the `singleton:generator` lease.",
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The status", body = GeneratorStatus),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+    )
+)]
 async fn start(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorStatus>, AppError> {
     set(&s, Desired::Running).await
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/generator/stop",
+    tag = "generator",
+    summary = "Stop the generator (operator)",
+    description = "Sets the desired state `stopped`; the holder releases within one renew interval.",
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The status", body = GeneratorStatus),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+    )
+)]
 async fn stop(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorStatus>, AppError> {
     set(&s, Desired::Stopped).await
 }

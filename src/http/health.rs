@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use serde_json::{Value, json};
+use serde::Serialize;
 use std::time::Duration;
 
 /// How long readiness waits for the database (a connection from the pool
@@ -25,26 +25,75 @@ pub fn routes() -> Router<AppState> {
         .route("/readyz", get(readyz))
 }
 
-async fn healthz(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({ "status": "ok", "instance": &*s.instance_id }))
+/// The answer of `/healthz`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    status: &'static str,
+    /// The instance that answered.
+    instance: String,
 }
 
-async fn readyz(State(s): State<AppState>) -> (StatusCode, Json<Value>) {
+/// The answer of `/readyz`: `migrations` when ready, `reason` when not.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// Whether this instance can serve requests that need the database.
+    ready: bool,
+    /// The instance that answered.
+    instance: String,
+    /// How many migrations are applied (when ready).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    migrations: Option<usize>,
+    /// Why it is not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    summary = "Liveness",
+    description = "200 while the process serves requests; reads nothing, so a slow or absent database does not fail it.",
+    responses((status = 200, description = "Alive", body = Health))
+)]
+async fn healthz(State(s): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        instance: s.instance_id.to_string(),
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    summary = "Readiness",
+    description = "200 when the database answers within 2 s and its migrations are exactly this build's; 503 otherwise, with the reason.",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "Not ready: the database did not answer, a migration is missing or failed, or a newer build migrated it", body = Readiness),
+    )
+)]
+async fn readyz(State(s): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let check = async {
         let mut conn = s.pool.acquire().await?;
         migration_state(&mut conn).await
     };
-    let not_ready = |reason: String| {
+    let answer = |status: StatusCode, migrations: Option<usize>, reason: Option<String>| {
         (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "ready": false, "instance": &*s.instance_id, "reason": reason })),
+            status,
+            Json(Readiness {
+                ready: status == StatusCode::OK,
+                instance: s.instance_id.to_string(),
+                migrations,
+                reason,
+            }),
         )
     };
+    let not_ready = |reason: String| answer(StatusCode::SERVICE_UNAVAILABLE, None, Some(reason));
     match tokio::time::timeout(READY_TIMEOUT, check).await {
-        Ok(Ok(MigrationState::Current { applied })) => (
-            StatusCode::OK,
-            Json(json!({ "ready": true, "instance": &*s.instance_id, "migrations": applied })),
-        ),
+        Ok(Ok(MigrationState::Current { applied })) => answer(StatusCode::OK, Some(applied), None),
         Ok(Ok(MigrationState::Behind(why))) => not_ready(format!("migrations not current: {why}")),
         Ok(Err(e)) => not_ready(format!("the database did not answer: {e}")),
         Err(_) => not_ready(format!(

@@ -1,12 +1,14 @@
 //! `/api/leases`: the lease service's REST contract (SPEC §3).
 
 use super::extract::{ApiQuery, Id, JsonBody};
-use crate::error::AppError;
-use crate::lease::store::{self, Acquired, Page};
-use crate::lease::{Holder, Lease, LeaseFilter, Resource};
+use super::paging::{CursorQuery, Direction, answer_to};
+use crate::error::{AppError, ErrorBody};
+use crate::lease::store::{self, Acquired};
+use crate::lease::{Holder, Lease, LeaseEvent, LeaseFilter, Resource};
 use crate::state::AppState;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, put};
 use axum::{Json, Router};
 use serde::Deserialize;
@@ -23,80 +25,174 @@ pub fn routes() -> Router<AppState> {
         .route("/api/leases/renew", put(renew))
         .route("/api/leases/release", delete(release))
         .route("/api/leases/{id}", get(get_one).delete(delete_one))
+        .route("/api/leases/{id}/events", get(events))
         .route(
             "/api/leases/{id}/force-release",
             axum::routing::post(force_release),
         )
 }
 
-/// `?after=ID&limit=N` on list routes.
-#[derive(Deserialize, Default)]
+/// `?before=ID&limit=N` on list routes: newest first, the next page named
+/// by a `Link` header. `after=ID` instead pages oldest first (ids above it).
+#[derive(Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// Newest first, leases with an id below this (the cursor of the
+    /// `Link: rel="next"` header).
+    before: Option<i64>,
+    /// Oldest first instead, leases with an id above this, for a client
+    /// that follows new leases (no `Link` header). Not with `before`.
     after: Option<i32>,
+    /// At most this many (default 100, 1 to 1000).
     limit: Option<i64>,
 }
 
 async fn list(
     state: &AppState,
     filter: LeaseFilter,
+    uri: Uri,
     q: ListQuery,
-) -> Result<Json<Vec<Lease>>, AppError> {
-    let page = Page::new(q.after, q.limit);
-    Ok(Json(
-        store::list(&mut *state.pool.acquire().await?, filter, page).await?,
-    ))
+) -> Result<Response, AppError> {
+    let direction = Direction::of(q.before, q.after, q.limit)?;
+    let mut conn = state.pool.acquire().await?;
+    Ok(match direction {
+        Direction::Oldest(page) => {
+            Json(store::list(&mut conn, filter, page).await?).into_response()
+        }
+        Direction::Newest(cursor) => answer_to(
+            &uri,
+            cursor,
+            store::list_page(&mut conn, filter, cursor).await?,
+        ),
+    })
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/leases",
+    tag = "leases",
+    summary = "Every lease",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_all(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Lease>>, AppError> {
-    list(&s, LeaseFilter::All, q).await
+) -> Result<Response, AppError> {
+    list(&s, LeaseFilter::All, uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/leases/active",
+    tag = "leases",
+    summary = "Leases held and not expired",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_active(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Lease>>, AppError> {
-    list(&s, LeaseFilter::Active, q).await
+) -> Result<Response, AppError> {
+    list(&s, LeaseFilter::Active, uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/leases/expired",
+    tag = "leases",
+    summary = "Leases that ran out without a release",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_expired(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Lease>>, AppError> {
-    list(&s, LeaseFilter::Expired, q).await
+) -> Result<Response, AppError> {
+    list(&s, LeaseFilter::Expired, uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/leases/renewed",
+    tag = "leases",
+    summary = "Leases renewed at least once in their current term",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_renewed(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Lease>>, AppError> {
-    list(&s, LeaseFilter::Renewed, q).await
+) -> Result<Response, AppError> {
+    list(&s, LeaseFilter::Renewed, uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/leases/released",
+    tag = "leases",
+    summary = "Leases their holder released",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_released(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Lease>>, AppError> {
-    list(&s, LeaseFilter::Released, q).await
+) -> Result<Response, AppError> {
+    list(&s, LeaseFilter::Released, uri, q).await
 }
 
 /// Body of `POST /api/leases`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct AcquireBody {
+    /// The thing to own.
     resource: Resource,
+    /// Who asks.
     holder: Holder,
+    /// The term's length in seconds (more than 0, at most 86400); the
+    /// server's lease TTL when absent.
+    #[schema(exclusive_minimum = 0, maximum = 86400)]
     ttl_seconds: Option<f64>,
 }
 
 /// Body of `PUT /api/leases/renew`, `DELETE /api/leases/release` and `DELETE /api/leases/{id}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct HolderBody {
+    /// The resource held.
     resource: Resource,
+    /// Its holder.
     holder: Holder,
+    /// The term meant: refused unless the live term has this token.
     fencing_token: Option<i64>,
+    /// Renew only: the new TTL in seconds, more than 0, at most 86400 (the
+    /// term's own when absent).
+    #[schema(exclusive_minimum = 0, maximum = 86400)]
     ttl_seconds: Option<f64>,
 }
 
@@ -114,6 +210,20 @@ fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/leases",
+    tag = "leases",
+    summary = "Acquire a lease",
+    request_body = AcquireBody,
+    responses(
+        (status = 201, description = "A new term, with its fencing token", body = Lease),
+        (status = 200, description = "The same holder already holds it: its live term", body = Lease),
+        (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
+        (status = 409, description = "Another holder holds it", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn acquire(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<AcquireBody>,
@@ -132,6 +242,19 @@ async fn acquire(
     }
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/leases/renew",
+    tag = "leases",
+    summary = "Renew a lease",
+    request_body = HolderBody,
+    responses(
+        (status = 200, description = "Extended", body = Lease),
+        (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
+        (status = 404, description = "That holder has no live lease (in that term)", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn renew(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<HolderBody>,
@@ -151,6 +274,20 @@ async fn renew(
     Ok(Json(lease))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/leases/release",
+    tag = "leases",
+    summary = "Release a lease",
+    description = "The resource is free at once. `ttl_seconds` is ignored.",
+    request_body = HolderBody,
+    responses(
+        (status = 200, description = "Released", body = Lease),
+        (status = 400, description = "Bad JSON or a bad name", body = ErrorBody),
+        (status = 404, description = "No live lease of that holder (in that term)", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn release(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<HolderBody>,
@@ -165,6 +302,18 @@ async fn release(
     Ok(Json(lease))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/leases/{id}",
+    tag = "leases",
+    summary = "One lease",
+    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
+    responses(
+        (status = 200, description = "The lease", body = Lease),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 404, description = "No lease with that id", body = ErrorBody),
+    )
+)]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, AppError> {
     store::get(&mut *s.pool.acquire().await?, id)
         .await?
@@ -172,6 +321,21 @@ async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, A
         .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/leases/{id}",
+    tag = "leases",
+    summary = "Delete a lease row",
+    description = "The resource's fencing-token counter survives the row. `ttl_seconds` is ignored.",
+    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
+    request_body = HolderBody,
+    responses(
+        (status = 200, description = "Deleted: the row as it was", body = Lease),
+        (status = 400, description = "Bad JSON, a bad id or name", body = ErrorBody),
+        (status = 404, description = "No such lease of that holder, or `fencing_token` names another term", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn delete_one(
     State(s): State<AppState>,
     Id(id): Id,
@@ -189,14 +353,32 @@ async fn delete_one(
 }
 
 /// The body of a force-release: the term the operator means to end.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForceReleaseBody {
+    /// The token of the term to end.
     fencing_token: i64,
 }
 
 /// `POST /api/leases/{id}/force-release {"fencing_token": N}`: an operator
 /// ends term N of lease `id`, whoever holds it (409 when that term is over).
+#[utoipa::path(
+    post,
+    path = "/api/leases/{id}/force-release",
+    tag = "leases",
+    summary = "Force-release a term (operator)",
+    description = "Ends that term now, whoever holds it. A task lease's claim ends with it: the task is taken over at once and its old processor's writes are refused. Recorded in `lease_events` as an `operator` event.",
+    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
+    request_body = ForceReleaseBody,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "Released", body = Lease),
+        (status = 400, description = "Bad JSON or a bad id", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 409, description = "That term already ended, or another began", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn force_release(
     State(s): State<AppState>,
     _: crate::ops::Operator,
@@ -206,5 +388,38 @@ async fn force_release(
     let mut conn = s.pool.acquire().await?;
     Ok(Json(
         crate::ops::force_release(&mut conn, id, body.fencing_token, &s.instance_id).await?,
+    ))
+}
+
+/// `GET /api/leases/{id}/events`: the lease's history, newest first, paged.
+#[utoipa::path(
+    get,
+    path = "/api/leases/{id}/events",
+    tag = "leases",
+    summary = "A lease's history",
+    description = "`acquired`, `renewed`, `released`, `taken_over`, `deleted`, `stale_write_refused` and `operator` events of the lease's resource, newest first.",
+    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)"), CursorQuery),
+    responses(
+        (status = 200, description = "A page of events, newest first", body = [LeaseEvent],
+            headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
+        (status = 400, description = "A bad id or query", body = ErrorBody),
+        (status = 404, description = "No lease with that id", body = ErrorBody),
+    )
+)]
+async fn events(
+    State(s): State<AppState>,
+    Id(id): Id,
+    ApiQuery(q): ApiQuery<CursorQuery>,
+) -> Result<axum::response::Response, AppError> {
+    let mut conn = s.pool.acquire().await?;
+    let lease = store::get(&mut conn, id)
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))?;
+    let cursor = q.cursor();
+    let page = store::events(&mut conn, &lease.resource, cursor).await?;
+    Ok(super::paging::answer(
+        &format!("/api/leases/{id}/events"),
+        cursor,
+        page,
     ))
 }

@@ -57,6 +57,17 @@ pub fn route() -> axum::Router<AppState> {
     axum::Router::new().route("/metrics", get(render))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "metrics",
+    summary = "Prometheus metrics",
+    description = "Task counts by status (read from the database at each scrape, the whole cluster) and this process's counters and histograms: claims, takeovers, refused stale writes, renewal and failover times.",
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+        (status = 503, description = "Another metrics recorder was installed first", content_type = "text/plain", body = String),
+    )
+)]
 async fn render(State(s): State<AppState>) -> Response {
     let Some(handle) = install() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "no metrics recorder\n").into_response();
@@ -75,6 +86,7 @@ async fn render(State(s): State<AppState>) -> Response {
                 ("started", c.tasks_started),
                 ("processed", c.tasks_processed),
                 ("failed", c.tasks_failed),
+                ("cancelled", c.tasks_cancelled),
             ] {
                 metrics::gauge!(TASKS, "status" => status).set(n as f64);
             }

@@ -1,6 +1,7 @@
 //! The REST API: thin handlers that parse the request, call the domain
 //! modules, and map their errors to [`AppError`](crate::error::AppError).
 
+pub mod audit;
 pub mod events;
 pub mod extract;
 pub mod generator;
@@ -8,8 +9,10 @@ pub mod health;
 pub mod instances;
 pub mod leases;
 pub mod metrics;
+pub mod openapi;
 pub mod origin;
 pub mod overview;
+pub mod paging;
 pub mod server_fns;
 pub mod tasks;
 pub mod workers;
@@ -23,6 +26,13 @@ use axum::routing::any;
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// An answer that is only words: `{"message": "..."}`.
+#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Message {
+    /// What happened.
+    pub message: String,
+}
+
 /// Every `/api` route, with JSON errors for unknown paths and methods and a
 /// body limit that answers 413 past [`MAX_BODY_BYTES`].
 pub fn api_router() -> Router<AppState> {
@@ -33,6 +43,8 @@ pub fn api_router() -> Router<AppState> {
         .merge(generator::routes())
         .merge(instances::routes())
         .merge(overview::routes())
+        .merge(audit::routes())
+        .merge(openapi::routes())
         .route("/api", any(no_such_route))
         .route("/api/{*rest}", any(no_such_route))
         .method_not_allowed_fallback(method_not_allowed)
@@ -45,7 +57,9 @@ async fn no_such_route() -> AppError {
 
 async fn method_not_allowed() -> axum::response::Response {
     use axum::response::IntoResponse;
-    let body = serde_json::json!({ "error": "method not allowed on this route" });
+    let body = crate::error::ErrorBody {
+        error: "method not allowed on this route".into(),
+    };
     (axum::http::StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response()
 }
 

@@ -1,15 +1,17 @@
 //! `/api/tasks`: the task queue's REST contract (SPEC §3).
 
+use super::Message;
 use super::extract::{ApiQuery, Id, JsonBody};
-use crate::error::AppError;
-use crate::lease::Holder;
-use crate::lease::store::Page;
+use super::paging::{CursorQuery, Direction, answer_to};
+use crate::error::{AppError, ErrorBody};
+use crate::lease::{Holder, LeaseEvent};
+use crate::queue::control::{self, TaskFilter};
 use crate::queue::store::{self, RetryPolicy};
 use crate::queue::{ClaimRequest, NewTask, Task, TaskStatus};
 use crate::state::AppState;
 use crate::worker::simulated;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -30,72 +32,174 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/{id}/heartbeat", put(heartbeat))
         .route("/api/tasks/{id}/complete", put(complete))
         .route("/api/tasks/{id}/fail", put(fail))
+        .route("/api/tasks/{id}/events", get(events))
+        .route("/api/tasks/{id}/cancel", post(cancel_one))
+        .route("/api/tasks/{id}/retry", post(retry_one))
+        .route("/api/tasks/cancel", post(cancel_matching))
+        .route("/api/tasks/retry", post(retry_matching))
 }
 
-/// `?status=...&after=ID&limit=N` on list routes.
-#[derive(Deserialize, Default)]
+/// `?status=...&before=ID&limit=N` on list routes: newest first, the next
+/// page named by a `Link` header. `after=ID` instead pages oldest first
+/// (ids above it), for a client that follows new tasks as they come.
+#[derive(Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// `all` (the default), `pending`, `started`, `processed`, `failed` or
+    /// `cancelled`; ignored by the routes that name a status in their path.
     status: Option<String>,
+    /// Newest first, tasks with an id below this (the cursor of the
+    /// `Link: rel="next"` header).
+    before: Option<i64>,
+    /// Oldest first instead, tasks with an id above this, for a client that
+    /// follows new tasks (no `Link` header). Not with `before`.
     after: Option<i32>,
+    /// At most this many (default 100, 1 to 1000).
     limit: Option<i64>,
 }
 
 async fn list(
     s: &AppState,
     status: Option<TaskStatus>,
+    uri: Uri,
     q: ListQuery,
-) -> Result<Json<Vec<Task>>, AppError> {
+) -> Result<Response, AppError> {
     let status = match (status, q.status.as_deref()) {
         (Some(s), _) => Some(s),
         (None, None | Some("all")) => None,
         (None, Some(name)) => Some(TaskStatus::parse(name).ok_or_else(|| {
             AppError::BadRequest(format!(
-                "status must be one of all, pending, started, processed, failed; got {name:?}"
+                "status must be one of all, pending, started, processed, failed, cancelled; got {name:?}"
             ))
         })?),
     };
-    let page = Page::new(q.after, q.limit);
-    Ok(Json(
-        store::list(&mut *s.pool.acquire().await?, status, page).await?,
-    ))
+    let direction = Direction::of(q.before, q.after, q.limit)?;
+    let mut conn = s.pool.acquire().await?;
+    Ok(match direction {
+        Direction::Oldest(page) => {
+            Json(store::list(&mut conn, status, page).await?).into_response()
+        }
+        Direction::Newest(cursor) => answer_to(
+            &uri,
+            cursor,
+            store::list_page(&mut conn, status, cursor).await?,
+        ),
+    })
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/tasks",
+    tag = "tasks",
+    summary = "Tasks, optionally by status",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_all(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Task>>, AppError> {
-    list(&s, None, q).await
+) -> Result<Response, AppError> {
+    list(&s, None, uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/tasks/pending",
+    tag = "tasks",
+    summary = "Pending tasks",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_pending(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Task>>, AppError> {
-    list(&s, Some(TaskStatus::Pending), q).await
+) -> Result<Response, AppError> {
+    list(&s, Some(TaskStatus::Pending), uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/tasks/started",
+    tag = "tasks",
+    summary = "Started tasks",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_started(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Task>>, AppError> {
-    list(&s, Some(TaskStatus::Started), q).await
+) -> Result<Response, AppError> {
+    list(&s, Some(TaskStatus::Started), uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/tasks/processed",
+    tag = "tasks",
+    summary = "Processed tasks",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_processed(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Task>>, AppError> {
-    list(&s, Some(TaskStatus::Processed), q).await
+) -> Result<Response, AppError> {
+    list(&s, Some(TaskStatus::Processed), uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/tasks/failed",
+    tag = "tasks",
+    summary = "Failed tasks",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
+            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
+        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
+    )
+)]
 async fn list_failed(
     State(s): State<AppState>,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Task>>, AppError> {
-    list(&s, Some(TaskStatus::Failed), q).await
+) -> Result<Response, AppError> {
+    list(&s, Some(TaskStatus::Failed), uri, q).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/tasks/{id}",
+    tag = "tasks",
+    summary = "One task",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    responses(
+        (status = 200, description = "The task", body = Task),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+    )
+)]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Task>, AppError> {
     store::get(&mut *s.pool.acquire().await?, id)
         .await?
@@ -116,16 +220,40 @@ fn no_nul(value: &Value, field: &str) -> Result<(), AppError> {
 
 /// Body of `POST /api/tasks`. `kind` defaults to the simulated work
 /// (`sleep`), `queue` to `default`, `priority` to 0 (lower runs first).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct EnqueueBody {
+    /// What to do (any JSON but null), e.g. `{"sleep_duration_seconds": 5}`
+    /// for the simulated work.
     task_data: Value,
+    /// Claims allowed before the task is marked failed (the server's
+    /// `max_attempts` setting when absent).
+    #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<i32>,
+    /// Not claimed before this many seconds from now (0 to 86400).
+    #[schema(minimum = 0, maximum = 86400)]
     delay_seconds: Option<f64>,
+    /// Which handler runs it, 1 to 128 characters (`sleep` when absent).
+    #[schema(min_length = 1, max_length = 128)]
     kind: Option<String>,
+    /// The queue it waits in, 1 to 128 characters (`default` when absent).
+    #[schema(min_length = 1, max_length = 128)]
     queue: Option<String>,
+    /// Lower runs first (0 when absent).
     priority: Option<i16>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/tasks",
+    tag = "tasks",
+    summary = "Enqueue a task",
+    request_body = EnqueueBody,
+    responses(
+        (status = 201, description = "The new task, pending", body = Task),
+        (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind or queue", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn enqueue(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<EnqueueBody>,
@@ -162,6 +290,20 @@ async fn enqueue(
     Ok((StatusCode::CREATED, Json(task)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/tasks/next",
+    tag = "tasks",
+    summary = "Claim the next task",
+    description = "Late tasks (started, lease expired) first, then pending ones by `priority` and `scheduled_at`, within one queue. The claim is a lease on `task:<id>`; its `fencing_token` must accompany every heartbeat, completion and failure.",
+    request_body = ClaimRequest,
+    responses(
+        (status = 202, description = "The claimed task, with its fencing token", body = Task),
+        (status = 200, description = "Nothing claimable: `{\"message\": \"no task available\"}`", body = Message),
+        (status = 400, description = "Bad JSON, a bad processor, queue or kinds", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn claim_next(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<ClaimRequest>,
@@ -178,19 +320,38 @@ async fn claim_next(
         Some(task) => (StatusCode::ACCEPTED, Json(task)).into_response(),
         None => (
             StatusCode::OK,
-            Json(serde_json::json!({ "message": "no task available" })),
+            Json(Message {
+                message: "no task available".into(),
+            }),
         )
             .into_response(),
     })
 }
 
 /// Body of `PUT /api/tasks/{id}/heartbeat`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct HeartbeatBody {
+    /// Who holds the claim.
     processor: Holder,
+    /// The claim's token.
     fencing_token: i64,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/tasks/{id}/heartbeat",
+    tag = "tasks",
+    summary = "Extend a claim",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    request_body = HeartbeatBody,
+    responses(
+        (status = 202, description = "Extended: the task with its new `must_heartbeat_before`", body = Task),
+        (status = 400, description = "Bad JSON, a bad id or processor", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+        (status = 409, description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn heartbeat(
     State(s): State<AppState>,
     Id(id): Id,
@@ -208,13 +369,31 @@ async fn heartbeat(
 }
 
 /// Body of `PUT /api/tasks/{id}/complete`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct CompleteBody {
+    /// Who holds the claim.
     processor: Holder,
+    /// The claim's token.
     fencing_token: i64,
+    /// What the work produced (any JSON).
     task_output: Option<Value>,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/tasks/{id}/complete",
+    tag = "tasks",
+    summary = "Complete a claimed task",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    request_body = CompleteBody,
+    responses(
+        (status = 202, description = "Processed: the task", body = Task),
+        (status = 400, description = "Bad JSON, a bad id or processor", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+        (status = 409, description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn complete(
     State(s): State<AppState>,
     Id(id): Id,
@@ -237,13 +416,33 @@ async fn complete(
 }
 
 /// Body of `PUT /api/tasks/{id}/fail`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct FailBody {
+    /// Who holds the claim.
     processor: Holder,
+    /// The claim's token.
     fencing_token: i64,
+    /// Why the attempt failed (at most 4096 characters, no NUL).
+    #[schema(max_length = 4096)]
     error: String,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/tasks/{id}/fail",
+    tag = "tasks",
+    summary = "Fail an attempt",
+    description = "Back to pending after an exponential backoff (1 s, 2 s, 4 s ... up to 60 s), or failed after `max_attempts`.",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    request_body = FailBody,
+    responses(
+        (status = 200, description = "The task, pending again or failed", body = Task),
+        (status = 400, description = "Bad JSON, a bad id, processor or error", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+        (status = 409, description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn fail(
     State(s): State<AppState>,
     Id(id): Id,
@@ -270,4 +469,181 @@ async fn fail(
     )
     .await?;
     Ok(Json(task))
+}
+
+/// `POST /api/tasks/{id}/cancel`: a pending or started task becomes
+/// cancelled (a started one's claim ends with it). 409 when it is in
+/// another status.
+#[utoipa::path(
+    post,
+    path = "/api/tasks/{id}/cancel",
+    tag = "tasks",
+    summary = "Cancel a task (operator)",
+    description = "A pending task is never claimed; a started one's claim ends with it (its processor's later writes are refused). Audited in the same transaction.",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, now cancelled", body = Task),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+        (status = 409, description = "The task is processed, failed or already cancelled", body = ErrorBody),
+    )
+)]
+async fn cancel_one(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    Id(id): Id,
+) -> Result<Json<Task>, AppError> {
+    Ok(Json(
+        control::cancel(&mut *s.pool.acquire().await?, id, &s.instance_id).await?,
+    ))
+}
+
+/// `POST /api/tasks/{id}/retry`: a failed or cancelled task goes back to
+/// pending with its attempts reset. 409 when it is in another status.
+#[utoipa::path(
+    post,
+    path = "/api/tasks/{id}/retry",
+    tag = "tasks",
+    summary = "Retry a task (operator)",
+    description = "A failed or cancelled task goes back to pending, runnable now, `attempts` 0. Audited in the same transaction.",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, pending again", body = Task),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+        (status = 409, description = "The task is neither failed nor cancelled", body = ErrorBody),
+    )
+)]
+async fn retry_one(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    Id(id): Id,
+) -> Result<Json<Task>, AppError> {
+    Ok(Json(
+        control::retry(&mut *s.pool.acquire().await?, id, &s.instance_id).await?,
+    ))
+}
+
+/// Body of the bulk `POST /api/tasks/cancel` and `POST /api/tasks/retry`:
+/// the tasks list's filters. `status` is required (one the action applies
+/// to), so a bulk action never means "everything" by omission.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkBody {
+    /// Tasks in this status: `pending` or `started` to cancel, `failed` or
+    /// `cancelled` to retry.
+    status: String,
+    /// Only tasks of this kind.
+    kind: Option<String>,
+    /// Only tasks in this queue.
+    queue: Option<String>,
+}
+
+impl BulkBody {
+    fn filter(self) -> Result<TaskFilter, AppError> {
+        let status = TaskStatus::parse(&self.status).ok_or_else(|| {
+            AppError::BadRequest(format!(
+                "status must be one of pending, started, failed, cancelled; got {:?}",
+                self.status
+            ))
+        })?;
+        Ok(TaskFilter {
+            status,
+            kind: self.kind,
+            queue: self.queue,
+        })
+    }
+}
+
+/// How many tasks a bulk action changed.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Count {
+    /// Tasks changed.
+    count: u64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/tasks/cancel",
+    tag = "tasks",
+    summary = "Cancel every matching task (operator)",
+    description = "Cancels every task matching the filter, in batches of 500, each its own transaction with one audit row per task.",
+    request_body = BulkBody,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "How many tasks changed", body = Count),
+        (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
+async fn cancel_matching(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    JsonBody(body): JsonBody<BulkBody>,
+) -> Result<Json<Count>, AppError> {
+    let count = control::cancel_matching(&s.pool, &body.filter()?, &s.instance_id).await?;
+    Ok(Json(Count { count }))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/tasks/retry",
+    tag = "tasks",
+    summary = "Retry every matching task (operator)",
+    description = "Retries every task matching the filter, in batches of 500, each its own transaction with one audit row per task.",
+    request_body = BulkBody,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "How many tasks changed", body = Count),
+        (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
+async fn retry_matching(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    JsonBody(body): JsonBody<BulkBody>,
+) -> Result<Json<Count>, AppError> {
+    let count = control::retry_matching(&s.pool, &body.filter()?, &s.instance_id).await?;
+    Ok(Json(Count { count }))
+}
+
+/// `GET /api/tasks/{id}/events`: the task lease's history (claims,
+/// heartbeats' renewals, takeovers, refused writes, operator actions),
+/// newest first, paged.
+#[utoipa::path(
+    get,
+    path = "/api/tasks/{id}/events",
+    tag = "tasks",
+    summary = "A task lease's history",
+    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)"), CursorQuery),
+    responses(
+        (status = 200, description = "A page of the events of lease `task:<id>`, newest first", body = [LeaseEvent],
+            headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
+        (status = 400, description = "A bad id or query", body = ErrorBody),
+        (status = 404, description = "No task with that id", body = ErrorBody),
+    )
+)]
+async fn events(
+    State(s): State<AppState>,
+    Id(id): Id,
+    ApiQuery(q): ApiQuery<CursorQuery>,
+) -> Result<Response, AppError> {
+    let mut conn = s.pool.acquire().await?;
+    if store::get(&mut conn, id).await?.is_none() {
+        return Err(AppError::NotFound(format!("no task with id {id}")));
+    }
+    let cursor = q.cursor();
+    let page = crate::lease::store::events(&mut conn, &Task::resource_name(id), cursor).await?;
+    Ok(super::paging::answer(
+        &format!("/api/tasks/{id}/events"),
+        cursor,
+        page,
+    ))
 }

@@ -2,8 +2,9 @@
 //! this instance's simulated workers (spawn, pause, kill). Worker processes
 //! (`leasekeeper worker`) report themselves here too.
 
-use super::extract::{JsonBody, WorkerId};
-use crate::error::AppError;
+use super::extract::{ApiQuery, JsonBody, WorkerId};
+use super::paging::CursorQuery;
+use crate::error::{AppError, ErrorBody};
 use crate::lease::Holder;
 use crate::ops::{self, Operator, WorkerAction};
 use crate::state::AppState;
@@ -24,10 +25,28 @@ pub fn routes() -> Router<AppState> {
         .route("/api/workers/{id}/kill", post(kill))
 }
 
-async fn list(State(s): State<AppState>) -> Result<Json<Vec<WorkerInfo>>, AppError> {
-    Ok(Json(
-        registry::list(&mut *s.pool.acquire().await?, s.settings.lease_ttl).await?,
-    ))
+/// `GET /api/workers?before=SEQ&limit=N`: newest first, paged.
+#[utoipa::path(
+    get,
+    path = "/api/workers",
+    tag = "workers",
+    summary = "The workers",
+    description = "Newest first, paged by `seq` (`before` is a sequence number). `alive` and the ages are computed by the database.",
+    params(CursorQuery),
+    responses(
+        (status = 200, description = "A page of workers, newest first", body = [WorkerInfo],
+            headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
+        (status = 400, description = "A bad query", body = ErrorBody),
+    )
+)]
+async fn list(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<CursorQuery>,
+) -> Result<axum::response::Response, AppError> {
+    let cursor = q.cursor();
+    let page =
+        registry::list_page(&mut *s.pool.acquire().await?, s.settings.lease_ttl, cursor).await?;
+    Ok(super::paging::answer("/api/workers", cursor, page))
 }
 
 async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
@@ -36,6 +55,18 @@ async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
         .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/workers/{id}",
+    tag = "workers",
+    summary = "One worker",
+    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    responses(
+        (status = 200, description = "The worker", body = WorkerInfo),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 404, description = "No worker with that id", body = ErrorBody),
+    )
+)]
 async fn get_one(
     State(s): State<AppState>,
     WorkerId(id): WorkerId,
@@ -43,6 +74,19 @@ async fn get_one(
     Ok(Json(fetch(&s, id.as_str()).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/workers",
+    tag = "workers",
+    summary = "Spawn a simulated worker (operator)",
+    description = "One more simulated worker on the instance that answers. Audited with the worker's row.",
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 201, description = "The new worker", body = WorkerInfo),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 409, description = "The instance is shutting down", body = ErrorBody),
+    )
+)]
 async fn spawn(
     State(s): State<AppState>,
     _: Operator,
@@ -53,12 +97,30 @@ async fn spawn(
 /// The answer to pause and kill: what was done, and the worker's row as the
 /// answer is sent (a pause takes effect at the worker's next step, within
 /// milliseconds, so the row may still show its previous state).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Done {
+    /// What was done.
     message: String,
+    /// The worker's row as the answer is sent.
     worker: WorkerInfo,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/workers/{id}/pause",
+    tag = "workers",
+    summary = "Pause a simulated worker (operator)",
+    description = "Frozen for TTL + 2 s (no ticks, no heartbeats), then it tries to complete its task, which the fencing token refuses if another worker took it over. A worker of another instance is paused through that instance.",
+    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "Paused", body = Done),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 404, description = "No such worker", body = ErrorBody),
+        (status = 409, description = "A worker process, or a worker that is not running", body = ErrorBody),
+    )
+)]
 async fn pause(
     State(s): State<AppState>,
     _: Operator,
@@ -67,6 +129,22 @@ async fn pause(
     control(&s, &id, WorkerAction::Pause).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/workers/{id}/kill",
+    tag = "workers",
+    summary = "Kill a simulated worker (operator)",
+    description = "Aborted on the spot, nothing completed or released: its task is taken over once the lease runs out. A worker of another instance is killed through that instance.",
+    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "Killed", body = Done),
+        (status = 400, description = "A bad id", body = ErrorBody),
+        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        (status = 404, description = "No such worker", body = ErrorBody),
+        (status = 409, description = "A worker process, or a worker that is not running", body = ErrorBody),
+    )
+)]
 async fn kill(
     State(s): State<AppState>,
     _: Operator,
@@ -84,6 +162,20 @@ async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json
 }
 
 /// `PUT /api/workers/{id}`: a worker process reports what it is doing.
+#[utoipa::path(
+    put,
+    path = "/api/workers/{id}",
+    tag = "workers",
+    summary = "A worker process reports itself",
+    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    request_body = Report,
+    responses(
+        (status = 200, description = "Recorded", body = WorkerInfo),
+        (status = 400, description = "Bad JSON, a bad id, negative counts", body = ErrorBody),
+        (status = 409, description = "A simulated worker's id, or a stale report after the worker stopped (a new run sends `fresh: true` first)", body = ErrorBody),
+        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+    )
+)]
 async fn report(
     State(s): State<AppState>,
     WorkerId(id): WorkerId,

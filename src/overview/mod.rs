@@ -41,6 +41,7 @@ pub const LATE_CAP: i64 = 10_000;
 /// How many things are in each state, right now.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct Counts {
     /// Tasks waiting to be claimed.
     pub tasks_pending: i64,
@@ -52,6 +53,8 @@ pub struct Counts {
     pub tasks_processed: i64,
     /// Tasks given up after their last attempt.
     pub tasks_failed: i64,
+    /// Tasks an operator cancelled.
+    pub tasks_cancelled: i64,
     /// Leases not released and not expired.
     pub leases_active: i64,
 }
@@ -59,12 +62,17 @@ pub struct Counts {
 impl Counts {
     /// Every task, whatever its status.
     pub fn tasks_total(&self) -> i64 {
-        self.tasks_pending + self.tasks_started + self.tasks_processed + self.tasks_failed
+        self.tasks_pending
+            + self.tasks_started
+            + self.tasks_processed
+            + self.tasks_failed
+            + self.tasks_cancelled
     }
 }
 
 /// Completions and failures in one time bucket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct Bucket {
     /// Start of the bucket, milliseconds since the epoch (database clock).
     pub start_ms: i64,
@@ -77,6 +85,7 @@ pub struct Bucket {
 /// Throughput buckets, oldest first, plus how long this instance has been
 /// sampling (a younger instance has empty bars before it started).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct Throughput {
     /// Width of each bucket, in seconds.
     pub bucket_secs: i64,
@@ -90,6 +99,7 @@ pub struct Throughput {
 /// Two live holders of one resource at the same moment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct Overlap {
     /// The resource held twice.
     pub resource: String,
@@ -111,6 +121,7 @@ pub struct Overlap {
 
 /// The result of the split-brain check.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct SplitBrain {
     /// Every overlap found (empty: none seen).
     pub overlaps: Vec<Overlap>,
@@ -127,6 +138,7 @@ pub struct SplitBrain {
 
 /// Everything the overview page and `GET /api/overview` show.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct Overview {
     /// Counts by state.
     pub counts: Counts,

@@ -17,6 +17,7 @@ pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
                 coalesce(sum(started), 0)::bigint   AS tasks_started,
                 coalesce(sum(processed), 0)::bigint AS tasks_processed,
                 coalesce(sum(failed), 0)::bigint    AS tasks_failed,
+                coalesce(sum(cancelled), 0)::bigint AS tasks_cancelled,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks
                                         WHERE status = 'started' AND must_heartbeat_before <= now()
                                         LIMIT $1) late) AS tasks_late,
@@ -29,12 +30,15 @@ pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
     .await
 }
 
-/// The totals of processed and failed tasks, with the database time in
-/// milliseconds: what the throughput sampler reads every second.
+/// The totals of processed and failed tasks ever (those still there and
+/// those the maintenance job pruned, so the totals only grow), with the
+/// database time in milliseconds: what the throughput sampler reads every
+/// second.
 pub async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
     sqlx::query_as(
         "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
-                coalesce(sum(processed), 0)::bigint, coalesce(sum(failed), 0)::bigint
+                coalesce(sum(processed + pruned_processed), 0)::bigint,
+                coalesce(sum(failed + pruned_failed), 0)::bigint
            FROM task_counts",
     )
     .fetch_one(&mut *conn)

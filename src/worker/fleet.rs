@@ -17,11 +17,12 @@ use super::transport::InProcess;
 use super::transport::Report;
 use super::{WorkerInfo, WorkerKind, WorkerState};
 use crate::lease::Holder;
+use crate::lease::store::record_operator_action;
 use crate::live::LiveHub;
 use crate::queue::ClaimFilter;
 use crate::queue::wake::WorkSignal;
 use crate::settings::Settings;
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -164,13 +165,31 @@ impl Fleet {
 
     /// Starts one more worker and answers its row in the `workers` table.
     pub async fn spawn(&self) -> Result<WorkerInfo, FleetError> {
-        let prepared = self.prepare().await?;
+        let prepared = self.prepare(None).await?;
         self.start(prepared)
     }
 
-    /// Names the next worker and records it; the row exists before the
+    /// [`spawn`](Self::spawn) on behalf of operator `by`: the audit row
+    /// (`spawn_worker`) is written in the transaction that records the
+    /// worker's row, so neither exists without the other.
+    pub async fn spawn_by(&self, by: &str) -> Result<WorkerInfo, FleetError> {
+        let prepared = self.prepare(Some(by)).await?;
+        let id = prepared.id.as_str().to_string();
+        match self.start(prepared) {
+            Ok(info) => Ok(info),
+            Err(e) => {
+                // Shutting down between the two: the recorded worker never
+                // runs; say so on its row.
+                let _ = self.mark(&id, WorkerState::Stopped).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Names the next worker and records it (with `by`'s audit row, in the
+    /// same transaction, when an operator asked); the row exists before the
     /// worker runs, so the caller can show it at once.
-    async fn prepare(&self) -> Result<Prepared, FleetError> {
+    async fn prepare(&self, by: Option<&str>) -> Result<Prepared, FleetError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(FleetError::ShuttingDown);
         }
@@ -187,8 +206,10 @@ impl Fleet {
             tasks_abandoned: 0,
             fresh: true,
         };
+        let mut conn = self.inner.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
         let info = registry::record(
-            &mut *self.inner.pool.acquire().await?,
+            &mut tx,
             &id,
             WorkerKind::Simulated,
             Some(&self.inner.instance_id),
@@ -197,6 +218,17 @@ impl Fleet {
         )
         .await?
         .ok_or_else(|| FleetError::BadId(format!("{name} is taken by an http worker")))?;
+        if let Some(by) = by {
+            record_operator_action(
+                &mut tx,
+                &format!("worker:{name}"),
+                by,
+                "spawn_worker",
+                serde_json::json!({}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
         Ok(Prepared { n, id, info })
     }
 
@@ -248,7 +280,7 @@ impl Fleet {
         tokio::select! {
             () = self.inner.shutdown.cancelled() => {}
             () = tokio::time::sleep(delay) => {
-                match self.prepare().await.and_then(|prepared| self.start(prepared)) {
+                match self.prepare(None).await.and_then(|prepared| self.start(prepared)) {
                     Ok(info) => tracing::info!(crashed = name, replacement = info.id, "replaced a crashed worker"),
                     Err(e) => tracing::warn!(crashed = name, error = %e, "cannot replace a crashed worker"),
                 }
@@ -284,6 +316,38 @@ impl Fleet {
     /// Kills worker `id` abruptly: its task is aborted mid-step, nothing is
     /// completed or released, and it is recorded as crashed.
     pub async fn kill(&self, id: &str) -> Result<(), FleetError> {
+        self.abort(id).await?;
+        self.mark(id, WorkerState::Crashed).await?;
+        Ok(())
+    }
+
+    /// [`kill`](Self::kill) on behalf of operator `by`, in one transaction:
+    /// the audit row (`kill_worker`) is written first, so a kill that
+    /// cannot be audited does not happen; then the worker dies, its row
+    /// says crashed, and the failover stopwatch starts on the leases it
+    /// left live; all commit together.
+    pub async fn kill_by(&self, id: &str, by: &str) -> Result<(), FleetError> {
+        let mut conn = self.inner.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        record_operator_action(
+            &mut tx,
+            &format!("worker:{id}"),
+            by,
+            "kill_worker",
+            serde_json::json!({}),
+        )
+        .await?;
+        self.abort(id).await?;
+        registry::mark(&mut tx, id, WorkerState::Crashed).await?;
+        // Its leases stay live (a kill releases nothing): the stopwatch
+        // runs until another worker takes them over.
+        crate::lease::stopwatch::record_kill(&mut tx, "worker", id, &[id.to_string()]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Stops worker `id`'s task dead, and waits until it is gone.
+    async fn abort(&self, id: &str) -> Result<(), FleetError> {
         let slot = self.slots().remove(id).ok_or_else(|| self.not_here(id))?;
         slot.handle.abort();
         // Wait until it is really gone, so nothing it sends lands later;
@@ -292,7 +356,6 @@ impl Fleet {
         let _ = slot.handle.await;
         self.inner.transport.flush().await;
         tracing::warn!(worker = id, "killed (no completion, no release)");
-        self.mark(id, WorkerState::Crashed).await?;
         Ok(())
     }
 

@@ -68,6 +68,11 @@ impl Api {
         }
     }
 
+    /// The router itself, for a test that sends its own requests.
+    pub fn app(&self) -> axum::Router {
+        self.app.clone()
+    }
+
     /// Sends a request and hands back the streaming response.
     pub async fn open(&self, uri: &str) -> axum::response::Response {
         let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
@@ -119,6 +124,40 @@ impl Api {
             .unwrap();
         let status = resp.status();
         (status, resp.into_body().collect().await.unwrap().to_bytes())
+    }
+
+    /// GET one page of a list: status, body, and the next page's URI from
+    /// the `Link` header, if any.
+    pub async fn page(&self, uri: &str) -> (StatusCode, Value, Option<String>) {
+        let resp = self.open(uri).await;
+        let status = resp.status();
+        let next = resp.headers().get("link").map(|l| {
+            let l = l.to_str().unwrap();
+            l.strip_prefix('<')
+                .and_then(|l| l.strip_suffix(">; rel=\"next\""))
+                .unwrap_or_else(|| panic!("Link header {l:?}"))
+                .to_string()
+        });
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, serde_json::from_slice(&body).unwrap(), next)
+    }
+
+    /// Every row of every page of the list at `uri`, following the `Link`
+    /// headers, and how many pages there were.
+    pub async fn walk(&self, uri: &str) -> (Vec<Value>, usize) {
+        let (mut rows, mut pages, mut next) = (Vec::new(), 0, Some(uri.to_string()));
+        while let Some(uri) = next {
+            let (s, body, more) = self.page(&uri).await;
+            assert_eq!(s, StatusCode::OK, "{uri}: {body}");
+            rows.extend(body.as_array().unwrap().iter().cloned());
+            pages += 1;
+            assert!(pages <= 100, "paging does not end");
+            next = more;
+        }
+        (rows, pages)
     }
 
     pub async fn get(&self, uri: &str) -> (StatusCode, Value) {

@@ -5,6 +5,7 @@ use crate::common::{TestDb, event_kinds, holder, resource};
 use leasekeeper::lease::LeaseFilter;
 use leasekeeper::lease::LeaseState;
 use leasekeeper::lease::store::{self, Acquired, LeaseError, Page};
+use leasekeeper::paging::Cursor;
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -416,23 +417,38 @@ async fn the_dashboard_list_shows_the_newest_leases_past_a_page() {
         .await
         .unwrap();
     }
-    let newest = store::list_newest(&mut conn, LeaseFilter::All, Page::DEFAULT_LIMIT)
+    let page = store::list_page(&mut conn, LeaseFilter::All, Cursor::first())
         .await
         .unwrap();
+    let newest = page.items;
     assert_eq!(newest.len(), 100);
     assert_eq!(newest[0].resource, "many-149", "newest first");
     assert!(newest.windows(2).all(|w| w[0].id > w[1].id));
     assert!(newest.iter().all(|l| l.resource != "many-0"));
+    // The next page goes on below the first, to the oldest, and ends.
+    let more = store::list_page(&mut conn, LeaseFilter::All, Cursor::new(page.next, None))
+        .await
+        .unwrap();
+    assert_eq!(more.items.len(), 50);
+    assert_eq!(more.items[0].id, newest[99].id - 1);
+    assert_eq!(more.items[49].resource, "many-0");
+    assert_eq!(more.next, None, "the last page");
     store::release(&mut conn, &resource("many-149"), &holder("h"), None)
         .await
         .unwrap();
-    let released = store::list_newest(&mut conn, LeaseFilter::Released, 10)
-        .await
-        .unwrap();
+    let released = store::list_page(
+        &mut conn,
+        LeaseFilter::Released,
+        Cursor::new(None, Some(10)),
+    )
+    .await
+    .unwrap()
+    .items;
     assert_eq!(released.len(), 1);
-    let active = store::list_newest(&mut conn, LeaseFilter::Active, 10)
+    let active = store::list_page(&mut conn, LeaseFilter::Active, Cursor::new(None, Some(10)))
         .await
-        .unwrap();
+        .unwrap()
+        .items;
     assert_eq!(active[0].resource, "many-148");
 }
 

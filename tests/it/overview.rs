@@ -24,6 +24,7 @@ async fn real_counts(pool: &PgPool) -> Counts {
                 count(*) FILTER (WHERE status = 'started')   AS tasks_started,
                 count(*) FILTER (WHERE status = 'processed') AS tasks_processed,
                 count(*) FILTER (WHERE status = 'failed')    AS tasks_failed,
+                count(*) FILTER (WHERE status = 'cancelled') AS tasks_cancelled,
                 count(*) FILTER (WHERE status = 'started' AND must_heartbeat_before <= now()) AS tasks_late,
                 (SELECT count(*) FROM leases WHERE released_at IS NULL AND expires_at > now()) AS leases_active
            FROM tasks",
@@ -341,7 +342,11 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
                     .await
                     .unwrap();
                 let name = status.map(TaskStatus::as_str);
-                let args = if newest_first { "100" } else { "0, 100" };
+                let args = if newest_first {
+                    "2147483647, 100"
+                } else {
+                    "0, 100"
+                };
                 let plan: Value = sqlx::query_scalar(&format!(
                     "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q{prepared}({args})"
                 ))

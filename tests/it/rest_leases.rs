@@ -110,12 +110,15 @@ async fn lists_filter_by_state() {
             .collect()
     };
     for (path, expected) in [
-        ("/api/leases", vec!["a1", "a2", "gone", "old"]),
-        ("/api/leases/active", vec!["a1", "a2"]),
+        // Newest first.
+        ("/api/leases", vec!["old", "gone", "a2", "a1"]),
+        ("/api/leases/active", vec!["a2", "a1"]),
         ("/api/leases/expired", vec!["old"]),
         ("/api/leases/renewed", vec!["a2"]),
         ("/api/leases/released", vec!["gone"]),
-        ("/api/leases?limit=2", vec!["a1", "a2"]),
+        ("/api/leases?limit=2", vec!["old", "gone"]),
+        // Oldest first with `after`.
+        ("/api/leases?after=0&limit=2", vec!["a1", "a2"]),
     ] {
         let (s, v) = api.call(Method::GET, path, None).await;
         assert_eq!(s, StatusCode::OK, "{path}");

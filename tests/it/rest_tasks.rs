@@ -93,13 +93,17 @@ async fn fail_retries_then_lists_filter_by_status() {
     };
     let (a, b) = (t1["id"].as_i64().unwrap(), t2["id"].as_i64().unwrap());
     for (path, expected) in [
-        ("/api/tasks", vec![a, b]),
+        // Newest first.
+        ("/api/tasks", vec![b, a]),
         ("/api/tasks/pending", vec![a]),
         ("/api/tasks/started", vec![b]),
         ("/api/tasks/processed", vec![]),
         ("/api/tasks/failed", vec![]),
         ("/api/tasks?status=started", vec![b]),
-        ("/api/tasks?limit=1", vec![a]),
+        ("/api/tasks?limit=1", vec![b]),
+        (&format!("/api/tasks?before={b}"), vec![a]),
+        // Oldest first, for a client following new tasks.
+        ("/api/tasks?after=0", vec![a, b]),
         (&format!("/api/tasks?after={a}"), vec![b]),
     ] {
         let (s, v) = api.get(path).await;

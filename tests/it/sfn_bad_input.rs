@@ -45,6 +45,15 @@ enum Kind {
     OptionalChoice,
     /// An externally tagged enum (`of[Resource]=task:1`, `of[Lease]=1`).
     Tagged,
+    /// An optional paging cursor, an `i64`: missing is valid.
+    Cursor,
+}
+
+impl Kind {
+    /// Whether a call may leave the argument out.
+    fn optional(self) -> bool {
+        matches!(self, Kind::OptionalChoice | Kind::Cursor)
+    }
 }
 
 /// One argument of a server function, with a valid value for it that
@@ -73,9 +82,16 @@ const KNOWN: &[(&str, &[Arg])] = &[
     ("get_failovers", &[]),
     ("get_generator_status", &[]),
     ("set_generator", &[arg("action", Kind::Text, "stop")]),
-    ("get_instances", &[]),
+    ("get_instances", &[arg("before", Kind::Cursor, "1")]),
+    ("get_audit", &[arg("before", Kind::Cursor, "1")]),
     ("kill_instance", &[arg("id", Kind::Text, "i-none")]),
-    ("get_leases", &[arg("filter", Kind::Choice, "all")]),
+    (
+        "get_leases",
+        &[
+            arg("filter", Kind::Choice, "all"),
+            arg("before", Kind::Cursor, "1"),
+        ],
+    ),
     ("get_lease_detail", &[arg("id", Kind::Id, "2147483647")]),
     (
         "force_release_lease",
@@ -87,10 +103,33 @@ const KNOWN: &[(&str, &[Arg])] = &[
     ("get_overview", &[]),
     (
         "get_tasks",
-        &[arg("status", Kind::OptionalChoice, "pending")],
+        &[
+            arg("status", Kind::OptionalChoice, "pending"),
+            arg("before", Kind::Cursor, "1"),
+        ],
+    ),
+    (
+        "control_task",
+        &[
+            arg("id", Kind::Id, "2147483647"),
+            arg("action", Kind::Text, "cancel"),
+        ],
+    ),
+    (
+        "control_tasks",
+        &[
+            arg("status", Kind::Text, "started"),
+            arg("action", Kind::Text, "cancel"),
+        ],
     ),
     ("get_task_detail", &[arg("id", Kind::Id, "2147483647")]),
-    ("get_workers", &[arg("filter", Kind::Choice, "all")]),
+    (
+        "get_workers",
+        &[
+            arg("filter", Kind::Choice, "all"),
+            arg("before", Kind::Cursor, "1"),
+        ],
+    ),
     ("spawn_worker", &[]),
     (
         "control_worker",
@@ -103,7 +142,7 @@ const KNOWN: &[(&str, &[Arg])] = &[
 
 /// Functions that change something whatever their arguments: called only
 /// with the admin token set (and not sent), where they refuse.
-const NOT_WITH_CONTROLS_OPEN: &[&str] = &["spawn_worker"];
+const NOT_WITH_CONTROLS_OPEN: &[&str] = &["spawn_worker", "control_tasks"];
 
 /// The function name in a server function's path: `/sfn/<name><hash>`.
 fn name_of(path: &str) -> &str {
@@ -176,6 +215,15 @@ fn bad_values(kind: Kind) -> Vec<String> {
             "c".repeat(3000),
         ],
         Kind::Tagged => vec![],
+        Kind::Cursor => vec![
+            "abc".into(),
+            "99999999999999999999".into(),
+            "1.5".into(),
+            "1e3".into(),
+            "0x10".into(),
+            "%2B%2B1".into(),
+            "9".repeat(3000),
+        ],
     };
     if matches!(kind, Kind::Id) {
         // Valid i64s, but no row id.
@@ -205,9 +253,10 @@ fn argument_cases(args: &[Arg]) -> Vec<Case> {
             pairs.push(pair);
             pairs.join("&")
         };
-        let missing_expect = match arg.kind {
-            Kind::OptionalChoice => Expect::Either,
-            _ => Expect::Refused,
+        let missing_expect = if arg.kind.optional() {
+            Expect::Either
+        } else {
+            Expect::Refused
         };
         cases.push(case(
             format!("{} missing", arg.name),
@@ -446,8 +495,7 @@ async fn run_pass(api: &Api, open: bool, rng: &mut StdRng) -> (usize, Vec<String
             continue;
         }
         // Unknown arguments count as required: bodies without them are bad.
-        let required =
-            args.is_none_or(|args| args.iter().any(|a| !matches!(a.kind, Kind::OptionalChoice)));
+        let required = args.is_none_or(|args| args.iter().any(|a| !a.kind.optional()));
         let mut cases = generic_cases(required);
         let args = args.unwrap_or_default();
         cases.extend(argument_cases(args));

@@ -325,11 +325,10 @@ fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper::live:
 async fn idle(db: &TestDb, id: &str) {
     eventually("the worker idle", Duration::from_secs(10), || async {
         let mut conn = db.pool.acquire().await.unwrap();
-        registry::list(&mut conn, Duration::from_secs(60))
+        registry::get(&mut conn, id, Duration::from_secs(60))
             .await
             .unwrap()
-            .iter()
-            .any(|w| w.id == id && w.state == WorkerState::Idle)
+            .is_some_and(|w| w.state == WorkerState::Idle)
     })
     .await;
 }

@@ -35,6 +35,7 @@ pub const RESOURCE: &str = "singleton:generator";
     feature = "postgres",
     sqlx(type_name = "text", rename_all = "lowercase")
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Desired {
     /// Some instance should hold the lease and generate tasks.
     Running,
@@ -60,6 +61,7 @@ impl Desired {
 /// holds a live lease.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GeneratorStatus {
     /// Whether it should run.
     pub desired: Desired,

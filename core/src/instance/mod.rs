@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 /// `alive` and `last_seen_ms_ago` are computed by the database at read time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Instance {
     /// Unique per process, e.g. `i-3010-5f2c`.
     pub id: String,
@@ -42,6 +43,9 @@ pub struct Instance {
     pub last_seen_ms_ago: i64,
     /// Whether it holds the live `singleton:generator` lease right now.
     pub holds_generator: bool,
+    /// Its place in the order instances registered: the cursor the
+    /// instances list pages by.
+    pub seq: i64,
 }
 
 /// A fresh instance id: `i-<port>-<4 random hex digits>`. Readable in logs

@@ -2,6 +2,7 @@
 
 use super::Instance;
 use crate::generator::RESOURCE as GENERATOR;
+use crate::paging::{Cursor, Paged};
 use sqlx::PgConnection;
 use std::time::Duration;
 
@@ -45,12 +46,29 @@ pub async fn mark_stopped(conn: &mut PgConnection, id: &str) -> sqlx::Result<()>
     Ok(())
 }
 
-/// Every instance, newest first, with `alive` judged by the database clock:
+/// The newest [`Cursor::MAX_LIMIT`] instances (dead ones are pruned by
+/// retention), newest first, with `alive` judged by the database clock:
 /// not stopped and seen within `alive_within`.
 pub async fn list(conn: &mut PgConnection, alive_within: Duration) -> sqlx::Result<Vec<Instance>> {
+    Ok(list_page(
+        conn,
+        alive_within,
+        Cursor::new(None, Some(Cursor::MAX_LIMIT)),
+    )
+    .await?
+    .items)
+}
+
+/// A page of the instances, newest (registered last) first, judged as
+/// [`list`] does.
+pub async fn list_page(
+    conn: &mut PgConnection,
+    alive_within: Duration,
+    cursor: Cursor,
+) -> sqlx::Result<Paged<Instance>> {
     let window_ms = i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX);
-    sqlx::query_as(
-        "SELECT i.id, i.address, i.started_at, i.last_seen_at, i.stopped_at,
+    let rows = sqlx::query_as(
+        "SELECT i.id, i.seq, i.address, i.started_at, i.last_seen_at, i.stopped_at,
                 (i.stopped_at IS NULL
                  AND i.last_seen_at > now() - make_interval(secs => $1::float8 / 1000)) AS alive,
                 (EXTRACT(EPOCH FROM (now() - i.last_seen_at)) * 1000)::bigint AS last_seen_ms_ago,
@@ -58,12 +76,17 @@ pub async fn list(conn: &mut PgConnection, alive_within: Duration) -> sqlx::Resu
                          WHERE l.resource = $2 AND l.holder = i.id
                            AND l.released_at IS NULL AND l.expires_at > now()) AS holds_generator
            FROM instances i
-          ORDER BY i.started_at DESC, i.id",
+          WHERE i.seq < $3
+          ORDER BY i.seq DESC
+          LIMIT $4",
     )
     .bind(window_ms)
     .bind(GENERATOR)
+    .bind(cursor.bound())
+    .bind(cursor.limit)
     .fetch_all(&mut *conn)
-    .await
+    .await?;
+    Ok(Paged::of(rows, cursor, |i: &Instance| i.seq))
 }
 
 /// Whether instance `id` is running (registered and not stopped); `None`

@@ -35,6 +35,7 @@ pub use names::{Holder, NameError, Resource};
     feature = "postgres",
     sqlx(type_name = "text", rename_all = "lowercase")
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum LeaseState {
     /// Held and not yet expired.
     Active,
@@ -62,6 +63,7 @@ impl LeaseState {
 /// `expires_in_ms` says how long ago the lease ran out.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Lease {
     /// Row id, stable for the life of the row.
     pub id: i32,
@@ -138,6 +140,7 @@ impl LeaseFilter {
 /// One entry of a resource's ownership history (`lease_events`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LeaseEvent {
     /// Position in the append-only history.
     pub id: i64,

@@ -42,6 +42,7 @@ macro_rules! name_type {
     ($(#[$doc:meta])* $ty:ident, $what:literal) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[serde(transparent)]
         pub struct $ty(String);
 
@@ -75,12 +76,14 @@ macro_rules! name_type {
 }
 
 name_type!(
-    /// A resource name such as `task:42` or `singleton:generator`.
+    /// A resource name such as `task:42` or `singleton:generator`: 1 to 256
+    /// characters, not all white space, no control characters.
     Resource,
     "resource"
 );
 name_type!(
-    /// A holder name: a worker id or an instance id.
+    /// A holder name, a worker id or an instance id: 1 to 256 characters,
+    /// not all white space, no control characters.
     Holder,
     "holder"
 );

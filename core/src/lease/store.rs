@@ -53,6 +53,7 @@
 //! ```
 
 use super::{Holder, Lease, LeaseDetail, LeaseEvent, LeaseFilter, Resource};
+use crate::paging::{Cursor, Paged};
 use sqlx::PgConnection;
 use std::time::Duration;
 
@@ -459,21 +460,23 @@ pub async fn list(
     .await
 }
 
-/// The newest `limit` leases matching `filter`, newest first: what the
-/// dashboard shows (the oldest first, as [`list`] pages them, would never
-/// show a new lease once there are more than a page).
-pub async fn list_newest(
+/// A page of the leases matching `filter`, newest first: what the
+/// dashboard shows and `GET /api/leases?before=` answers (oldest first, as
+/// [`list`] pages them, would never show a new lease past the first page).
+pub async fn list_page(
     conn: &mut PgConnection,
     filter: LeaseFilter,
-    limit: i64,
-) -> Result<Vec<Lease>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {LEASE_COLUMNS} FROM leases WHERE {} ORDER BY id DESC LIMIT $1",
+    cursor: Cursor,
+) -> Result<Paged<Lease>, sqlx::Error> {
+    let rows = sqlx::query_as(&format!(
+        "SELECT {LEASE_COLUMNS} FROM leases WHERE {} AND id < $1 ORDER BY id DESC LIMIT $2",
         filter_condition(filter)
     ))
-    .bind(limit.clamp(1, Page::MAX_LIMIT))
+    .bind(i32::try_from(cursor.bound()).unwrap_or(i32::MAX))
+    .bind(cursor.limit)
     .fetch_all(&mut *conn)
-    .await
+    .await?;
+    Ok(Paged::of(rows, cursor, |l: &Lease| i64::from(l.id)))
 }
 
 /// The most recent `limit` events of `resource`, newest first.
@@ -490,6 +493,47 @@ pub async fn history(
     .bind(limit)
     .fetch_all(&mut *conn)
     .await
+}
+
+/// The columns of a [`LeaseEvent`].
+const EVENT_COLUMNS: &str =
+    "id, resource, holder, fencing_token, kind, previous_holder, expires_at, detail, at";
+
+/// A page of `resource`'s events, newest first.
+pub async fn events(
+    conn: &mut PgConnection,
+    resource: &str,
+    cursor: Cursor,
+) -> Result<Paged<LeaseEvent>, sqlx::Error> {
+    let rows = sqlx::query_as(&format!(
+        "SELECT {EVENT_COLUMNS} FROM lease_events
+          WHERE resource = $1 AND id < $2 ORDER BY id DESC LIMIT $3"
+    ))
+    .bind(resource)
+    .bind(cursor.bound())
+    .bind(cursor.limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Paged::of(rows, cursor, |e: &LeaseEvent| e.id))
+}
+
+/// A page of the audit log, newest first: every operator action (kind
+/// `operator`), whatever its resource. Read through the partial index
+/// `lease_events_operator_idx`, so the log stays quick to page however
+/// many other events there are.
+pub async fn audit(
+    conn: &mut PgConnection,
+    cursor: Cursor,
+) -> Result<Paged<LeaseEvent>, sqlx::Error> {
+    let rows = sqlx::query_as(&format!(
+        "SELECT {EVENT_COLUMNS} FROM lease_events
+          WHERE kind = 'operator' AND id < $1 ORDER BY id DESC LIMIT $2"
+    ))
+    .bind(cursor.bound())
+    .bind(cursor.limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Paged::of(rows, cursor, |e: &LeaseEvent| e.id))
 }
 
 /// Lease `id` with its most recent history, if the lease exists.

@@ -4,6 +4,8 @@
 //! server-only parts are the SQL store ([`store`]).
 
 #[cfg(feature = "postgres")]
+pub mod control;
+#[cfg(feature = "postgres")]
 pub mod store;
 #[cfg(feature = "postgres")]
 pub mod wake;
@@ -19,6 +21,7 @@ use serde::{Deserialize, Serialize};
     feature = "postgres",
     sqlx(type_name = "text", rename_all = "lowercase")
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TaskStatus {
     /// Waiting to be claimed (not before `scheduled_at`).
     Pending,
@@ -28,6 +31,8 @@ pub enum TaskStatus {
     Processed,
     /// Gave up after `max_attempts`.
     Failed,
+    /// Taken out of the queue by an operator (a retry puts it back).
+    Cancelled,
 }
 
 impl TaskStatus {
@@ -38,15 +43,17 @@ impl TaskStatus {
             TaskStatus::Started => "started",
             TaskStatus::Processed => "processed",
             TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
         }
     }
 
     /// Every status, in lifecycle order.
-    pub const ALL: [TaskStatus; 4] = [
+    pub const ALL: [TaskStatus; 5] = [
         TaskStatus::Pending,
         TaskStatus::Started,
         TaskStatus::Processed,
         TaskStatus::Failed,
+        TaskStatus::Cancelled,
     ];
 
     /// Parses a lowercase name.
@@ -55,11 +62,64 @@ impl TaskStatus {
     }
 }
 
+/// An operator's action on tasks (see `queue::control` for what each does in
+/// the database). Shared with the browser: the dashboard offers the action
+/// that applies to a task's status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskAction {
+    /// Pending or started → cancelled.
+    Cancel,
+    /// Failed or cancelled → pending, attempts reset.
+    Retry,
+}
+
+impl TaskAction {
+    /// The statuses a task may be in for this action to apply to it.
+    pub fn applies_to(self) -> &'static [TaskStatus] {
+        match self {
+            TaskAction::Cancel => &[TaskStatus::Pending, TaskStatus::Started],
+            TaskAction::Retry => &[TaskStatus::Failed, TaskStatus::Cancelled],
+        }
+    }
+
+    /// Those statuses in words: `pending or started`.
+    pub fn applies_text(self) -> String {
+        let names: Vec<&str> = self.applies_to().iter().map(|s| s.as_str()).collect();
+        names.join(" or ")
+    }
+
+    /// The action that applies to a task in `status`, if any (none for a
+    /// processed task).
+    pub fn for_status(status: TaskStatus) -> Option<TaskAction> {
+        [TaskAction::Cancel, TaskAction::Retry]
+            .into_iter()
+            .find(|a| a.applies_to().contains(&status))
+    }
+
+    /// `cancel` or `retry`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskAction::Cancel => "cancel",
+            TaskAction::Retry => "retry",
+        }
+    }
+
+    /// Parses `cancel` or `retry`, else says what it takes.
+    pub fn parse(raw: &str) -> Result<TaskAction, String> {
+        match raw {
+            "cancel" => Ok(TaskAction::Cancel),
+            "retry" => Ok(TaskAction::Retry),
+            other => Err(format!("action must be cancel or retry, got {other:?}")),
+        }
+    }
+}
+
 /// One task as the API and the dashboard show it. `heartbeat_in_ms` is
 /// computed by the database at read time: milliseconds until the claim's
 /// lease runs out (negative when late), `None` unless started.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Task {
     /// Row id; the task's lease is on resource `task:<id>`.
     pub id: i32,
@@ -97,6 +157,8 @@ pub struct Task {
     pub last_error: Option<String>,
     /// When it was marked failed.
     pub failed_at: Option<DateTime<Utc>>,
+    /// When an operator cancelled it.
+    pub cancelled_at: Option<DateTime<Utc>>,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
     /// Milliseconds until the claim's deadline at read time (negative when late).
@@ -251,6 +313,7 @@ pub const MAX_CLAIM_KINDS: usize = 100;
 /// for `processor` from `queue` (`default` when absent), only tasks of
 /// `kinds` when given (every kind when absent).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimRequest {
     /// Who claims (the holder of the task's lease).
     pub processor: crate::lease::Holder,
@@ -308,8 +371,43 @@ pub struct TaskDetail {
 /// A page of tasks with the TTL their deadlines are measured against.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskPage {
-    /// The tasks.
+    /// The tasks, newest first.
     pub tasks: Vec<Task>,
+    /// The cursor of the next (older) page; `None` on the last.
+    pub next: Option<i64>,
     /// The lease TTL in milliseconds, for the heartbeat countdown's colour.
     pub ttl_ms: i64,
+}
+
+#[cfg(test)]
+mod action_tests {
+    use super::{TaskAction, TaskStatus};
+
+    #[test]
+    fn each_status_but_processed_has_exactly_one_action() {
+        assert_eq!(
+            TaskAction::for_status(TaskStatus::Pending),
+            Some(TaskAction::Cancel)
+        );
+        assert_eq!(
+            TaskAction::for_status(TaskStatus::Started),
+            Some(TaskAction::Cancel)
+        );
+        assert_eq!(
+            TaskAction::for_status(TaskStatus::Failed),
+            Some(TaskAction::Retry)
+        );
+        assert_eq!(
+            TaskAction::for_status(TaskStatus::Cancelled),
+            Some(TaskAction::Retry)
+        );
+        assert_eq!(TaskAction::for_status(TaskStatus::Processed), None);
+        assert_eq!(TaskAction::parse("retry"), Ok(TaskAction::Retry));
+        assert!(
+            TaskAction::parse("delete")
+                .unwrap_err()
+                .contains("cancel or retry")
+        );
+        assert_eq!(TaskAction::Cancel.applies_text(), "pending or started");
+    }
 }

@@ -59,7 +59,7 @@ use std::time::Duration;
 /// database clock. Usable after `SELECT` and after `RETURNING`.
 pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, scheduled_at, processor, last_heartbeat_at, \
     must_heartbeat_before, started_at, processed_at, task_output, status, attempts, max_attempts, \
-    fencing_token, last_error, failed_at, created_at, \
+    fencing_token, last_error, failed_at, cancelled_at, created_at, \
     CASE WHEN status = 'started' \
          THEN (EXTRACT(EPOCH FROM (must_heartbeat_before - now())) * 1000)::bigint END AS heartbeat_in_ms";
 
@@ -1120,8 +1120,8 @@ pub async fn get(conn: &mut PgConnection, id: i32) -> Result<Option<Task>, sqlx:
         .await
 }
 
-/// The SQL of [`list`] (`$1` after id, `$2` limit) and of [`list_newest`]
-/// (`$1` limit) for `status`.
+/// The SQL of [`list`] (`$1` after id, `$2` limit) and of [`list_page`]
+/// (`$1` before id, `$2` limit) for `status`.
 ///
 /// The status is written into the statement as a literal (it comes from
 /// the enum, never from input), one statement per status, rather than
@@ -1132,15 +1132,14 @@ pub async fn get(conn: &mut PgConnection, id: i32) -> Result<Option<Task>, sqlx:
 /// literal, the planner picks `tasks_status_id_idx (status, id)` when the
 /// status is rare (tested with a million rows in `tests/it/overview.rs`).
 pub fn list_sql(status: Option<TaskStatus>, newest_first: bool) -> String {
-    let (by_status, and_status) = match status {
-        Some(s) => (
-            format!("WHERE status = '{}'", s.as_str()),
-            format!("AND status = '{}'", s.as_str()),
-        ),
-        None => (String::new(), String::new()),
+    let and_status = match status {
+        Some(s) => format!("AND status = '{}'", s.as_str()),
+        None => String::new(),
     };
     if newest_first {
-        format!("SELECT {TASK_COLUMNS} FROM tasks {by_status} ORDER BY id DESC LIMIT $1")
+        format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id < $1 {and_status} ORDER BY id DESC LIMIT $2"
+        )
     } else {
         format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 {and_status} ORDER BY id LIMIT $2")
     }
@@ -1159,17 +1158,21 @@ pub async fn list(
         .await
 }
 
-/// The newest `limit` tasks with `status` (all when `None`), newest first:
-/// what the dashboard shows.
-pub async fn list_newest(
+/// A page of the tasks with `status` (all when `None`), newest first:
+/// what the dashboard shows and `GET /api/tasks?before=` answers.
+pub async fn list_page(
     conn: &mut PgConnection,
     status: Option<TaskStatus>,
-    limit: i64,
-) -> Result<Vec<Task>, sqlx::Error> {
-    sqlx::query_as(&list_sql(status, true))
-        .bind(limit.clamp(1, Page::MAX_LIMIT))
+    cursor: crate::paging::Cursor,
+) -> Result<crate::paging::Paged<Task>, sqlx::Error> {
+    let rows = sqlx::query_as(&list_sql(status, true))
+        .bind(i32::try_from(cursor.bound()).unwrap_or(i32::MAX))
+        .bind(cursor.limit)
         .fetch_all(&mut *conn)
-        .await
+        .await?;
+    Ok(crate::paging::Paged::of(rows, cursor, |t: &Task| {
+        i64::from(t.id)
+    }))
 }
 
 /// When `lease` guards a task (resource `task:<id>`), makes that task's

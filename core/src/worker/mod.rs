@@ -59,6 +59,7 @@ use serde::{Deserialize, Serialize};
     feature = "postgres",
     sqlx(type_name = "text", rename_all = "lowercase")
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkerState {
     /// Polling for work.
     Idle,
@@ -93,6 +94,7 @@ impl WorkerState {
     feature = "postgres",
     sqlx(type_name = "text", rename_all = "lowercase")
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkerKind {
     /// Inside an instance, over the in-process transport.
     Simulated,
@@ -118,6 +120,7 @@ impl WorkerKind {
 /// are computed by the database at read time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkerInfo {
     /// `{instance_id}-w{n}` for simulated workers; `--id` or generated for processes.
     pub id: String,
@@ -147,6 +150,9 @@ pub struct WorkerInfo {
     pub last_seen_age_ms: i64,
     /// Not crashed or stopped, and seen within two lease TTLs.
     pub alive: bool,
+    /// Its place in the order workers were first recorded: the cursor
+    /// the workers list pages by.
+    pub seq: i64,
 }
 
 impl WorkerInfo {
@@ -165,6 +171,7 @@ impl WorkerInfo {
 
 /// What a worker tells the `workers` table about itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Report {
     /// What it is doing.
     pub state: WorkerState,
@@ -177,9 +184,11 @@ pub struct Report {
     pub heartbeat: bool,
     /// Tasks completed so far by this run.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub tasks_done: i32,
     /// Tasks abandoned so far by this run.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub tasks_abandoned: i32,
     /// True for the first report of a run: it replaces whatever an earlier
     /// run under the same id left (even `crashed` or `stopped`).

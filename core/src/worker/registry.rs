@@ -12,15 +12,16 @@ use std::time::Duration;
 
 /// Columns of a [`WorkerInfo`], with the ages computed by the database
 /// clock. `$1` is the liveness window in milliseconds.
-const WORKER_COLUMNS: &str = "id, instance_id, kind, state, task_id, fencing_token, \
+const WORKER_COLUMNS: &str = "id, seq, instance_id, kind, state, task_id, fencing_token, \
     last_heartbeat_at, last_seen_at, started_at, tasks_done, tasks_abandoned, \
     (EXTRACT(EPOCH FROM (now() - last_heartbeat_at)) * 1000)::bigint AS heartbeat_age_ms, \
     (EXTRACT(EPOCH FROM (now() - last_seen_at)) * 1000)::bigint AS last_seen_age_ms, \
     (state NOT IN ('crashed', 'stopped') \
      AND last_seen_at > now() - make_interval(secs => $1::float8 / 1000)) AS alive";
 
-/// The most workers [`list`] returns (the newest first): chaos crashes add
-/// a row each, so a long demo would otherwise grow the list without bound.
+/// The most workers [`list_alive`] returns (the newest first): chaos
+/// crashes add a row each, so a long demo could otherwise grow the list
+/// without bound.
 pub const LIST_LIMIT: i64 = 500;
 
 fn millis(d: Duration) -> i64 {
@@ -190,18 +191,24 @@ pub async fn get(
     .await
 }
 
-/// The newest [`LIST_LIMIT`] workers, newest first; `alive` judged with `lease_ttl`.
-pub async fn list(
+/// A page of the workers, newest (first recorded last) first; `alive`
+/// judged with `lease_ttl`.
+pub async fn list_page(
     conn: &mut PgConnection,
     lease_ttl: Duration,
-) -> Result<Vec<WorkerInfo>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {WORKER_COLUMNS} FROM workers ORDER BY started_at DESC, id LIMIT $2"
+    cursor: crate::paging::Cursor,
+) -> Result<crate::paging::Paged<WorkerInfo>, sqlx::Error> {
+    let rows = sqlx::query_as(&format!(
+        "SELECT {WORKER_COLUMNS} FROM workers WHERE seq < $2 ORDER BY seq DESC LIMIT $3"
     ))
     .bind(millis(alive_window(lease_ttl)))
-    .bind(LIST_LIMIT)
+    .bind(cursor.bound())
+    .bind(cursor.limit)
     .fetch_all(&mut *conn)
-    .await
+    .await?;
+    Ok(crate::paging::Paged::of(rows, cursor, |w: &WorkerInfo| {
+        w.seq
+    }))
 }
 
 /// The alive workers (at most [`LIST_LIMIT`]), newest first; `alive` judged

@@ -18,9 +18,9 @@ use sqlx::PgPool;
 use std::time::{Duration, Instant};
 
 /// The task kind of the runtime's no-op handler.
-pub(super) const NOOP: &str = "noop";
+pub(crate) const NOOP: &str = "noop";
 /// Workers per runtime instance.
-pub(super) const CONCURRENCY: usize = 16;
+pub(crate) const CONCURRENCY: usize = 16;
 
 /// One runtime measured in this process.
 pub(super) struct FleetRun {
@@ -66,7 +66,7 @@ async fn table_writes(pool: &PgPool) -> Result<Vec<i64>> {
 /// A runtime named `id` on `pool`, serving the default queue with
 /// `concurrency` workers, whose one handler ([`NOOP`]) completes at once;
 /// every other setting is the runtime's default.
-pub(super) async fn noop_runtime(pool: PgPool, id: &str, concurrency: usize) -> Result<Runtime> {
+pub(crate) async fn noop_runtime(pool: PgPool, id: &str, concurrency: usize) -> Result<Runtime> {
     noop_runtime_batching(pool, id, concurrency, Batching::default()).await
 }
 

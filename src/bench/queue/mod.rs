@@ -57,7 +57,7 @@
 mod baselines;
 mod ceilings;
 mod failover;
-mod fleet;
+pub(crate) mod fleet;
 mod graphile;
 mod leases;
 mod scale_out;

@@ -1,0 +1,386 @@
+//! The pruner's SQL: every statement that deletes what retention lets go.
+//!
+//! Each function deletes one batch (at most `batch` rows of the table it
+//! walks) in one short transaction of its own, marked as pruning
+//! (`leasekeeper.pruning`, see the migration `…_retention.sql`): the
+//! deleted lease rows write no `deleted` history, and the deleted tasks are
+//! counted on the pruner's own `task_counts` row. Rows are picked with
+//! `FOR UPDATE SKIP LOCKED` and re-checked on their newest version, so a
+//! batch never waits for a row someone is changing and never deletes a row
+//! that someone changed out of retention in the meantime.
+//!
+//! What may be deleted, and why the rest may not:
+//! - finished tasks (processed, failed, cancelled) that finished before the
+//!   cutoff, with their lease row `task:<id>`, its history and its
+//!   `lease_fencing` row. A task id comes from a sequence and is never
+//!   used again, so no claim will ever take `task:<id>` again: its last
+//!   token need not be remembered.
+//! - lease rows of other resources (singletons, leases taken through the
+//!   API) whose term ended before the cutoff, but never their
+//!   `lease_fencing` row: such a resource may be acquired again, and its
+//!   next token must still be above every token it ever had.
+//! - any `lease_events` row older than the cutoff (history of leases that
+//!   are still there, and stray rows: e.g. a stale write to a task refused
+//!   while the task was being pruned).
+//! - `failover_kills` older than the cutoff (the history they are timed
+//!   against is gone).
+//! - instances and workers last seen before the cutoff: stopped, crashed or
+//!   silent for that long, so dead by any liveness window shorter than the
+//!   retention.
+
+use sqlx::{Connection, PgConnection};
+use std::time::Duration;
+
+/// The tables the pruner deletes from, as named in metrics and reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Table {
+    /// `tasks`.
+    Tasks,
+    /// `leases`.
+    Leases,
+    /// `lease_events`.
+    LeaseEvents,
+    /// `lease_fencing`.
+    LeaseFencing,
+    /// `failover_kills`.
+    FailoverKills,
+    /// `instances`.
+    Instances,
+    /// `workers`.
+    Workers,
+}
+
+impl Table {
+    /// Every table, in the order [`Pruned`] lists them.
+    pub const ALL: [Table; 7] = [
+        Table::Tasks,
+        Table::Leases,
+        Table::LeaseEvents,
+        Table::LeaseFencing,
+        Table::FailoverKills,
+        Table::Instances,
+        Table::Workers,
+    ];
+
+    /// The table's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Table::Tasks => "tasks",
+            Table::Leases => "leases",
+            Table::LeaseEvents => "lease_events",
+            Table::LeaseFencing => "lease_fencing",
+            Table::FailoverKills => "failover_kills",
+            Table::Instances => "instances",
+            Table::Workers => "workers",
+        }
+    }
+}
+
+/// Rows deleted, per table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Finished tasks.
+    pub tasks: u64,
+    /// Lease rows (of pruned tasks, and ended leases of other resources).
+    pub leases: u64,
+    /// History rows.
+    pub lease_events: u64,
+    /// Fencing rows of pruned tasks.
+    pub lease_fencing: u64,
+    /// Old failover kills.
+    pub failover_kills: u64,
+    /// Dead instances.
+    pub instances: u64,
+    /// Dead workers.
+    pub workers: u64,
+}
+
+impl Pruned {
+    /// Rows deleted from `table`.
+    pub fn get(&self, table: Table) -> u64 {
+        match table {
+            Table::Tasks => self.tasks,
+            Table::Leases => self.leases,
+            Table::LeaseEvents => self.lease_events,
+            Table::LeaseFencing => self.lease_fencing,
+            Table::FailoverKills => self.failover_kills,
+            Table::Instances => self.instances,
+            Table::Workers => self.workers,
+        }
+    }
+
+    /// Rows deleted from every table together.
+    pub fn total(&self) -> u64 {
+        Table::ALL.iter().map(|t| self.get(*t)).sum()
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Pruned) {
+        self.tasks += other.tasks;
+        self.leases += other.leases;
+        self.lease_events += other.lease_events;
+        self.lease_fencing += other.lease_fencing;
+        self.failover_kills += other.failover_kills;
+        self.instances += other.instances;
+        self.workers += other.workers;
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// Runs `statement` (binding the retention in seconds as `$1` and the
+/// batch size as `$2`) in a transaction of its own marked as pruning, and
+/// answers the counts in its one row.
+async fn in_pruning_transaction(
+    conn: &mut PgConnection,
+    statement: &str,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Vec<i64>> {
+    use sqlx::Row;
+    let mut tx = conn.begin().await?;
+    // Transaction-local (the third argument): it ends with this
+    // transaction, so a pooled connection never carries it elsewhere.
+    sqlx::query("SELECT set_config('leasekeeper.pruning', 'on', true)")
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(statement)
+        .bind(secs(older_than))
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    (0..row.len()).map(|i| row.try_get::<i64, _>(i)).collect()
+}
+
+/// Deletes up to `batch` tasks that finished more than `older_than` ago,
+/// oldest first, with their lease rows, history and fencing rows.
+pub async fn prune_tasks(
+    conn: &mut PgConnection,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    // Race prevented: an operator retrying (or anyone changing) a finished
+    // task at the moment it is pruned, which must leave the task whole or
+    // gone, never a pending task without its history or a history without
+    // its task. `doomed` locks each task row it picks (FOR UPDATE) and
+    // skips rows another transaction holds (SKIP LOCKED: the pruner never
+    // waits, and a retry in flight keeps its task); a row changed and
+    // committed since this statement's snapshot is re-checked on its newest
+    // version, so a task retried a moment ago (pending again) is not picked.
+    // A retry that comes after the lock waits for this short transaction,
+    // then finds no task. The lease row, history and fencing row of a task
+    // are written only by who holds the task row (a claim locks it first),
+    // so with the task row locked they are deleted whole. A claim never
+    // waits here: it locks only pending and started tasks, and their leases.
+    //
+    // Ordered by tasks_finished_idx, so a batch reads the oldest finished
+    // tasks and stops at the cutoff.
+    let n = in_pruning_transaction(
+        conn,
+        "WITH doomed AS (
+            SELECT id FROM tasks
+             WHERE status IN ('processed', 'failed', 'cancelled')
+               AND greatest(processed_at, failed_at, cancelled_at)
+                   < now() - make_interval(secs => $1)
+             ORDER BY greatest(processed_at, failed_at, cancelled_at), id
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED
+         ), tasks_gone AS (
+            DELETE FROM tasks t USING doomed d WHERE t.id = d.id
+            RETURNING 'task:' || t.id AS resource
+         ), leases_gone AS (
+            DELETE FROM leases l USING tasks_gone g WHERE l.resource = g.resource RETURNING 1
+         ), events_gone AS (
+            DELETE FROM lease_events e USING tasks_gone g WHERE e.resource = g.resource RETURNING 1
+         ), fencing_gone AS (
+            DELETE FROM lease_fencing f USING tasks_gone g WHERE f.resource = g.resource RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM leases_gone),
+                (SELECT count(*) FROM events_gone), (SELECT count(*) FROM fencing_gone)",
+        older_than,
+        batch,
+    )
+    .await?;
+    Ok(Pruned {
+        tasks: count(n[0]),
+        leases: count(n[1]),
+        lease_events: count(n[2]),
+        lease_fencing: count(n[3]),
+        ..Pruned::default()
+    })
+}
+
+/// Deletes up to `batch` lease rows of resources other than tasks whose
+/// term ended (released or expired) more than `older_than` ago. Their
+/// `lease_fencing` rows stay, so the next acquisition of such a resource
+/// still gets a token above every earlier one.
+pub async fn prune_leases(
+    conn: &mut PgConnection,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    // Race prevented: an acquisition of the resource at the moment its
+    // ended row is deleted. An acquirer that locked or renewed the row
+    // first is skipped (SKIP LOCKED) or re-checked on its newest version
+    // (no longer ended before the cutoff); one that comes after our lock
+    // waits for this short transaction, finds no row and inserts one, with
+    // the token lease_fencing remembers + 1 (the fencing guard refuses any
+    // token that does not advance, and acquire retries it). A release sets
+    // expires_at to its moment, so `expires_at` is when any term ended.
+    let n = in_pruning_transaction(
+        conn,
+        "WITH doomed AS (
+            SELECT id FROM leases
+             WHERE resource NOT LIKE 'task:%'
+               AND expires_at < now() - make_interval(secs => $1)
+             ORDER BY expires_at
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED
+         ), gone AS (
+            DELETE FROM leases l USING doomed d WHERE l.id = d.id RETURNING 1
+         )
+         SELECT count(*) FROM gone",
+        older_than,
+        batch,
+    )
+    .await?;
+    Ok(Pruned {
+        leases: count(n[0]),
+        ..Pruned::default()
+    })
+}
+
+/// Deletes up to `batch` history rows older than `older_than`, of any
+/// resource.
+pub async fn prune_events(
+    conn: &mut PgConnection,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    // Read by primary key from the oldest: ids are handed out in insert
+    // order and `at` is its transaction's start, so ids follow times up to
+    // the length of a transaction. The batch looks at the `batch` oldest
+    // rows only and deletes those before the cutoff; when none of them is,
+    // the pass ends (a few rows written out of order by a long transaction
+    // go in a later run). No index on `at` is needed, so the hot path (two
+    // history rows per task) pays nothing for retention. History is
+    // append-only: nobody else locks these rows, so this waits on no one.
+    let n = in_pruning_transaction(
+        conn,
+        "WITH head AS (
+            SELECT id, at FROM lease_events ORDER BY id LIMIT $2
+         ), gone AS (
+            DELETE FROM lease_events e USING head h
+             WHERE e.id = h.id AND h.at < now() - make_interval(secs => $1)
+            RETURNING 1
+         )
+         SELECT count(*) FROM gone",
+        older_than,
+        batch,
+    )
+    .await?;
+    Ok(Pruned {
+        lease_events: count(n[0]),
+        ..Pruned::default()
+    })
+}
+
+/// Deletes up to `batch` failover kills older than `older_than`.
+pub async fn prune_failover_kills(
+    conn: &mut PgConnection,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    // Append-only, like lease_events (ids follow killed_at).
+    let n = in_pruning_transaction(
+        conn,
+        "WITH head AS (
+            SELECT id, killed_at FROM failover_kills ORDER BY id LIMIT $2
+         ), gone AS (
+            DELETE FROM failover_kills k USING head h
+             WHERE k.id = h.id AND h.killed_at < now() - make_interval(secs => $1)
+            RETURNING 1
+         )
+         SELECT count(*) FROM gone",
+        older_than,
+        batch,
+    )
+    .await?;
+    Ok(Pruned {
+        failover_kills: count(n[0]),
+        ..Pruned::default()
+    })
+}
+
+/// Deletes up to `batch` instances and up to `batch` workers last seen
+/// more than `older_than` ago.
+pub async fn prune_dead(
+    conn: &mut PgConnection,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    // Race prevented: a process that reports itself at the moment its row
+    // is deleted. A report (a heartbeat, a worker's upsert) that locked the
+    // row first is skipped or re-checked on its newest version (seen just
+    // now: not picked). One that comes after waits for this short
+    // transaction: an instance's heartbeat then finds no row (as for an
+    // instance never registered), a worker's report inserts its row afresh.
+    // Either way no live row is deleted: a row is picked only when its
+    // process has not been seen for the whole retention, longer than any
+    // liveness window.
+    let workers = in_pruning_transaction(
+        conn,
+        "WITH dead AS (
+            SELECT id FROM workers
+             WHERE last_seen_at < now() - make_interval(secs => $1)
+             ORDER BY last_seen_at LIMIT $2
+               FOR UPDATE SKIP LOCKED
+         ), gone AS (
+            DELETE FROM workers w USING dead d WHERE w.id = d.id RETURNING 1
+         )
+         SELECT count(*) FROM gone",
+        older_than,
+        batch,
+    )
+    .await?;
+    // Looked for first: the statement trigger on instances announces a
+    // change to every dashboard even when a DELETE deletes nothing.
+    let any_dead: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM instances
+                         WHERE last_seen_at < now() - make_interval(secs => $1))",
+    )
+    .bind(secs(older_than))
+    .fetch_one(&mut *conn)
+    .await?;
+    let instances = if any_dead {
+        in_pruning_transaction(
+            conn,
+            "WITH dead AS (
+                SELECT id FROM instances
+                 WHERE last_seen_at < now() - make_interval(secs => $1)
+                 ORDER BY last_seen_at LIMIT $2
+                   FOR UPDATE SKIP LOCKED
+             ), gone AS (
+                DELETE FROM instances i USING dead d WHERE i.id = d.id RETURNING 1
+             )
+             SELECT count(*) FROM gone",
+            older_than,
+            batch,
+        )
+        .await?[0]
+    } else {
+        0
+    };
+    Ok(Pruned {
+        instances: count(instances),
+        workers: count(workers[0]),
+        ..Pruned::default()
+    })
+}

@@ -1,0 +1,337 @@
+//! Operator controls on tasks: cancel and retry, one task or every task
+//! matching a filter.
+//!
+//! - **Cancel** takes a pending or started task out of the queue (status
+//!   `cancelled`). A started task's claim ends with it: its lease is
+//!   released in the same transaction, and its processor's later heartbeats,
+//!   completion or failure report are refused and recorded as stale writes
+//!   (the task is no longer `started`).
+//! - **Retry** puts a failed or cancelled task back to `pending`, runnable
+//!   now, with its attempts reset to 0.
+//!
+//! Every change writes one `operator` row per task to `lease_events` (on
+//! resource `task:<id>`, naming the action, who took it and the claim's
+//! token) in the same transaction as the change, so no task changes
+//! unaudited and no audit row describes a change that rolled back.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), leasekeeper_core::queue::store::TaskError> {
+//! use leasekeeper_core::queue::TaskStatus;
+//! use leasekeeper_core::queue::control::{self, TaskFilter};
+//! let mut conn = pool.acquire().await?;
+//! // One task, by id: who did it goes to the audit trail.
+//! control::cancel(&mut conn, 42, "ops@example").await?;
+//! control::retry(&mut conn, 42, "ops@example").await?;
+//! // Every failed task of one kind, in batches; answers how many.
+//! let filter = TaskFilter { status: TaskStatus::Failed, kind: Some("email".into()), queue: None };
+//! let n = control::retry_matching(&pool, &filter, "ops@example").await?;
+//! # let _ = n; Ok(()) }
+//! ```
+
+use super::store::{TASK_COLUMNS, TaskError};
+use super::{Task, TaskStatus};
+use crate::live::{self, Topics};
+use sqlx::{Connection, FromRow, PgConnection, PgPool, Row};
+use std::time::Duration;
+
+/// An operator action on tasks (the type is shared with the browser).
+pub use super::TaskAction as Action;
+
+impl Action {
+    /// The `action` an audit row names: `cancel_task` or `retry_task`.
+    pub fn audit_name(self) -> &'static str {
+        match self {
+            Action::Cancel => "cancel_task",
+            Action::Retry => "retry_task",
+        }
+    }
+
+    /// The SET clause of the change.
+    fn set_clause(self) -> &'static str {
+        match self {
+            Action::Cancel => {
+                "status = 'cancelled', cancelled_at = now(), must_heartbeat_before = NULL"
+            }
+            Action::Retry => {
+                "status = 'pending', attempts = 0, scheduled_at = now(), failed_at = NULL, \
+                 cancelled_at = NULL, must_heartbeat_before = NULL"
+            }
+        }
+    }
+
+    /// `status IN (...)` for the statuses this action applies to, as SQL
+    /// literals from the enum (never from input).
+    fn applies_sql(self) -> String {
+        let names: Vec<String> = self
+            .applies_to()
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        format!("status IN ({})", names.join(", "))
+    }
+}
+
+/// Which tasks a bulk action takes: every task with `status` (one the
+/// action applies to), and, when given, of this `kind` and in this `queue`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// The status the tasks are in now.
+    pub status: TaskStatus,
+    /// Only tasks of this kind.
+    pub kind: Option<String>,
+    /// Only tasks in this queue.
+    pub queue: Option<String>,
+}
+
+impl TaskFilter {
+    /// Refuses a status the action does not apply to (cancel a processed
+    /// task, retry a pending one) with [`TaskError::BadInput`].
+    pub fn check(&self, action: Action) -> Result<(), TaskError> {
+        if action.applies_to().contains(&self.status) {
+            return Ok(());
+        }
+        Err(TaskError::BadInput(format!(
+            "{} applies to {} tasks, not {}",
+            action.as_str(),
+            action.applies_text(),
+            self.status.as_str()
+        )))
+    }
+}
+
+/// Tasks one bulk statement changes at most: short transactions, so a
+/// heartbeat or completion never waits long behind a bulk action.
+pub const BATCH: i64 = 500;
+
+/// Cancels task `id` (pending or started) on behalf of `by`; see the
+/// module. [`TaskError::NotFound`] when there is no such task,
+/// [`TaskError::Stale`] (a conflict) when it is in another status.
+pub async fn cancel(conn: &mut PgConnection, id: i32, by: &str) -> Result<Task, TaskError> {
+    apply(conn, Action::Cancel, id, by).await
+}
+
+/// Puts task `id` (failed or cancelled) back to pending with its attempts
+/// reset, on behalf of `by`; see the module. Errors as [`cancel`].
+pub async fn retry(conn: &mut PgConnection, id: i32, by: &str) -> Result<Task, TaskError> {
+    apply(conn, Action::Retry, id, by).await
+}
+
+/// [`cancel`] or [`retry`] task `id`, as `action` says.
+pub async fn apply(
+    conn: &mut PgConnection,
+    action: Action,
+    id: i32,
+    by: &str,
+) -> Result<Task, TaskError> {
+    let _announced = live::announce_on_return(Topics::TASKS | Topics::LEASES);
+    let mut tx = conn.begin().await?;
+    // Race prevented: the action against a claim, completion or failure
+    // report of the same task. The status test is re-checked on the newest
+    // row version once the row lock is ours: a completion that commits
+    // first leaves the task processed and this changes nothing (a conflict,
+    // said below); a claim that commits first leaves it started, and a
+    // cancel then ends that claim (its lease, below). Whatever commits after
+    // us sees the new status: a processor's heartbeat or completion of a
+    // cancelled task is refused, a claim skips it.
+    let changed = sqlx::query(&format!(
+        "UPDATE tasks SET {set}
+           FROM (SELECT id AS pick_id, status AS was FROM tasks WHERE id = $1 FOR UPDATE) pick
+          WHERE id = pick.pick_id AND {applies}
+         RETURNING {TASK_COLUMNS}, pick.was",
+        set = action.set_clause(),
+        applies = action.applies_sql(),
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = changed else {
+        let status: Option<TaskStatus> =
+            sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        return Err(match status {
+            None => TaskError::NotFound(id),
+            Some(status) => TaskError::Stale {
+                id,
+                reason: format!(
+                    "it is {}; {} applies to {} tasks; nothing changed",
+                    status.as_str(),
+                    action.as_str(),
+                    action.applies_text()
+                ),
+            },
+        });
+    };
+    let task = Task::from_row(&row)?;
+    let was: String = row.try_get("was")?;
+    let changed = Changed {
+        id: task.id,
+        token: task.fencing_token,
+        was,
+    };
+    finish(&mut tx, action, &[changed], by, false).await?;
+    tx.commit().await?;
+    if action == Action::Retry {
+        live::announce(Topics::WORK);
+    }
+    Ok(task)
+}
+
+/// Cancels every task matching `filter` (which must be pending or started
+/// tasks), in batches of [`BATCH`], each its own transaction, on behalf of
+/// `by`. Answers how many were cancelled.
+pub async fn cancel_matching(
+    pool: &PgPool,
+    filter: &TaskFilter,
+    by: &str,
+) -> Result<u64, TaskError> {
+    apply_matching(pool, Action::Cancel, filter, by).await
+}
+
+/// Retries every task matching `filter` (which must be failed or cancelled
+/// tasks), as [`cancel_matching`] does. Answers how many were retried.
+pub async fn retry_matching(
+    pool: &PgPool,
+    filter: &TaskFilter,
+    by: &str,
+) -> Result<u64, TaskError> {
+    apply_matching(pool, Action::Retry, filter, by).await
+}
+
+/// How often a bulk action looks again for matching tasks that were locked
+/// (by a heartbeat, a completion) when it last looked, before it stops.
+const LOCKED_RETRIES: u32 = 20;
+
+/// [`cancel_matching`] or [`retry_matching`], as `action` says.
+pub async fn apply_matching(
+    pool: &PgPool,
+    action: Action,
+    filter: &TaskFilter,
+    by: &str,
+) -> Result<u64, TaskError> {
+    filter.check(action)?;
+    for (name, value) in [("kind", &filter.kind), ("queue", &filter.queue)] {
+        if let Some(value) = value {
+            super::check_name(name, value).map_err(TaskError::BadInput)?;
+        }
+    }
+    let _announced = live::announce_on_return(Topics::TASKS | Topics::LEASES);
+    // The batch: tasks matching the filter, locked; SKIP LOCKED so a bulk
+    // action never waits on (or deadlocks with) a heartbeat or completion
+    // holding a task's row: that task is taken at a later pass.
+    let sql = format!(
+        "UPDATE tasks t SET {set}
+           FROM (SELECT id AS pick_id, status AS was FROM tasks
+                  WHERE status = '{status}'
+                    AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
+                  ORDER BY id LIMIT {BATCH}
+                  FOR UPDATE SKIP LOCKED) pick
+          WHERE t.id = pick.pick_id AND t.{applies}
+         RETURNING t.id, t.fencing_token AS token, pick.was",
+        set = action.set_clause(),
+        status = filter.status.as_str(),
+        applies = action.applies_sql(),
+    );
+    let mut total = 0u64;
+    let mut retries = 0;
+    let mut conn = pool.acquire().await?;
+    loop {
+        let mut tx = conn.begin().await?;
+        // Race prevented: as for one task (see `apply`): the batch's rows are
+        // locked and their status re-checked (`t.status IN ...`) on the
+        // newest version, so a task that a claim, completion or another
+        // operator changed meanwhile is left as that change left it.
+        let changed: Vec<Changed> = sqlx::query_as(&sql)
+            .bind(filter.kind.as_deref())
+            .bind(filter.queue.as_deref())
+            .fetch_all(&mut *tx)
+            .await?;
+        if changed.is_empty() {
+            tx.rollback().await?;
+            let left: bool = sqlx::query_scalar(&format!(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE status = '{}'
+                                   AND ($1::text IS NULL OR kind = $1)
+                                   AND ($2::text IS NULL OR queue = $2))",
+                filter.status.as_str()
+            ))
+            .bind(filter.kind.as_deref())
+            .bind(filter.queue.as_deref())
+            .fetch_one(&mut *conn)
+            .await?;
+            if !left || retries >= LOCKED_RETRIES {
+                break;
+            }
+            retries += 1;
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            continue;
+        }
+        finish(&mut tx, action, &changed, by, true).await?;
+        tx.commit().await?;
+        total += changed.len() as u64;
+        if action == Action::Retry {
+            live::announce(Topics::WORK);
+        }
+    }
+    Ok(total)
+}
+
+/// A task an action changed: its id, its (last) claim's token, and the
+/// status it was in.
+#[derive(sqlx::FromRow)]
+struct Changed {
+    id: i32,
+    token: Option<i64>,
+    was: String,
+}
+
+/// After the tasks `changed` changed: a cancel ends their live claims'
+/// leases; every task gets its audit row. In the transaction of the change.
+async fn finish(
+    conn: &mut PgConnection,
+    action: Action,
+    changed: &[Changed],
+    by: &str,
+    bulk: bool,
+) -> Result<(), TaskError> {
+    let ids: Vec<i32> = changed.iter().map(|c| c.id).collect();
+    let tokens: Vec<Option<i64>> = changed.iter().map(|c| c.token).collect();
+    let was: Vec<&str> = changed.iter().map(|c| c.was.as_str()).collect();
+    if action == Action::Cancel {
+        // Race prevented: a cancel that leaves the cancelled claim's lease
+        // live, or ends another term's. A new statement, so its snapshot
+        // sees the lease of a claim that committed while the task UPDATE
+        // waited for the row; the token ties the release to the term of
+        // the claim just cancelled (a pending task's old terms are already
+        // released or expired: `released_at IS NULL AND expires_at > now()`
+        // finds none).
+        sqlx::query(
+            "UPDATE leases l
+                SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+               FROM unnest($1::int4[], $2::int8[]) AS c(id, token)
+              WHERE l.resource = 'task:' || c.id AND l.fencing_token = c.token
+                AND l.released_at IS NULL AND l.expires_at > now()",
+        )
+        .bind(&ids)
+        .bind(&tokens)
+        .execute(&mut *conn)
+        .await?;
+    }
+    sqlx::query(
+        "INSERT INTO lease_events (resource, holder, fencing_token, kind, detail)
+         SELECT 'task:' || c.id, $3, c.token, 'operator',
+                jsonb_build_object('action', $4::text, 'by', $3::text, 'task_id', c.id,
+                                   'fencing_token', c.token, 'previous', c.was,
+                                   'bulk', $5::bool)
+           FROM unnest($1::int4[], $2::int8[], $6::text[]) AS c(id, token, was)",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(by)
+    .bind(action.audit_name())
+    .bind(bulk)
+    .bind(&was)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! `GET /api/openapi.json`: the REST API described as OpenAPI 3.1, derived
+//! by `utoipa` from the handlers' own `#[utoipa::path]` annotations and the
+//! types they read and answer (`ToSchema` on [`Lease`](crate::lease::Lease),
+//! [`Task`](crate::queue::Task), the body structs, ...), so a field added to
+//! a type shows up in the document without a second edit.
+//!
+//! Every REST route is listed in [`ApiDoc`]'s `paths`; the integration test
+//! `tests/it/openapi.rs` checks that against the router and the route
+//! definitions in `src/http/`, both ways.
+
+use super::{
+    audit, events, generator, health, instances, leases, metrics, overview, tasks, workers,
+};
+use crate::error::ErrorBody;
+use axum::Router;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use std::sync::LazyLock;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+/// The document's description: what it covers and the rules every route shares.
+const DESCRIPTION: &str = "\
+Time-bound leases in PostgreSQL with fencing tokens, a leased task queue, \
+workers, instances and a lease-guarded generator.
+
+This document covers every REST route: everything under `/api`, plus \
+`/healthz`, `/readyz` and `/metrics`. The dashboard's server functions \
+(`/sfn/...`) are its internals, not a public API, and are left out.
+
+**Errors** are JSON `{\"error\": \"...\"}`: 400 for bad input, 404, 409, \
+413 for bodies over 64 KiB, 500 with a generic message (details go to the \
+server's log). An unknown `/api` path answers 404, a known path with another \
+method 405, both with the same body.
+
+**Cross-site requests.** A request that changes something (POST, PUT, \
+PATCH, DELETE) and carries an `Origin` other than the server's own, or \
+`Sec-Fetch-Site: cross-site`, gets 403. Clients that send no `Origin` are \
+unaffected.
+
+**Paging.** Every list answers a JSON array, newest first, at most `limit` \
+rows (default 100, up to 1000), and, when older rows remain, a header \
+`Link: </api/tasks?status=failed&before=812&limit=100>; rel=\"next\"` naming \
+the next page. The cursor `before` is an id (a sequence number `seq` for \
+workers and instances), so a page does not shift while new rows arrive. \
+Lease and task lists also take `after=ID` instead, oldest first, without a \
+`Link` header; `before` and `after` together are refused.
+
+**Operator routes** (generator start/stop, worker spawn/pause/kill, \
+instance kill, force-release, task cancel/retry) need the admin token when \
+the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
+<token>`, else 401. Without one set they are open. Each writes an \
+`operator` row to `lease_events` in the action's own transaction \
+(`GET /api/audit`).";
+
+/// The OpenAPI document of the REST API.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "leasekeeper", description = DESCRIPTION),
+    paths(
+        leases::list_all,
+        leases::acquire,
+        leases::list_active,
+        leases::list_expired,
+        leases::list_renewed,
+        leases::list_released,
+        leases::renew,
+        leases::release,
+        leases::get_one,
+        leases::delete_one,
+        leases::events,
+        leases::force_release,
+        tasks::list_all,
+        tasks::enqueue,
+        tasks::list_pending,
+        tasks::list_started,
+        tasks::list_processed,
+        tasks::list_failed,
+        tasks::claim_next,
+        tasks::get_one,
+        tasks::heartbeat,
+        tasks::complete,
+        tasks::fail,
+        tasks::events,
+        tasks::cancel_one,
+        tasks::retry_one,
+        tasks::cancel_matching,
+        tasks::retry_matching,
+        workers::list,
+        workers::spawn,
+        workers::get_one,
+        workers::report,
+        workers::pause,
+        workers::kill,
+        generator::status,
+        generator::start,
+        generator::stop,
+        instances::list,
+        instances::kill,
+        overview::overview,
+        audit::audit,
+        events::events,
+        health::healthz,
+        health::readyz,
+        metrics::render,
+        openapi_json,
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&AdminToken),
+    tags(
+        (name = "leases", description = "The lease service: acquire, renew, release, with fencing tokens"),
+        (name = "tasks", description = "The task queue: every claim is a lease on `task:<id>`"),
+        (name = "workers", description = "Simulated workers and worker processes"),
+        (name = "generator", description = "The lease-guarded task generator"),
+        (name = "instances", description = "The leasekeeper processes sharing the database"),
+        (name = "overview", description = "Counts, throughput, the split-brain check"),
+        (name = "audit", description = "Operator actions"),
+        (name = "events", description = "Live updates as server-sent events"),
+        (name = "health", description = "Liveness and readiness"),
+        (name = "metrics", description = "Prometheus metrics"),
+        (name = "openapi", description = "This document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Adds the `admin_token` bearer scheme the operator routes name.
+struct AdminToken;
+
+impl Modify for AdminToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let mut bearer = Http::new(HttpAuthScheme::Bearer);
+        bearer.description = Some(
+            "The server's `LEASEKEEPER_ADMIN_TOKEN`, needed by operator routes only when one is set"
+                .into(),
+        );
+        components.add_security_scheme("admin_token", SecurityScheme::Http(bearer));
+    }
+}
+
+/// The document as JSON, built once.
+pub fn document() -> &'static str {
+    static JSON: LazyLock<String> = LazyLock::new(|| {
+        // Serialising a tree of strings, maps and numbers cannot fail.
+        ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| {
+            format!("{{\"error\": \"cannot render the OpenAPI document: {e}\"}}")
+        })
+    });
+    &JSON
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/openapi.json",
+    tag = "openapi",
+    summary = "This document",
+    responses((status = 200, description = "The OpenAPI 3.1 document of the REST API", content_type = "application/json", body = Object))
+)]
+async fn openapi_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], document())
+}
+
+/// The route of the document.
+pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new().route("/api/openapi.json", get(openapi_json))
+}

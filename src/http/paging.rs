@@ -1,0 +1,85 @@
+//! Paged answers: a list route answers its page as a JSON array, newest
+//! first, and, when older rows remain, a `Link: <...?before=N&limit=L>;
+//! rel="next"` header naming the next page (the convention of GitHub's
+//! API), so the body stays the plain array clients already read.
+
+use crate::paging::{Cursor, Paged};
+use axum::Json;
+use axum::http::{Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+/// `?before=ID&limit=N` on a newest-first list route.
+#[derive(Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct CursorQuery {
+    /// Rows with an id (or sequence number) below this: the cursor of the
+    /// `Link: rel="next"` header.
+    pub before: Option<i64>,
+    /// At most this many (default 100, 1 to 1000).
+    pub limit: Option<i64>,
+}
+
+impl CursorQuery {
+    /// The cursor asked for.
+    pub fn cursor(&self) -> Cursor {
+        Cursor::new(self.before, self.limit)
+    }
+}
+
+/// `page` of the list at `path` (read with `cursor`) as a response.
+pub fn answer<T: Serialize>(path: &str, cursor: Cursor, page: Paged<T>) -> Response {
+    answer_to(&path.parse().unwrap_or_default(), cursor, page)
+}
+
+/// `page`, read with `cursor`, as the answer to a request for `uri`: the
+/// next page's link keeps the request's other parameters (a status
+/// filter, say) and sets `before` and `limit`.
+pub fn answer_to<T: Serialize>(uri: &Uri, cursor: Cursor, page: Paged<T>) -> Response {
+    let next = page.next.map(|before| {
+        let mut params: Vec<&str> = uri
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("before=") && !p.starts_with("limit="))
+            .collect();
+        let cursor_params = format!("before={before}&limit={}", cursor.limit);
+        params.push(&cursor_params);
+        format!("<{}?{}>; rel=\"next\"", uri.path(), params.join("&"))
+    });
+    let mut resp = Json(page.items).into_response();
+    if let Some(link) = next.and_then(|l| header::HeaderValue::from_str(&l).ok()) {
+        resp.headers_mut().insert(header::LINK, link);
+    }
+    resp
+}
+
+/// Which way a lease or task list reads.
+pub enum Direction {
+    /// Newest first, below a cursor (the default).
+    Newest(Cursor),
+    /// Oldest first, above an id (`?after=`), for a client following new rows.
+    Oldest(crate::lease::store::Page),
+}
+
+impl Direction {
+    /// The direction `?before=`, `?after=` and `?limit=` ask for; both
+    /// cursors at once are refused.
+    pub fn of(
+        before: Option<i64>,
+        after: Option<i32>,
+        limit: Option<i64>,
+    ) -> Result<Direction, crate::error::AppError> {
+        match (before, after) {
+            (Some(_), Some(_)) => Err(crate::error::AppError::BadRequest(
+                "give before (newest first) or after (oldest first), not both".into(),
+            )),
+            (_, Some(after)) => Ok(Direction::Oldest(crate::lease::store::Page::new(
+                Some(after),
+                limit,
+            ))),
+            (before, None) => Ok(Direction::Newest(Cursor::new(before, limit))),
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! `GET /api/openapi.json` documents every REST route of the router, and
+//! nothing it lacks.
+//!
+//! axum has no public list of a router's routes, so the routes are found
+//! twice, independently of the document:
+//! - in the source: every `.route("PATH", get(..).post(..))` call under
+//!   `src/` (read when the test runs, so a new file counts too) gives the
+//!   (method, path) pairs the program defines;
+//! - in the running router: every documented operation is sent to the real
+//!   router, and must reach a handler, not the "no such API route" 404 or
+//!   the 405 of a path that lacks that method.
+//!
+//! The probes are side-effect free: the server has an admin token and the
+//! probes carry none, so every operator route stops at its 401 (which also
+//! checks that exactly the operator routes declare the admin token), and
+//! every other route that changes something is sent no body, so it stops
+//! at its 400.
+
+use crate::api::Api;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::Path;
+use tower::ServiceExt;
+
+/// HTTP methods as they appear in OpenAPI path items (and as axum's
+/// routing functions are named).
+const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+/// Routes that are not routes of the API but its fallbacks: unknown `/api`
+/// paths answer 404 with a JSON error.
+const FALLBACKS: [(&str, &str); 2] = [("any", "/api"), ("any", "/api/{*rest}")];
+
+/// One route: (method, path), lowercase method, axum's path syntax (which
+/// is OpenAPI's for plain `{param}` segments).
+type Route = (String, String);
+
+/// The (method, path) pairs the document describes.
+fn documented(doc: &Value) -> BTreeSet<Route> {
+    let paths = doc["paths"].as_object().expect("paths is an object");
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            let item = item.as_object().expect("a path item is an object");
+            METHODS
+                .iter()
+                .filter(|m| item.contains_key(**m))
+                .map(move |m| (m.to_string(), path.clone()))
+        })
+        .collect()
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+/// `line` without its `//` comment, if it has one (a `//` inside a string
+/// literal, as in `"http://..."`, is not a comment).
+fn without_comment(line: &str) -> &str {
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut previous = ' ';
+    for (i, c) in line.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '/' if !in_string && previous == '/' => return &line[..i - 1],
+            _ => {}
+        }
+        previous = c;
+    }
+    line
+}
+
+/// The (method, path) pairs of every `.route("PATH", METHOD_ROUTER)` call
+/// in `source` (comments skipped). Panics on a call it cannot read, so a
+/// route written some new way is not silently missed.
+fn routes_in(file: &str, source: &str) -> Vec<Route> {
+    let code: String = source
+        .lines()
+        .map(without_comment)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find(".route(") {
+        rest = &rest[at + ".route(".len()..];
+        let args = rest.trim_start();
+        let Some(after_quote) = args.strip_prefix('"') else {
+            panic!("{file}: a .route( call whose path is not a string literal: {args:.60}");
+        };
+        let end = after_quote.find('"').expect("a closed string literal");
+        let path = &after_quote[..end];
+        // The method router: up to the `)` that closes `.route(`.
+        let mut depth = 1;
+        let tail = &after_quote[end + 1..];
+        let close = tail
+            .char_indices()
+            .find(|&(_, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .map(|(i, _)| i)
+            .expect("a closed .route( call");
+        let router = &tail[..close];
+        let methods: Vec<&str> = METHODS
+            .iter()
+            .chain(&["any"])
+            .copied()
+            .filter(|m| calls(router, m))
+            .collect();
+        assert!(
+            !methods.is_empty(),
+            "{file}: cannot tell the methods of route {path:?} from {router:?}; \
+             teach tests/it/openapi.rs this way of writing a route"
+        );
+        found.extend(
+            methods
+                .into_iter()
+                .map(|m| (m.to_string(), path.to_string())),
+        );
+        rest = &tail[close..];
+    }
+    found
+}
+
+/// Whether `code` calls a function named `name` (`get(`, `.post(`,
+/// `axum::routing::put(`), not merely one whose name ends in it.
+fn calls(code: &str, name: &str) -> bool {
+    let pattern = format!("{name}(");
+    code.match_indices(&pattern).any(|(i, _)| {
+        code[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+    })
+}
+
+/// The routes the program's source defines, fallbacks aside.
+fn defined_in_source() -> BTreeSet<Route> {
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let mut routes = BTreeSet::new();
+    for file in &files {
+        let source = std::fs::read_to_string(file).unwrap();
+        routes.extend(routes_in(&file.display().to_string(), &source));
+    }
+    for (method, path) in FALLBACKS {
+        assert!(
+            routes.remove(&(method.to_string(), path.to_string())),
+            "the fallback {method} {path} is gone: update FALLBACKS"
+        );
+    }
+    routes
+}
+
+#[test]
+fn the_route_reader_reads_every_way_routes_are_written_here() {
+    let source = r#"
+        Router::new()
+            .route("/api/a", get(list_all).post(acquire))
+            // .route("/api/commented", get(nothing))
+            .route("/api/d", get(d)) // .route("/api/trailing", get(nothing))
+            .route(
+                "/api/b/{id}",
+                axum::routing::post(force_release),
+            )
+            .route("/api/c", get(get_one).delete(delete_one))
+            .route("/api", any(no_such_route))
+    "#;
+    let want: Vec<Route> = [
+        ("get", "/api/a"),
+        ("post", "/api/a"),
+        ("get", "/api/d"),
+        ("post", "/api/b/{id}"),
+        ("get", "/api/c"),
+        ("delete", "/api/c"),
+        ("any", "/api"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(routes_in("example", source), want);
+}
+
+/// The document as served.
+async fn served(api: &Api) -> Value {
+    let resp = api.open("/api/openapi.json").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        resp.headers()[header::CONTENT_TYPE],
+        "application/json",
+        "served as JSON"
+    );
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let doc: Value = serde_json::from_slice(&bytes).expect("the document is JSON");
+    assert_eq!(
+        doc,
+        serde_json::from_str::<Value>(leasekeeper::http::openapi::document()).unwrap(),
+        "the route serves the document built once"
+    );
+    doc
+}
+
+#[tokio::test]
+async fn the_document_has_exactly_the_routes_the_source_defines() {
+    let api = Api::new().await;
+    let doc = served(&api).await;
+    let documented = documented(&doc);
+    let defined = defined_in_source();
+    let undocumented: Vec<_> = defined.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&defined).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "routes without documentation (add #[utoipa::path] to the handler and list it in \
+         src/http/openapi.rs): {undocumented:?}; documented routes the source does not \
+         define: {unknown:?}"
+    );
+    for required in ["/healthz", "/readyz", "/metrics", "/api/openapi.json"] {
+        assert!(
+            documented.iter().any(|(_, p)| p == required),
+            "{required} is documented"
+        );
+    }
+    assert!(
+        !documented.iter().any(|(_, p)| p.starts_with("/sfn")),
+        "server functions are internals, not documented"
+    );
+}
+
+/// `path` with every `{param}` replaced by `1` (a valid row id and a valid
+/// worker or instance name alike).
+fn concrete(path: &str) -> String {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = open + rest[open..].find('}').expect("a closed {param}");
+        out.push('1');
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[tokio::test]
+async fn every_documented_operation_reaches_a_handler_of_the_router() {
+    let api = Api::with_settings(|s| s.admin_token = Some("an-admin-token-for-tests".into())).await;
+    let doc = served(&api).await;
+    let mut problems = Vec::new();
+    for (method, path) in documented(&doc) {
+        let uri = concrete(&path);
+        let req = Request::builder()
+            .method(Method::from_bytes(method.to_uppercase().as_bytes()).unwrap())
+            .uri(&uri)
+            .body(Body::empty())
+            .unwrap();
+        // Only the status and, for a 404, the body are read: `/api/events`
+        // never ends.
+        let resp = api.app().oneshot(req).await.unwrap();
+        let status = resp.status();
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            problems.push(format!(
+                "{method} {uri}: the router has the path but not the method"
+            ));
+        }
+        if status == StatusCode::NOT_FOUND {
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            let error = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_owned));
+            if error.as_deref().is_none_or(|e| e == "no such API route") {
+                problems.push(format!(
+                    "{method} {uri}: the router has no such route (404 {})",
+                    String::from_utf8_lossy(&bytes)
+                ));
+            }
+        }
+        let operation = &doc["paths"][&path][&method];
+        let declares_token = operation["security"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|r| r.get("admin_token").is_some()));
+        if status == StatusCode::UNAUTHORIZED {
+            if !(declares_token && operation["responses"].get("401").is_some()) {
+                problems.push(format!(
+                    "{method} {path} needs the admin token: its documentation must say so \
+                     (security admin_token and a 401 response)"
+                ));
+            }
+        } else if declares_token {
+            problems.push(format!(
+                "{method} {path} declares the admin token but answered {status} without it"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[tokio::test]
+async fn the_document_is_well_formed_openapi_3_1() {
+    let api = Api::new().await;
+    let doc = served(&api).await;
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1.")),
+        "openapi version: {}",
+        doc["openapi"]
+    );
+    assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+    assert!(
+        doc["info"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("/sfn")),
+        "the description says server functions are left out"
+    );
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["admin_token"]["type"], "http");
+    assert_eq!(schemes["admin_token"]["scheme"], "bearer");
+    let schemas = doc["components"]["schemas"]
+        .as_object()
+        .expect("components.schemas");
+    let tags: BTreeSet<&str> = doc["tags"]
+        .as_array()
+        .expect("tags")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        assert!(path.starts_with('/'), "{path}");
+        let item = item.as_object().unwrap();
+        let operations: Vec<_> = METHODS.iter().filter_map(|m| item.get(*m)).collect();
+        assert!(!operations.is_empty(), "{path} has no operation");
+        for op in operations {
+            let responses = op["responses"].as_object().expect("responses");
+            assert!(!responses.is_empty(), "{path}: no responses");
+            for (code, response) in responses {
+                assert!(
+                    code.len() == 3 && code.parse::<u16>().is_ok(),
+                    "{path}: response key {code}"
+                );
+                assert!(
+                    response["description"].is_string(),
+                    "{path} {code}: a response needs a description"
+                );
+            }
+            let op_tags = op["tags"].as_array().expect("every operation has a tag");
+            assert!(
+                op_tags.iter().all(|t| tags.contains(t.as_str().unwrap())),
+                "{path}: tag not declared"
+            );
+            // Every `{param}` of the path is a declared path parameter.
+            let declared: BTreeSet<&str> = op["parameters"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .filter(|p| p["in"] == "path")
+                        .map(|p| p["name"].as_str().unwrap())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let in_path: BTreeSet<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            assert_eq!(declared, in_path, "{path}: path parameters");
+        }
+    }
+    // Every reference points at a schema that exists.
+    let text = doc.to_string();
+    for piece in text.split("\"$ref\":\"").skip(1) {
+        let target = &piece[..piece.find('"').unwrap()];
+        let name = target
+            .strip_prefix("#/components/schemas/")
+            .unwrap_or_else(|| panic!("unexpected reference {target}"));
+        assert!(schemas.contains_key(name), "dangling reference {target}");
+    }
+    // The shared types are described from the real types.
+    for name in [
+        "Lease",
+        "Task",
+        "LeaseEvent",
+        "WorkerInfo",
+        "Instance",
+        "Overview",
+        "ErrorBody",
+    ] {
+        assert!(schemas.contains_key(name), "schema {name}");
+    }
+    assert_eq!(
+        schemas["ErrorBody"]["required"],
+        serde_json::json!(["error"])
+    );
+}
