@@ -119,6 +119,26 @@ pub struct ChaosArgs {
     /// Seed for the fault schedule (random when omitted; printed either way).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// The fault kinds to inject, in a shuffled cycle (default: the five
+    /// kinds of the single-server harness). `pg_failover` and `clock_skew`
+    /// run the round on a highly available cluster (Patroni, etcd and
+    /// HAProxy) instead of the single embedded server.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub faults: Vec<crate::fault::FaultKind>,
+    /// Replication of the highly available cluster: `sync` (the supported
+    /// configuration) or `async` (to show what it breaks).
+    #[arg(long, value_enum, default_value_t = crate::fault::Replication::Sync)]
+    pub replication: crate::fault::Replication,
+    /// How far the promoted standby's clock runs from the real one in a
+    /// `clock_skew` fault, in milliseconds (negative: behind). At most 5 s
+    /// either way: the checks compare `lease_events` times written by both
+    /// clocks, which holds only while the skew is shorter than the failover.
+    #[arg(long, default_value_t = 150, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i64).range(-5_000..=5_000))]
+    pub skew_ms: i64,
+    /// Where the highly available cluster lives (etcd, two PostgreSQL nodes).
+    #[arg(long, default_value = "target/leasekeeper-ha-db")]
+    pub ha_dir: std::path::PathBuf,
 }
 
 /// The benchmarks.

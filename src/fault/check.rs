@@ -218,6 +218,7 @@ pub async fn check(pool: &PgPool, history: &[Op], torn: usize) -> Result<Checks>
         }
     }
 
+    tokens_seen_by_clients(history, &mut c);
     let generator = terms.get(crate::generator::RESOURCE);
     c.generator_terms = generator.map_or(0, BTreeMap::len);
     for (id, status, attempts, max_attempts, processor, token, created_at, generator_token) in
@@ -266,6 +267,46 @@ pub async fn check(pool: &PgPool, history: &[Op], torn: usize) -> Result<Checks>
         }
     }
     Ok(c)
+}
+
+/// The tokens the workers were granted, whatever the database says now
+/// (after a failover that lost commits it cannot say): per task, a token is
+/// granted once, and a claim sent after another claim's answer arrived gets
+/// a higher token.
+fn tokens_seen_by_clients(history: &[Op], c: &mut Checks) {
+    let mut grants: HashMap<i32, Vec<&Op>> = HashMap::new();
+    for op in history {
+        if let (OpKind::Claim, Outcome::Ok, Some(task), Some(_)) =
+            (op.op, op.outcome, op.task, op.token)
+        {
+            grants.entry(task).or_default().push(op);
+        }
+    }
+    let mut tasks: Vec<_> = grants.into_iter().collect();
+    tasks.sort_by_key(|(task, _)| *task);
+    for (task, mut ops) in tasks {
+        ops.sort_by_key(|op| op.returned_ms);
+        for (i, later) in ops.iter().enumerate() {
+            for earlier in &ops[..i] {
+                if later.token == earlier.token {
+                    c.token_order.push(format!(
+                        "task:{task}: token {} granted to both {} and {} (clients' history)",
+                        later.token.unwrap_or_default(),
+                        earlier.worker,
+                        later.worker
+                    ));
+                } else if later.sent_ms > earlier.returned_ms && later.token < earlier.token {
+                    c.token_order.push(format!(
+                        "task:{task}: token {} granted to {} after {} had been granted to {} (clients' history)",
+                        later.token.unwrap_or_default(),
+                        later.worker,
+                        earlier.token.unwrap_or_default(),
+                        earlier.worker
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// Terms by resource, by token.
@@ -419,6 +460,35 @@ mod tests {
             ev(2, "a", 1, "renewed", 4500, 2500),
         ]);
         assert_eq!(c.stale_accepted.len(), 1, "{c:?}");
+    }
+
+    fn claim(worker: &str, token: i64, sent: i64, returned: i64) -> Op {
+        Op {
+            worker: worker.into(),
+            op: OpKind::Claim,
+            task: Some(7),
+            token: Some(token),
+            outcome: Outcome::Ok,
+            sent_ms: sent,
+            returned_ms: returned,
+        }
+    }
+
+    #[test]
+    fn a_token_granted_twice_or_lower_after_a_higher_is_caught_from_the_history() {
+        let mut c = Checks::default();
+        tokens_seen_by_clients(&[claim("a", 1, 0, 10), claim("b", 2, 20, 30)], &mut c);
+        assert!(c.token_order.is_empty(), "{c:?}");
+        // A failover lost the first grant; the new primary grants it again.
+        tokens_seen_by_clients(&[claim("a", 1, 0, 10), claim("b", 1, 20, 30)], &mut c);
+        assert_eq!(c.token_order.len(), 1, "{c:?}");
+        let mut c = Checks::default();
+        tokens_seen_by_clients(&[claim("a", 3, 0, 10), claim("b", 2, 20, 30)], &mut c);
+        assert_eq!(c.token_order.len(), 1, "{c:?}");
+        // Overlapping calls may come back in either order.
+        let mut c = Checks::default();
+        tokens_seen_by_clients(&[claim("a", 3, 0, 30), claim("b", 2, 5, 20)], &mut c);
+        assert!(c.token_order.is_empty(), "{c:?}");
     }
 
     #[test]

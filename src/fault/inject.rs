@@ -2,13 +2,15 @@
 //! the generator's holder, PostgreSQL, a request whose answer is lost), and
 //! the record of each one injected.
 
+use super::db::Database;
 use super::rig::{Rig, signal};
-use super::{PAUSE, RECOVERY_BOUND, TAKEOVER_BOUND, proxy};
-use crate::db::embedded::EmbeddedPostgres;
+use super::{
+    FAILOVER_BOUND, PARTITION, PAUSE, RECOVERY_BOUND, STANDBY_LAG, Setup, TAKEOVER_BOUND, proxy,
+};
 use crate::generator::RESOURCE;
 use crate::worker::history::now_ms;
-use anyhow::Result;
-use nix::sys::signal::Signal;
+use anyhow::{Result, bail};
+use nix::sys::signal::{Signal, kill};
 use rand::Rng;
 use rand::rngs::StdRng;
 use serde::Serialize;
@@ -17,25 +19,54 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The kinds of fault, in report order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// The kinds of fault, in report order. On the command line
+/// (`--faults`) and in the report's `faults` list they are named in
+/// snake case (`kill_worker`, `pg_failover`); the report's `per_fault` table
+/// keys them by [`FaultKind::key`] (`killworker`, `pgfailover`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum FaultKind {
     KillWorker,
     PauseWorker,
     KillGeneratorHolder,
     RestartPostgres,
     LoseAnswer,
+    /// kill -9 of the primary database node; the orchestrator promotes the
+    /// standby.
+    PgFailover,
+    /// One instance cut off from the database for longer than the TTL.
+    Partition,
+    /// The standby's clock set off by `--skew-ms`, then a failover to it.
+    ClockSkew,
 }
 
 impl FaultKind {
-    pub(super) const ALL: [FaultKind; 5] = [
+    pub(super) const ALL: [FaultKind; 8] = [
+        FaultKind::KillWorker,
+        FaultKind::PauseWorker,
+        FaultKind::KillGeneratorHolder,
+        FaultKind::RestartPostgres,
+        FaultKind::LoseAnswer,
+        FaultKind::PgFailover,
+        FaultKind::Partition,
+        FaultKind::ClockSkew,
+    ];
+
+    /// What a run injects when `--faults` is not given: the kinds that need
+    /// no highly available cluster.
+    pub(super) const DEFAULT: [FaultKind; 5] = [
         FaultKind::KillWorker,
         FaultKind::PauseWorker,
         FaultKind::KillGeneratorHolder,
         FaultKind::RestartPostgres,
         FaultKind::LoseAnswer,
     ];
+
+    /// Whether it needs the highly available cluster.
+    pub(super) fn needs_ha(self) -> bool {
+        matches!(self, FaultKind::PgFailover | FaultKind::ClockSkew)
+    }
 
     /// Its key in the JSON report, e.g. `killworker`.
     pub(super) fn key(self) -> String {
@@ -49,6 +80,9 @@ impl FaultKind {
             FaultKind::KillGeneratorHolder => "kill -9 generator holder",
             FaultKind::RestartPostgres => "PostgreSQL crash restart",
             FaultKind::LoseAnswer => "answer lost after commit",
+            FaultKind::PgFailover => "primary killed, failover",
+            FaultKind::Partition => "instance cut off from db",
+            FaultKind::ClockSkew => "failover to a skewed clock",
         }
     }
 }
@@ -70,6 +104,29 @@ pub(super) struct Fault {
     pub(super) down_ms: Option<f64>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) recoveries: BTreeMap<String, Option<f64>>,
+    /// For a failover: how long the orchestrator took to promote the
+    /// standby (its own detection and promotion), in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) promoted_ms: Option<f64>,
+    /// For a clock_skew failover: the promoted standby's clock offset, as
+    /// set and as measured just before the failover, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) skew_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) skew_measured_ms: Option<f64>,
+    /// For a partition of the generator's holder: when it stopped believing
+    /// it held the generator (its own state, read from `/healthz`), and when
+    /// another instance's term began, in ms from the cut; and its writes that
+    /// reached the database after the heal and were refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) stepped_down_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) taken_over_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) late_writes_refused: Option<i64>,
+    /// The generator holder a partition cut off.
+    #[serde(skip)]
+    pub(super) holder: Option<String>,
     /// The worker killed or paused.
     #[serde(skip)]
     pub(super) worker: Option<String>,
@@ -85,6 +142,11 @@ impl Fault {
     pub(super) fn bound(&self) -> Option<Duration> {
         match self.kind {
             FaultKind::RestartPostgres => Some(RECOVERY_BOUND),
+            FaultKind::PgFailover | FaultKind::ClockSkew => Some(FAILOVER_BOUND),
+            // The tasks its workers held are taken over (when it held the
+            // generator, that too) within the takeover bound of the cut.
+            FaultKind::Partition if self.tasks.is_empty() && self.holder.is_none() => None,
+            FaultKind::Partition => Some(TAKEOVER_BOUND),
             FaultKind::KillGeneratorHolder => Some(TAKEOVER_BOUND),
             FaultKind::LoseAnswer if self.lost != Some(proxy::Target::Claim) => None,
             _ if self.tasks.is_empty() => None,
@@ -102,6 +164,33 @@ async fn held(pool: &PgPool) -> Vec<(i32, String)> {
     .fetch_all(pool)
     .await
     .unwrap_or_default()
+}
+
+/// The instance holding the generator's live lease, and the holder's id.
+async fn generator_holder(rig: &Rig, pool: &PgPool) -> Option<(usize, String)> {
+    let holder: String = sqlx::query_scalar(
+        "SELECT holder FROM leases
+          WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
+    )
+    .bind(RESOURCE)
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten()?;
+    // Instance ids are `i-<port>-<hex>`.
+    let port = holder.split('-').nth(1)?.parse::<u16>().ok()?;
+    let slot = rig.instances.iter().position(|i| i.port == port)?;
+    Some((slot, holder))
+}
+
+/// Tasks held right now by the workers of instance `slot`.
+async fn held_by_instance(rig: &Rig, pool: &PgPool, slot: usize) -> Vec<i32> {
+    held(pool)
+        .await
+        .into_iter()
+        .filter(|(_, p)| rig.workers.iter().any(|w| w.slot == slot && w.id == *p))
+        .map(|(t, _)| t)
+        .collect()
 }
 
 /// A live worker (not paused) holding a task, preferring `--trust-claims`
@@ -169,9 +258,10 @@ async fn about_to_complete(rig: &Rig, pool: &PgPool) -> Option<(usize, Vec<i32>)
 
 pub(super) async fn inject(
     kind: FaultKind,
-    cluster: &mut EmbeddedPostgres,
+    cluster: &mut Database,
     rig: &mut Rig,
     pool: &PgPool,
+    setup: &Setup,
     rng: &mut StdRng,
 ) -> Result<Option<Fault>> {
     let mut fault = Fault {
@@ -182,6 +272,13 @@ pub(super) async fn inject(
         recovery_ms: None,
         down_ms: None,
         recoveries: BTreeMap::new(),
+        promoted_ms: None,
+        skew_ms: None,
+        skew_measured_ms: None,
+        stepped_down_ms: None,
+        taken_over_ms: None,
+        late_writes_refused: None,
+        holder: None,
         worker: None,
         lost: None,
     };
@@ -220,38 +317,122 @@ pub(super) async fn inject(
             fault.tasks = tasks;
         }
         FaultKind::KillGeneratorHolder => {
-            let holder: Option<String> = sqlx::query_scalar(
-                "SELECT holder FROM leases
-                  WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
-            )
-            .bind(RESOURCE)
-            .fetch_optional(pool)
-            .await
-            .ok()
-            .flatten();
-            // Instance ids are `i-<port>-<hex>`.
-            let port = holder
-                .as_deref()
-                .and_then(|h| h.split('-').nth(1))
-                .and_then(|p| p.parse::<u16>().ok());
-            let Some(slot) = rig.instances.iter().position(|i| Some(i.port) == port) else {
+            let Some((slot, holder)) = generator_holder(rig, pool).await else {
                 return Ok(None);
             };
-            let tasks: Vec<i32> = held(pool)
-                .await
-                .into_iter()
-                .filter(|(_, p)| rig.workers.iter().any(|w| w.slot == slot && w.id == *p))
-                .map(|(t, _)| t)
-                .collect();
+            let tasks = held_by_instance(rig, pool, slot).await;
             fault.at_ms = now_ms();
             signal(&rig.instances[slot].child, Signal::SIGKILL);
             let _ = rig.instances[slot].child.wait().await;
-            let port = rig.instances[slot].port;
-            rig.instances[slot].child = rig.spawn_instance(port)?;
-            fault.target = holder.unwrap_or_default();
+            let (port, link) = (rig.instances[slot].port, rig.instances[slot].link.port);
+            rig.instances[slot].child = rig.spawn_instance(port, link)?;
+            fault.target = holder;
             fault.tasks = tasks;
         }
+        FaultKind::Partition => {
+            // The generator's holder when there is one (the case that tests
+            // stepping down), else any instance (its workers' tasks).
+            let (slot, holder) = match generator_holder(rig, pool).await {
+                Some((slot, holder)) => (slot, Some(holder)),
+                None => (rng.random_range(0..rig.instances.len()), None),
+            };
+            if rig.instances[slot].heal_at.is_some() {
+                return Ok(None);
+            }
+            fault.tasks = held_by_instance(rig, pool, slot).await;
+            fault.at_ms = now_ms();
+            let cut = Instant::now();
+            rig.instances[slot].link.cut();
+            rig.instances[slot].heal_at = Some(cut + PARTITION);
+            let port = rig.instances[slot].port;
+            fault.target = match &holder {
+                Some(h) => format!("instance :{port}, generator holder {h}"),
+                None => format!("instance :{port}"),
+            };
+            if holder.is_some() {
+                // Watch it step down by its own clock: it cannot reach the
+                // database, so only its trust deadline can tell it to stop.
+                while cut.elapsed() < PARTITION {
+                    rig.resume_due(false);
+                    let state = rig.local_generator(port).await;
+                    if !matches!(state.as_deref(), Some("working" | "renewing")) {
+                        fault.stepped_down_ms = Some(cut.elapsed().as_secs_f64() * 1000.0);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+            fault.holder = holder;
+        }
+        FaultKind::PgFailover | FaultKind::ClockSkew => {
+            let Database::Ha(ha) = cluster else {
+                bail!("{} needs the highly available cluster", kind.describe());
+            };
+            let Some(primary) = ha.primary().await else {
+                return Ok(None);
+            };
+            let standby = 1 - primary;
+            // Not before the last failover's old primary is back as a
+            // streaming standby: one node alone has nowhere to fail over to.
+            if ha.wait_standby(standby, Instant::now()).await.is_err() {
+                return Ok(None);
+            }
+            if kind == FaultKind::ClockSkew {
+                ha.set_skew(standby, setup.skew_ms)?;
+                // libfaketime re-reads the offset once a second.
+                tokio::time::sleep(Duration::from_millis(1300)).await;
+                fault.skew_ms = Some(setup.skew_ms);
+                fault.skew_measured_ms = ha.clock_offset_ms(standby).await;
+            }
+            fault.tasks = held(pool).await.into_iter().map(|(t, _)| t).collect();
+            // The standby falls behind first, as under load or on a slow
+            // link: the primary's WAL sender to it stops for a moment (what
+            // it has not sent dies with the primary). With synchronous
+            // replication, commits wait meanwhile and are never
+            // acknowledged; with asynchronous, the primary acknowledges
+            // commits the standby never receives.
+            if let Some(pid) = ha.wal_sender_to(standby).await {
+                let _ = kill(pid, Signal::SIGSTOP);
+            }
+            tokio::time::sleep(STANDBY_LAG).await;
+            fault.at_ms = now_ms();
+            let died = Instant::now();
+            ha.kill_node(primary).await;
+            fault.target = format!(
+                "primary {} killed, {} promoted{}",
+                ha.node_name(primary),
+                ha.node_name(standby),
+                match fault.skew_ms {
+                    Some(ms) => format!(" with its clock {ms:+} ms off"),
+                    None => String::new(),
+                }
+            );
+            fault.promoted_ms = ha
+                .wait_primary(standby, FAILOVER_BOUND * 2)
+                .await
+                .map(|at| (at - died).as_secs_f64() * 1000.0);
+            for instance in &rig.instances {
+                let port = instance.port;
+                let took = loop {
+                    if rig.answers(port).await {
+                        break Some(died.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    if died.elapsed() > FAILOVER_BOUND * 2 {
+                        break None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                fault.recoveries.insert(format!("instance :{port}"), took);
+            }
+            // The dead node comes back as the new standby (Patroni rewinds
+            // it); its clock is the real one again.
+            ha.set_skew(primary, 0)?;
+            ha.start_node(primary)?;
+        }
         FaultKind::RestartPostgres => {
+            let Database::Single(cluster) = cluster else {
+                bail!("restart_postgres needs the single embedded server");
+            };
             fault.tasks = held(pool).await.into_iter().map(|(t, _)| t).collect();
             fault.at_ms = now_ms();
             cluster.crash_restart().await?;

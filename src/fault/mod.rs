@@ -30,22 +30,26 @@
 //! rounds.
 
 pub mod check;
+mod cut;
+mod db;
+mod ha;
 mod inject;
 pub mod proxy;
 pub mod race;
 mod report;
 mod rig;
 
+pub use ha::Replication;
 pub use inject::FaultKind;
 
 use crate::cli::ChaosArgs;
-use crate::db::embedded::EmbeddedPostgres;
 use crate::db::{Schema, connect_options, migrate, pool_options};
 use crate::generator::{Desired, RESOURCE};
 use crate::queue::store;
 use crate::settings::Settings;
 use crate::worker::history::{self, Op};
 use anyhow::{Context, Result, bail};
+use db::Database;
 use inject::{Fault, inject};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -63,12 +67,22 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_secs(2);
 /// How long a paused worker stays frozen: past its lease.
 const PAUSE: Duration = Duration::from_millis(3500);
+/// How long a partition lasts: past the lease, so the cut-off holder's
+/// lease runs out and another instance takes over before it heals.
+const PARTITION: Duration = Duration::from_millis(4500);
 /// Every process must work again within this long after PostgreSQL is back.
 const RECOVERY_BOUND: Duration = Duration::from_secs(10);
 /// A takeover must happen within this long of a holder's death: the TTL,
 /// plus the claimers' idle poll (at most 0.5 s) and slack for a loaded
 /// two-core machine.
 const TAKEOVER_BOUND: Duration = Duration::from_secs(5);
+/// After a primary's death, every instance must serve again, claims resume
+/// and the generator runs within this long: Patroni's leader key TTL (10 s)
+/// and its loop, HAProxy's checks, and the lease TTL on top.
+const FAILOVER_BOUND: Duration = Duration::from_secs(30);
+/// How long the primary's WAL sender to the standby is stopped before the
+/// primary dies (the standby falling behind, as under load).
+const STANDBY_LAG: Duration = Duration::from_millis(1000);
 /// The end of a round without new faults (TTL + poll + slack).
 const QUIET: Duration = Duration::from_secs(4);
 const WORKERS: usize = 6;
@@ -98,10 +112,35 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     };
     let seed = args.seed.unwrap_or_else(rand::random);
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut kinds: Vec<FaultKind> = if args.faults.is_empty() {
+        FaultKind::DEFAULT.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    kinds.sort();
+    kinds.dedup();
+    let ha = kinds.iter().any(|k| k.needs_ha());
+    if ha && kinds.contains(&FaultKind::RestartPostgres) {
+        bail!(
+            "restart_postgres crashes the single embedded server; with pg_failover or clock_skew \
+             the run uses the highly available cluster, whose primary pg_failover kills instead"
+        );
+    }
+    let setup = Setup {
+        kinds: kinds.clone(),
+        skew_ms: args.skew_ms,
+        gaps,
+    };
     eprintln!(
-        "chaos: {rounds} round(s) of {seconds} s, a fault every {}-{} s, seed {seed}",
+        "chaos: {rounds} round(s) of {seconds} s, a fault every {}-{} s, seed {seed}; faults: {}; database: {}",
         gaps.0 / 1000,
-        gaps.1 / 1000
+        gaps.1 / 1000,
+        kinds.iter().map(|k| k.key()).collect::<Vec<_>>().join(", "),
+        if ha {
+            format!("highly available ({:?} replication)", args.replication).to_lowercase()
+        } else {
+            "single server".to_string()
+        }
     );
     let work = PathBuf::from("target/leasekeeper-chaos-run");
     let _ = std::fs::remove_dir_all(&work);
@@ -109,9 +148,8 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     let work = work.canonicalize()?;
     let config = work.join("settings.toml");
     std::fs::write(&config, "")?;
-    let mut cluster = EmbeddedPostgres::start(&args.cluster_dir)
-        .await
-        .context("starting the harness's PostgreSQL cluster")?;
+    let mut cluster =
+        Database::start(ha, &args.cluster_dir, &args.ha_dir, args.replication).await?;
 
     let outcome = async {
         let mut results = Vec::new();
@@ -125,7 +163,7 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
                 &dir,
                 round,
                 Duration::from_secs(seconds),
-                gaps,
+                &setup,
                 &mut rng,
             )
             .await
@@ -146,9 +184,10 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
         anyhow::Ok((results, races))
     }
     .await;
-    cluster.stop_if_started_here().await?;
+    cluster.stop().await?;
     let (results, races) = outcome?;
-    let report = report(seed, rounds, seconds, &results, &races);
+    let replication = ha.then_some(args.replication);
+    let report = report(seed, rounds, seconds, &kinds, replication, &results, &races);
     print_report(&report);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -165,7 +204,14 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     Ok(())
 }
 
-async fn fresh_database(cluster: &EmbeddedPostgres, name: &str, schema: &Schema) -> Result<PgPool> {
+/// What every round of a run shares.
+pub(super) struct Setup {
+    kinds: Vec<FaultKind>,
+    skew_ms: i64,
+    gaps: (u64, u64),
+}
+
+async fn fresh_database(cluster: &Database, name: &str, schema: &Schema) -> Result<PgPool> {
     cluster.recreate_database(name).await?;
     let pool = pool_options()
         .max_connections(8)
@@ -181,13 +227,13 @@ async fn fresh_database(cluster: &EmbeddedPostgres, name: &str, schema: &Schema)
     reason = "one round's whole set-up, passed once from run()"
 )]
 async fn one_round(
-    cluster: &mut EmbeddedPostgres,
+    cluster: &mut Database,
     schema: &Schema,
     config: &Path,
     dir: &Path,
     round: usize,
     length: Duration,
-    gaps: (u64, u64),
+    setup: &Setup,
     rng: &mut StdRng,
 ) -> Result<RoundResult> {
     let name = format!("chaos_r{round}");
@@ -195,7 +241,7 @@ async fn one_round(
     let mut rig = Rig {
         exe: std::env::current_exe()?,
         dir: dir.to_path_buf(),
-        url: cluster.url(&name),
+        database: name.clone(),
         schema: schema.clone(),
         config: config.to_path_buf(),
         instances: Vec::new(),
@@ -206,9 +252,16 @@ async fn one_round(
     };
     for _ in 0..INSTANCES {
         let port = free_port()?;
-        let child = rig.spawn_instance(port)?;
+        let link = cut::Cut::start(cluster.upstream()).await?;
+        let child = rig.spawn_instance(port, link.port)?;
         let proxy = proxy::Proxy::start(port).await?;
-        rig.instances.push(Instance { port, proxy, child });
+        rig.instances.push(Instance {
+            port,
+            proxy,
+            link,
+            child,
+            heal_at: None,
+        });
     }
     let result = async {
         rig.wait_ready().await?;
@@ -221,7 +274,7 @@ async fn one_round(
             "chaos",
         )
         .await?;
-        let (enqueued, faults) = faults_phase(cluster, &mut rig, &pool, length, gaps, rng).await?;
+        let (enqueued, faults) = faults_phase(cluster, &mut rig, &pool, length, setup, rng).await?;
         drain(&mut rig, &pool).await;
         rig.shutdown().await;
         let (history, torn) = history::read_dir(dir)?;
@@ -253,13 +306,14 @@ async fn one_round(
 /// Enqueues and injects faults for `length`; answers the ids of the tasks
 /// whose enqueue was confirmed, and the faults.
 async fn faults_phase(
-    cluster: &mut EmbeddedPostgres,
+    cluster: &mut Database,
     rig: &mut Rig,
     pool: &PgPool,
     length: Duration,
-    gaps: (u64, u64),
+    setup: &Setup,
     rng: &mut StdRng,
 ) -> Result<(Vec<i32>, Vec<Fault>)> {
+    let gaps = setup.gaps;
     let stop = tokio_util::sync::CancellationToken::new();
     let enqueuer = {
         let (pool, stop) = (pool.clone(), stop.clone());
@@ -301,7 +355,7 @@ async fn faults_phase(
         })
     };
     let mut faults = Vec::new();
-    let mut cycle = FaultKind::ALL;
+    let mut cycle = setup.kinds.clone();
     cycle.shuffle(rng);
     let end = Instant::now() + length;
     let mut next = Instant::now() + Duration::from_millis(rng.random_range(gaps.0..=gaps.1));
@@ -314,7 +368,7 @@ async fn faults_phase(
         // stops the generator and continues paused workers.
         if Instant::now() >= next && Instant::now() + QUIET < end {
             let kind = cycle[n % cycle.len()];
-            match inject(kind, cluster, rig, pool, rng).await? {
+            match inject(kind, cluster, rig, pool, setup, rng).await? {
                 Some(fault) => {
                     eprintln!(
                         "chaos: {} ({}; tasks {:?})",
@@ -348,7 +402,9 @@ async fn drain(rig: &mut Rig, pool: &PgPool) {
     // A pause injected just before the end runs its full length: continued
     // early, its holder would still hold a live lease and complete
     // normally, and the fault would not be the one reported.
-    while rig.workers.iter().any(|w| w.resume_at.is_some()) {
+    while rig.workers.iter().any(|w| w.resume_at.is_some())
+        || rig.instances.iter().any(|i| i.heal_at.is_some())
+    {
         rig.resume_due(false);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

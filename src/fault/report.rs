@@ -54,6 +54,69 @@ pub(super) async fn measure(
             FaultKind::KillGeneratorHolder => {
                 fault.recovery_ms = next_grant(pool, RESOURCE, fault.at_ms).await?;
             }
+            FaultKind::PgFailover | FaultKind::ClockSkew => {
+                // The first claim granted, and the generator's first grant
+                // or renewal, after the primary died. lease_events tells
+                // time by the new primary's clock: a skewed one is
+                // corrected by its measured offset.
+                let first_claim = history
+                    .iter()
+                    .filter(|op| {
+                        op.op == OpKind::Claim
+                            && op.outcome == Outcome::Ok
+                            && op.task.is_some()
+                            && op.sent_ms >= fault.at_ms
+                    })
+                    .map(|op| (op.returned_ms - fault.at_ms) as f64)
+                    .reduce(f64::min);
+                fault.recoveries.insert("first claim".into(), first_claim);
+                let offset = fault.skew_measured_ms.unwrap_or(0.0);
+                let generator: Option<f64> = sqlx::query_scalar(
+                    "SELECT (EXTRACT(EPOCH FROM (at - $2)) * 1000)::float8 - $3 FROM lease_events
+                      WHERE resource = $1 AND kind IN ('acquired', 'taken_over', 'renewed')
+                        AND at > $2 ORDER BY id LIMIT 1",
+                )
+                .bind(RESOURCE)
+                .bind(at(fault.at_ms))
+                .bind(offset)
+                .fetch_optional(pool)
+                .await?;
+                fault.recoveries.insert("generator".into(), generator);
+                fault.recovery_ms = fault
+                    .recoveries
+                    .values()
+                    .try_fold(0.0f64, |worst, r| r.map(|r| worst.max(r)));
+            }
+            FaultKind::Partition => {
+                let mut worst: Option<f64> = Some(0.0);
+                for task in &fault.tasks {
+                    let took = next_grant(pool, &format!("task:{task}"), fault.at_ms).await?;
+                    worst = match (worst, took) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    };
+                }
+                if let Some(holder) = &fault.holder {
+                    fault.taken_over_ms = next_grant(pool, RESOURCE, fault.at_ms).await?;
+                    worst = match (worst, fault.taken_over_ms) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    };
+                    fault.late_writes_refused = Some(
+                        sqlx::query_scalar(
+                            "SELECT count(*) FROM lease_events
+                              WHERE resource = $1 AND holder = $2
+                                AND kind = 'stale_write_refused' AND at > $3",
+                        )
+                        .bind(RESOURCE)
+                        .bind(holder)
+                        .bind(at(fault.at_ms))
+                        .fetch_one(pool)
+                        .await?,
+                    );
+                }
+                fault.recovery_ms = worst;
+            }
             FaultKind::RestartPostgres => {
                 // Each worker's first accepted call sent after PostgreSQL
                 // was back, and the generator's first renewal or grant.
@@ -114,10 +177,23 @@ pub(super) async fn measure(
     Ok(faults)
 }
 
-/// Recoveries over their bound, described.
+/// Recoveries over their bound, and partitioned generator holders that
+/// had not stepped down when another instance took over, described.
 pub(super) fn late(faults: &[Fault]) -> Vec<String> {
     let mut out = Vec::new();
     for f in faults {
+        if f.kind == FaultKind::Partition && f.holder.is_some() {
+            match (f.stepped_down_ms, f.taken_over_ms) {
+                (Some(down), Some(over)) if down < over => {}
+                (down, over) => out.push(format!(
+                    "{} ({}): the cut-off holder stepped down at {} but another term began at {} (ms after the cut)",
+                    f.kind.describe(),
+                    f.target,
+                    down.map_or("never".into(), |ms| format!("{ms:.0}")),
+                    over.map_or("never".into(), |ms| format!("{ms:.0}")),
+                )),
+            }
+        }
         let Some(bound) = f.bound() else { continue };
         match f.recovery_ms {
             Some(ms) if ms <= bound.as_secs_f64() * 1000.0 => {}
@@ -145,11 +221,13 @@ pub(super) fn report(
     seed: u64,
     rounds: usize,
     seconds: u64,
+    kinds: &[FaultKind],
+    replication: Option<super::Replication>,
     results: &[RoundResult],
     races: &Result<race::RaceReport>,
 ) -> Value {
     let mut per_kind = serde_json::Map::new();
-    for kind in FaultKind::ALL {
+    for &kind in kinds {
         let faults: Vec<(&RoundResult, &Fault)> = results
             .iter()
             .flat_map(|r| {
@@ -265,6 +343,11 @@ pub(super) fn report(
         "seed": seed,
         "rounds": rounds,
         "seconds_per_round": seconds,
+        "fault_kinds": kinds,
+        "database": match replication {
+            Some(r) => json!({ "kind": "highly_available", "replication": r }),
+            None => json!({ "kind": "single_server" }),
+        },
         "per_fault": per_kind,
         "totals": {
             "tasks": sum(&|c| c.tasks),
@@ -307,6 +390,9 @@ pub(super) fn print_report(report: &Value) {
     let ms = |v: &Value| v.as_f64().map_or("-".to_string(), |v| format!("{v:.0} ms"));
     for kind in FaultKind::ALL {
         let row = &report["per_fault"][kind.key()];
+        if row.is_null() {
+            continue;
+        }
         let n = |key: &str| row[key].to_string();
         println!(
             "{:<28} {:>6} {:>7} {:>8} {:>5} {:>4} {:>8} {:>9} {:>9}",
@@ -320,6 +406,63 @@ pub(super) fn print_report(report: &Value) {
             ms(&row["recovery_ms_p50"]),
             ms(&row["recovery_ms_max"]),
         );
+    }
+    let faults = report["faults"].as_array().cloned().unwrap_or_default();
+    let of = |kinds: &[&str]| -> Vec<&Value> {
+        faults
+            .iter()
+            .filter(|f| kinds.contains(&f["kind"].as_str().unwrap_or_default()))
+            .collect()
+    };
+    let failovers = of(&["pg_failover", "clock_skew"]);
+    if !failovers.is_empty() {
+        println!(
+            "\nfailovers (ms from the primary's death): {:>9} {:>10} {:>10} {:>10} {:>8}",
+            "promoted", "instances", "1st claim", "generator", "skew"
+        );
+        for f in failovers {
+            let instances = f["recoveries"]
+                .as_object()
+                .map(|r| {
+                    r.iter()
+                        .filter(|(k, _)| k.starts_with("instance"))
+                        .map(|(_, v)| v.as_f64().unwrap_or(f64::INFINITY))
+                        .fold(0.0f64, f64::max)
+                })
+                .unwrap_or(f64::NAN);
+            println!(
+                "  {:<39} {:>9} {:>10} {:>10} {:>10} {:>8}",
+                f["target"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .split(',')
+                    .next()
+                    .unwrap_or_default(),
+                ms(&f["promoted_ms"]),
+                ms(&json!(instances)),
+                ms(&f["recoveries"]["first claim"]),
+                ms(&f["recoveries"]["generator"]),
+                ms(&f["skew_measured_ms"]),
+            );
+        }
+    }
+    let partitions = of(&["partition"]);
+    if !partitions.is_empty() {
+        println!(
+            "\npartitions (ms from the cut):            {:>12} {:>12} {:>11}",
+            "stepped down", "taken over", "late writes"
+        );
+        for f in partitions {
+            println!(
+                "  {:<39} {:>12} {:>12} {:>11}",
+                f["target"].as_str().unwrap_or_default(),
+                ms(&f["stepped_down_ms"]),
+                ms(&f["taken_over_ms"]),
+                f["late_writes_refused"]
+                    .as_i64()
+                    .map_or("-".to_string(), |n| format!("{n} refused")),
+            );
+        }
     }
     println!("\ntotals:");
     if let Some(totals) = report["totals"].as_object() {

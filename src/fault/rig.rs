@@ -1,8 +1,9 @@
 //! The processes of one round: `leasekeeper serve` instances behind their
-//! answer-losing proxies, and `leasekeeper worker` processes writing their
+//! answer-losing proxies and in front of their database links (which a
+//! partition cuts), and `leasekeeper worker` processes writing their
 //! history, started, signalled, replaced and stopped by the harness.
 
-use super::{TTL, proxy};
+use super::{TTL, cut, proxy};
 use crate::db::Schema;
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
@@ -16,7 +17,11 @@ use tokio::time::Instant;
 pub(super) struct Instance {
     pub(super) port: u16,
     pub(super) proxy: proxy::Proxy,
+    /// Its link to the database (a restarted instance keeps it).
+    pub(super) link: cut::Cut,
     pub(super) child: Child,
+    /// When a cut link is to be healed.
+    pub(super) heal_at: Option<Instant>,
 }
 
 pub(super) struct WorkerProc {
@@ -33,7 +38,8 @@ pub(super) struct WorkerProc {
 pub(super) struct Rig {
     pub(super) exe: PathBuf,
     pub(super) dir: PathBuf,
-    pub(super) url: String,
+    /// The round's database (reached through each instance's link).
+    pub(super) database: String,
     /// The schema of the round's tables, the harness's and its servers'.
     pub(super) schema: Schema,
     pub(super) config: PathBuf,
@@ -83,12 +89,17 @@ impl Rig {
         Ok(cmd)
     }
 
-    /// Starts `leasekeeper serve` on `port` (each start logs to a file of its own).
-    pub(super) fn spawn_instance(&mut self, port: u16) -> Result<Child> {
+    /// Starts `leasekeeper serve` on `port`, reaching the database through
+    /// the link on `link_port` (each start logs to a file of its own).
+    pub(super) fn spawn_instance(&mut self, port: u16, link_port: u16) -> Result<Child> {
         self.instance_starts += 1;
+        let url = format!(
+            "postgres://leasekeeper@127.0.0.1:{link_port}/{}?sslmode=disable",
+            self.database
+        );
         self.base_command(&format!("instance-{port}-{}.log", self.instance_starts))?
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
-            .env("DATABASE_URL", &self.url)
+            .env("DATABASE_URL", url)
             .spawn()
             .context("starting leasekeeper serve")
     }
@@ -126,6 +137,23 @@ impl Rig {
         )
     }
 
+    /// Instance `port`'s own generator state, from memory (`/healthz`
+    /// reads nothing from the database, so it answers during a partition).
+    pub(super) async fn local_generator(&self, port: u16) -> Option<String> {
+        let url = format!("http://127.0.0.1:{port}/healthz");
+        let body: serde_json::Value = self
+            .http
+            .get(&url)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        body["generator"].as_str().map(str::to_string)
+    }
+
     pub(super) async fn wait_ready(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for instance in &self.instances {
@@ -143,9 +171,16 @@ impl Rig {
         Ok(())
     }
 
-    /// Continues every paused worker whose pause is over (all with `force`).
+    /// Continues every paused worker whose pause is over, and heals every
+    /// cut link whose partition is over (all with `force`).
     pub(super) fn resume_due(&mut self, force: bool) {
         let now = Instant::now();
+        for i in &mut self.instances {
+            if i.heal_at.is_some_and(|at| force || at <= now) {
+                i.link.heal();
+                i.heal_at = None;
+            }
+        }
         for w in &mut self.workers {
             if w.resume_at.is_some_and(|at| force || at <= now) {
                 signal(&w.child, Signal::SIGCONT);

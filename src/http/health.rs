@@ -32,6 +32,12 @@ pub struct Health {
     status: &'static str,
     /// The instance that answered.
     instance: String,
+    /// This instance's own generator singleton state (idle, acquiring,
+    /// working, renewing, pausing, waiting, releasing), from memory: it says
+    /// whether this replica believes it runs the generator even when the
+    /// database is out of reach. Absent when it runs no generator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generator: Option<String>,
 }
 
 /// The answer of `/readyz`: `migrations` when ready, `reason` when not.
@@ -54,13 +60,14 @@ pub struct Readiness {
     path = "/healthz",
     tag = "health",
     summary = "Liveness",
-    description = "200 while the process serves requests; reads nothing, so a slow or absent database does not fail it.",
+    description = "200 while the process serves requests; reads nothing, so a slow or absent database does not fail it. `generator` is this instance's own generator state, from memory.",
     responses((status = 200, description = "Alive", body = Health))
 )]
 async fn healthz(State(s): State<AppState>) -> Json<Health> {
     Json(Health {
         status: "ok",
         instance: s.instance_id.to_string(),
+        generator: s.generator.as_ref().map(|g| g.state().as_str().to_string()),
     })
 }
 

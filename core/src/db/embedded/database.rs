@@ -37,6 +37,12 @@ impl EmbeddedPostgres {
         )
     }
 
+    /// The server's unix socket file (for a relay in front of it, as the
+    /// fault harness's network partitions use).
+    pub fn socket_path(&self) -> std::path::PathBuf {
+        self.socket_dir.join(format!(".s.PGSQL.{}", self.port))
+    }
+
     /// Drops database `name` if it exists (closing its connections) and
     /// creates it anew, empty: for benchmarks and the fault harness.
     pub async fn recreate_database(&self, name: &str) -> Result<()> {
