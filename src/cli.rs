@@ -130,12 +130,19 @@ pub struct ChaosArgs {
     #[arg(long, value_enum, default_value_t = crate::fault::Replication::Sync)]
     pub replication: crate::fault::Replication,
     /// How far the promoted standby's clock runs from the real one in a
-    /// `clock_skew` fault, in milliseconds (negative: behind). At most 5 s
+    /// `clock_skew` fault, in milliseconds: ahead or behind at random (a
+    /// negative value swaps the two, nothing more). At most 5 s
     /// either way: the checks compare `lease_events` times written by both
     /// clocks, which holds only while the skew is shorter than the failover.
     #[arg(long, default_value_t = 150, allow_hyphen_values = true,
           value_parser = clap::value_parser!(i64).range(-5_000..=5_000))]
     pub skew_ms: i64,
+    /// The lease TTL of every process of the harness, in seconds (default
+    /// 2); pauses, partitions and recovery bounds follow it. A TTL longer
+    /// than a failover (about 5 s) keeps leases alive across it, so the
+    /// promoted standby's clock judges leases the old primary granted.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub ttl_secs: Option<u64>,
     /// Where the highly available cluster lives (etcd, two PostgreSQL nodes).
     #[arg(long, default_value = "target/leasekeeper-ha-db")]
     pub ha_dir: std::path::PathBuf,

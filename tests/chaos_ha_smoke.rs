@@ -72,6 +72,7 @@ fn failovers_keep_every_invariant_with_sync_replication_and_async_is_caught() {
         "claims_missing_from_lease_events",
         "token_order_violations",
         "two_live_holders",
+        "two_believing_holders",
         "generated_outside_term",
     ] {
         assert_eq!(report["totals"][zero], 0, "{zero}:\n{out}");

@@ -54,6 +54,7 @@ fn a_quick_chaos_round_breaks_no_invariant() {
         "takeovers_misrecorded",
         "token_order_violations",
         "two_live_holders",
+        "two_believing_holders",
         "generated_outside_term",
     ] {
         assert_eq!(totals[zero], 0, "{zero}:\n{stdout}");

@@ -22,7 +22,8 @@ use crate::worker::history::{Op, OpKind, Outcome};
 use anyhow::Result;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 /// What the checks counted; [`Checks::violations`] says what is wrong.
 #[derive(Clone, Debug, Default)]
@@ -63,6 +64,11 @@ pub struct Checks {
     /// Token order and overlapping terms, described.
     pub token_order: Vec<String>,
     pub overlaps: Vec<String>,
+    /// Two workers that believed they held one task at the same moment, by
+    /// this machine's one real clock (the history's), described. The
+    /// database's own record cannot show this when its clock jumped (a
+    /// failover to a skewed standby).
+    pub believed_overlaps: Vec<String>,
     pub generator_terms: usize,
     pub generated_tasks: usize,
     pub generated_outside_term: Vec<i32>,
@@ -89,6 +95,10 @@ impl Checks {
         list("stale writes accepted", &self.stale_accepted);
         list("tokens out of order", &self.token_order);
         list("two live holders", &self.overlaps);
+        list(
+            "two holders at once by the workers' own deadlines",
+            &self.believed_overlaps,
+        );
         list(
             "generated outside their term",
             &ids(&self.generated_outside_term),
@@ -146,8 +156,16 @@ type TaskRow = (
     Option<i64>,
 );
 
-/// Checks the database behind `pool` against `history`.
-pub async fn check(pool: &PgPool, history: &[Op], torn: usize) -> Result<Checks> {
+/// Checks the database behind `pool` against `history`, whose workers ran
+/// with lease TTL `ttl`; the workers in `trusting` ignored their local
+/// deadlines (`--trust-claims`).
+pub async fn check(
+    pool: &PgPool,
+    history: &[Op],
+    torn: usize,
+    ttl: Duration,
+    trusting: &BTreeSet<String>,
+) -> Result<Checks> {
     let mut c = Checks {
         torn_history_lines: torn,
         ..Checks::default()
@@ -219,6 +237,7 @@ pub async fn check(pool: &PgPool, history: &[Op], torn: usize) -> Result<Checks>
     }
 
     tokens_seen_by_clients(history, &mut c);
+    holders_believed_at_once(history, ttl, trusting, &mut c);
     let generator = terms.get(crate::generator::RESOURCE);
     c.generator_terms = generator.map_or(0, BTreeMap::len);
     for (id, status, attempts, max_attempts, processor, token, created_at, generator_token) in
@@ -302,6 +321,78 @@ fn tokens_seen_by_clients(history: &[Op], c: &mut Checks) {
                         later.worker,
                         earlier.token.unwrap_or_default(),
                         earlier.worker
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Two holders at once, as the workers saw it: a worker trusts a claim
+/// until its local deadline (the claim's or last accepted heartbeat's send
+/// time plus nine tenths of the TTL; see the worker loop), unless a refusal
+/// or its own completion ended it first. Another worker granted the task
+/// (its claim answered) before that deadline means two workers believed
+/// they held it at once. Workers in `trusting` ignore their deadlines on
+/// purpose and are not counted as believers; send and answer times are all
+/// from this machine's clock, so no database clock is involved.
+fn holders_believed_at_once(
+    history: &[Op],
+    ttl: Duration,
+    trusting: &BTreeSet<String>,
+    c: &mut Checks,
+) {
+    let trusted_ms = (ttl.as_secs_f64() * 900.0) as i64;
+    // (task, worker, token) -> (granted at, believed until)
+    let mut beliefs: BTreeMap<(i32, String, i64), (i64, i64)> = BTreeMap::new();
+    let mut ops: Vec<&Op> = history.iter().collect();
+    ops.sort_by_key(|op| op.sent_ms);
+    for op in ops {
+        let (Some(task), Some(token)) = (op.task, op.token) else {
+            continue;
+        };
+        let key = (task, op.worker.clone(), token);
+        match (op.op, op.outcome) {
+            (OpKind::Claim, Outcome::Ok) => {
+                beliefs.insert(key, (op.returned_ms, op.sent_ms + trusted_ms));
+            }
+            (OpKind::Heartbeat, Outcome::Ok) => {
+                if let Some(b) = beliefs.get_mut(&key) {
+                    b.1 = b.1.max(op.sent_ms + trusted_ms);
+                }
+            }
+            // A refusal, or its own completion or failure report, ends the
+            // belief when its answer arrives (if before the deadline).
+            (_, Outcome::Refused) | (OpKind::Complete | OpKind::Fail, Outcome::Ok) => {
+                if let Some(b) = beliefs.get_mut(&key) {
+                    b.1 = b.1.min(op.returned_ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut by_task: BTreeMap<i32, Vec<(&String, i64, i64, i64)>> = BTreeMap::new();
+    for ((task, worker, token), (from, until)) in &beliefs {
+        by_task
+            .entry(*task)
+            .or_default()
+            .push((worker, *token, *from, *until));
+    }
+    for (task, claims) in by_task {
+        for a in &claims {
+            if trusting.contains(a.0) {
+                continue;
+            }
+            for b in &claims {
+                if b.1 > a.1 && b.2 < a.3 && b.2 > a.2 {
+                    c.believed_overlaps.push(format!(
+                        "task {task}: {} (token {}) trusted its claim until {} ms, but {} was granted token {} at {} ms",
+                        a.0,
+                        a.1,
+                        a.3 % 100_000,
+                        b.0,
+                        b.1,
+                        b.2 % 100_000
                     ));
                 }
             }
@@ -489,6 +580,55 @@ mod tests {
         let mut c = Checks::default();
         tokens_seen_by_clients(&[claim("a", 3, 0, 30), claim("b", 2, 5, 20)], &mut c);
         assert!(c.token_order.is_empty(), "{c:?}");
+    }
+
+    fn op(
+        kind: OpKind,
+        worker: &str,
+        token: i64,
+        outcome: Outcome,
+        sent: i64,
+        returned: i64,
+    ) -> Op {
+        Op {
+            worker: worker.into(),
+            op: kind,
+            task: Some(7),
+            token: Some(token),
+            outcome,
+            sent_ms: sent,
+            returned_ms: returned,
+        }
+    }
+
+    #[test]
+    fn a_grant_before_the_last_holders_deadline_is_two_holders_at_once() {
+        let ttl = Duration::from_secs(2);
+        let none = BTreeSet::new();
+        let believed = |history: &[Op], trusting: &BTreeSet<String>| {
+            let mut c = Checks::default();
+            holders_believed_at_once(history, ttl, trusting, &mut c);
+            c.believed_overlaps.len()
+        };
+        let a = op(OpKind::Claim, "a", 1, Outcome::Ok, 0, 10);
+        let beat = op(OpKind::Heartbeat, "a", 1, Outcome::Ok, 1000, 1010);
+        // a trusts until 1000 + 1800 = 2800 ms.
+        let b_late = op(OpKind::Claim, "b", 2, Outcome::Ok, 2900, 2950);
+        let b_early = op(OpKind::Claim, "b", 2, Outcome::Ok, 2500, 2600);
+        assert_eq!(believed(&[a.clone(), beat.clone(), b_late], &none), 0);
+        assert_eq!(
+            believed(&[a.clone(), beat.clone(), b_early.clone()], &none),
+            1
+        );
+        // A refusal the holder saw first ends its belief.
+        let refused = op(OpKind::Heartbeat, "a", 1, Outcome::Refused, 2000, 2100);
+        assert_eq!(
+            believed(&[a.clone(), beat.clone(), refused, b_early.clone()], &none),
+            0
+        );
+        // A --trust-claims worker ignores deadlines on purpose.
+        let trusting: BTreeSet<String> = ["a".to_string()].into();
+        assert_eq!(believed(&[a, beat, b_early], &trusting), 0);
     }
 
     #[test]

@@ -589,9 +589,12 @@ etcd3:
   hosts: 127.0.0.1:{etcd_port}
 bootstrap:
   dcs:
-    ttl: 10
+    # Fast failover on one machine: the leader key lives 5 s, each node
+    # looks every second, and etcd and PostgreSQL calls give up after 2 s
+    # (Patroni wants loop_wait + 2 x retry_timeout <= ttl).
+    ttl: 5
     loop_wait: 1
-    retry_timeout: 4
+    retry_timeout: 2
     maximum_lag_on_failover: 1048576
     synchronous_mode: {sync}
     postgresql:

@@ -4,9 +4,7 @@
 
 use super::db::Database;
 use super::rig::{Rig, signal};
-use super::{
-    FAILOVER_BOUND, PARTITION, PAUSE, RECOVERY_BOUND, STANDBY_LAG, Setup, TAKEOVER_BOUND, proxy,
-};
+use super::{STANDBY_LAG, Setup, Timing, proxy};
 use crate::generator::RESOURCE;
 use crate::worker::history::now_ms;
 use anyhow::{Result, bail};
@@ -127,6 +125,11 @@ pub(super) struct Fault {
     /// The generator holder a partition cut off.
     #[serde(skip)]
     pub(super) holder: Option<String>,
+    /// For a failover: the last `lease_events` id before the primary's
+    /// WAL sender stopped. Whatever the old primary wrote after it never
+    /// reached the standby, so a later id was written by the new primary.
+    #[serde(skip)]
+    pub(super) events_before: Option<i64>,
     /// The worker killed or paused.
     #[serde(skip)]
     pub(super) worker: Option<String>,
@@ -139,18 +142,18 @@ impl Fault {
     /// The bound its recovery is held to; `None` when it left nothing to
     /// recover (a lost completion stands; a kill or pause that caught no
     /// task, or a lost claim that granted none, leaves no lease behind).
-    pub(super) fn bound(&self) -> Option<Duration> {
+    pub(super) fn bound(&self, t: &Timing) -> Option<Duration> {
         match self.kind {
-            FaultKind::RestartPostgres => Some(RECOVERY_BOUND),
-            FaultKind::PgFailover | FaultKind::ClockSkew => Some(FAILOVER_BOUND),
+            FaultKind::RestartPostgres => Some(t.recovery_bound),
+            FaultKind::PgFailover | FaultKind::ClockSkew => Some(t.failover_bound),
             // The tasks its workers held are taken over (when it held the
             // generator, that too) within the takeover bound of the cut.
             FaultKind::Partition if self.tasks.is_empty() && self.holder.is_none() => None,
-            FaultKind::Partition => Some(TAKEOVER_BOUND),
-            FaultKind::KillGeneratorHolder => Some(TAKEOVER_BOUND),
+            FaultKind::Partition => Some(t.takeover_bound),
+            FaultKind::KillGeneratorHolder => Some(t.takeover_bound),
             FaultKind::LoseAnswer if self.lost != Some(proxy::Target::Claim) => None,
             _ if self.tasks.is_empty() => None,
-            _ => Some(TAKEOVER_BOUND),
+            _ => Some(t.takeover_bound),
         }
     }
 }
@@ -279,6 +282,7 @@ pub(super) async fn inject(
         taken_over_ms: None,
         late_writes_refused: None,
         holder: None,
+        events_before: None,
         worker: None,
         lost: None,
     };
@@ -311,7 +315,7 @@ pub(super) async fn inject(
             let w = &mut rig.workers[i];
             fault.at_ms = now_ms();
             signal(&w.child, Signal::SIGSTOP);
-            w.resume_at = Some(Instant::now() + PAUSE);
+            w.resume_at = Some(Instant::now() + setup.timing.pause);
             fault.target = format!("{}{}", w.id, if w.trust { " (--trust-claims)" } else { "" });
             fault.worker = Some(w.id.clone());
             fault.tasks = tasks;
@@ -343,7 +347,7 @@ pub(super) async fn inject(
             fault.at_ms = now_ms();
             let cut = Instant::now();
             rig.instances[slot].link.cut();
-            rig.instances[slot].heal_at = Some(cut + PARTITION);
+            rig.instances[slot].heal_at = Some(cut + setup.timing.partition);
             let port = rig.instances[slot].port;
             fault.target = match &holder {
                 Some(h) => format!("instance :{port}, generator holder {h}"),
@@ -352,7 +356,7 @@ pub(super) async fn inject(
             if holder.is_some() {
                 // Watch it step down by its own clock: it cannot reach the
                 // database, so only its trust deadline can tell it to stop.
-                while cut.elapsed() < PARTITION {
+                while cut.elapsed() < setup.timing.partition {
                     rig.resume_due(false);
                     let state = rig.local_generator(port).await;
                     if !matches!(state.as_deref(), Some("working" | "renewing")) {
@@ -378,10 +382,16 @@ pub(super) async fn inject(
                 return Ok(None);
             }
             if kind == FaultKind::ClockSkew {
-                ha.set_skew(standby, setup.skew_ms)?;
+                // Ahead or behind by the configured amount, at random.
+                let skew = if rng.random_bool(0.5) {
+                    setup.skew_ms
+                } else {
+                    -setup.skew_ms
+                };
+                ha.set_skew(standby, skew)?;
                 // libfaketime re-reads the offset once a second.
                 tokio::time::sleep(Duration::from_millis(1300)).await;
-                fault.skew_ms = Some(setup.skew_ms);
+                fault.skew_ms = Some(skew);
                 fault.skew_measured_ms = ha.clock_offset_ms(standby).await;
             }
             fault.tasks = held(pool).await.into_iter().map(|(t, _)| t).collect();
@@ -394,6 +404,13 @@ pub(super) async fn inject(
             if let Some(pid) = ha.wal_sender_to(standby).await {
                 let _ = kill(pid, Signal::SIGSTOP);
             }
+            // Read after the stop: every id the standby has is at most this
+            // (a read does not wait for the standby).
+            fault.events_before = sqlx::query_scalar("SELECT max(id) FROM lease_events")
+                .fetch_one(pool)
+                .await
+                .ok()
+                .flatten();
             tokio::time::sleep(STANDBY_LAG).await;
             fault.at_ms = now_ms();
             let died = Instant::now();
@@ -408,7 +425,7 @@ pub(super) async fn inject(
                 }
             );
             fault.promoted_ms = ha
-                .wait_primary(standby, FAILOVER_BOUND * 2)
+                .wait_primary(standby, setup.timing.failover_bound * 2)
                 .await
                 .map(|at| (at - died).as_secs_f64() * 1000.0);
             for instance in &rig.instances {
@@ -417,7 +434,7 @@ pub(super) async fn inject(
                     if rig.answers(port).await {
                         break Some(died.elapsed().as_secs_f64() * 1000.0);
                     }
-                    if died.elapsed() > FAILOVER_BOUND * 2 {
+                    if died.elapsed() > setup.timing.failover_bound * 2 {
                         break None;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -447,7 +464,7 @@ pub(super) async fn inject(
                     if rig.answers(port).await {
                         break Some(start.elapsed().as_secs_f64() * 1000.0);
                     }
-                    if start.elapsed() > RECOVERY_BOUND * 2 {
+                    if start.elapsed() > setup.timing.recovery_bound * 2 {
                         break None;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;

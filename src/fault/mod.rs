@@ -63,28 +63,54 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The lease TTL of every process in the harness.
+/// The lease TTL of every process in the harness unless `--ttl-secs` says
+/// otherwise; the other durations follow from it ([`Timing`]).
 const TTL: Duration = Duration::from_secs(2);
-/// How long a paused worker stays frozen: past its lease.
-const PAUSE: Duration = Duration::from_millis(3500);
-/// How long a partition lasts: past the lease, so the cut-off holder's
-/// lease runs out and another instance takes over before it heals.
-const PARTITION: Duration = Duration::from_millis(4500);
-/// Every process must work again within this long after PostgreSQL is back.
+/// Every process must work again within this long after PostgreSQL is back
+/// (or the TTL and 3 s, when longer).
 const RECOVERY_BOUND: Duration = Duration::from_secs(10);
-/// A takeover must happen within this long of a holder's death: the TTL,
-/// plus the claimers' idle poll (at most 0.5 s) and slack for a loaded
-/// two-core machine.
-const TAKEOVER_BOUND: Duration = Duration::from_secs(5);
-/// After a primary's death, every instance must serve again, claims resume
-/// and the generator runs within this long: Patroni's leader key TTL (10 s)
-/// and its loop, HAProxy's checks, and the lease TTL on top.
-const FAILOVER_BOUND: Duration = Duration::from_secs(30);
+
+/// The durations of a run, from its lease TTL.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Timing {
+    pub(super) ttl: Duration,
+    /// How long a paused worker stays frozen: past its lease.
+    pub(super) pause: Duration,
+    /// How long a partition lasts: past the lease, so the cut-off holder's
+    /// lease runs out and another instance takes over before it heals.
+    pub(super) partition: Duration,
+    /// A takeover must happen within this long of a holder's death: the
+    /// TTL, plus the claimers' idle poll (at most 0.5 s) and slack for a
+    /// loaded two-core machine.
+    pub(super) takeover_bound: Duration,
+    /// After a primary's death, every instance must serve again, claims
+    /// resume and the generator runs within this long: Patroni's leader key
+    /// TTL (5 s) and its loop, HAProxy's checks, and the lease TTL on top,
+    /// with slack for a loaded two-core machine.
+    pub(super) failover_bound: Duration,
+    pub(super) recovery_bound: Duration,
+    /// The end of a round without new faults (TTL + poll + slack).
+    pub(super) quiet: Duration,
+}
+
+impl Timing {
+    pub(super) fn from_ttl(ttl: Duration) -> Self {
+        let s = Duration::from_secs;
+        Timing {
+            ttl,
+            pause: ttl + Duration::from_millis(1500),
+            partition: ttl + Duration::from_millis(2500),
+            takeover_bound: ttl + s(3),
+            failover_bound: ttl + s(18),
+            recovery_bound: RECOVERY_BOUND.max(ttl + s(3)),
+            quiet: ttl + s(2),
+        }
+    }
+}
+
 /// How long the primary's WAL sender to the standby is stopped before the
 /// primary dies (the standby falling behind, as under load).
 const STANDBY_LAG: Duration = Duration::from_millis(1000);
-/// The end of a round without new faults (TTL + poll + slack).
-const QUIET: Duration = Duration::from_secs(4);
 const WORKERS: usize = 6;
 const INSTANCES: usize = 2;
 const BARRIER_ROUNDS: usize = 500;
@@ -126,7 +152,9 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
              the run uses the highly available cluster, whose primary pg_failover kills instead"
         );
     }
+    let ttl = args.ttl_secs.map_or(TTL, Duration::from_secs);
     let setup = Setup {
+        timing: Timing::from_ttl(ttl),
         kinds: kinds.clone(),
         skew_ms: args.skew_ms,
         gaps,
@@ -187,7 +215,16 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     cluster.stop().await?;
     let (results, races) = outcome?;
     let replication = ha.then_some(args.replication);
-    let report = report(seed, rounds, seconds, &kinds, replication, &results, &races);
+    let report = report(
+        seed,
+        rounds,
+        seconds,
+        &kinds,
+        replication,
+        &setup.timing,
+        &results,
+        &races,
+    );
     print_report(&report);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -206,6 +243,7 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
 
 /// What every round of a run shares.
 pub(super) struct Setup {
+    timing: Timing,
     kinds: Vec<FaultKind>,
     skew_ms: i64,
     gaps: (u64, u64),
@@ -247,6 +285,8 @@ async fn one_round(
         instances: Vec::new(),
         workers: Vec::new(),
         spawned: 0,
+        all_workers: Vec::new(),
+        ttl: setup.timing.ttl,
         instance_starts: 0,
         http: reqwest::Client::new(),
     };
@@ -278,7 +318,13 @@ async fn one_round(
         drain(&mut rig, &pool).await;
         rig.shutdown().await;
         let (history, torn) = history::read_dir(dir)?;
-        let mut checks = check::check(&pool, &history, torn).await?;
+        let trusting: BTreeSet<String> = rig
+            .all_workers
+            .iter()
+            .filter(|(_, trust)| *trust)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut checks = check::check(&pool, &history, torn, setup.timing.ttl, &trusting).await?;
         let known: BTreeSet<i32> = sqlx::query_scalar("SELECT id FROM tasks")
             .fetch_all(&pool)
             .await?
@@ -288,7 +334,7 @@ async fn one_round(
             .lost
             .extend(enqueued.iter().filter(|id| !known.contains(id)));
         let faults = measure(&pool, faults, &history).await?;
-        let late = late(&faults);
+        let late = late(&faults, &setup.timing);
         anyhow::Ok(RoundResult {
             faults,
             checks,
@@ -366,7 +412,7 @@ async fn faults_phase(
         // No new fault in the last seconds of a round: the last one must
         // play out (a lease run out, a term taken over) before the drain
         // stops the generator and continues paused workers.
-        if Instant::now() >= next && Instant::now() + QUIET < end {
+        if Instant::now() >= next && Instant::now() + setup.timing.quiet < end {
             let kind = cycle[n % cycle.len()];
             match inject(kind, cluster, rig, pool, setup, rng).await? {
                 Some(fault) => {

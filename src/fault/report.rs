@@ -56,9 +56,11 @@ pub(super) async fn measure(
             }
             FaultKind::PgFailover | FaultKind::ClockSkew => {
                 // The first claim granted, and the generator's first grant
-                // or renewal, after the primary died. lease_events tells
-                // time by the new primary's clock: a skewed one is
-                // corrected by its measured offset.
+                // or renewal by the new primary (an id past the last one
+                // before the primary died: the old primary's later writes
+                // never reached the standby). lease_events tells time by
+                // the new primary's clock: a skewed one is corrected by its
+                // measured offset.
                 let first_claim = history
                     .iter()
                     .filter(|op| {
@@ -74,11 +76,12 @@ pub(super) async fn measure(
                 let generator: Option<f64> = sqlx::query_scalar(
                     "SELECT (EXTRACT(EPOCH FROM (at - $2)) * 1000)::float8 - $3 FROM lease_events
                       WHERE resource = $1 AND kind IN ('acquired', 'taken_over', 'renewed')
-                        AND at > $2 ORDER BY id LIMIT 1",
+                        AND id > $4 ORDER BY id LIMIT 1",
                 )
                 .bind(RESOURCE)
                 .bind(at(fault.at_ms))
                 .bind(offset)
+                .bind(fault.events_before.unwrap_or(0))
                 .fetch_optional(pool)
                 .await?;
                 fault.recoveries.insert("generator".into(), generator);
@@ -179,7 +182,7 @@ pub(super) async fn measure(
 
 /// Recoveries over their bound, and partitioned generator holders that
 /// had not stepped down when another instance took over, described.
-pub(super) fn late(faults: &[Fault]) -> Vec<String> {
+pub(super) fn late(faults: &[Fault], timing: &super::Timing) -> Vec<String> {
     let mut out = Vec::new();
     for f in faults {
         if f.kind == FaultKind::Partition && f.holder.is_some() {
@@ -194,7 +197,9 @@ pub(super) fn late(faults: &[Fault]) -> Vec<String> {
                 )),
             }
         }
-        let Some(bound) = f.bound() else { continue };
+        let Some(bound) = f.bound(timing) else {
+            continue;
+        };
         match f.recovery_ms {
             Some(ms) if ms <= bound.as_secs_f64() * 1000.0 => {}
             other => out.push(format!(
@@ -223,6 +228,7 @@ pub(super) fn report(
     seconds: u64,
     kinds: &[FaultKind],
     replication: Option<super::Replication>,
+    timing: &super::Timing,
     results: &[RoundResult],
     races: &Result<race::RaceReport>,
 ) -> Value {
@@ -263,7 +269,7 @@ pub(super) fn report(
                 .count();
             match f.recovery_ms {
                 Some(ms) => recoveries.0.push(ms),
-                None if f.bound().is_some() => unrecovered += 1,
+                None if f.bound(timing).is_some() => unrecovered += 1,
                 None => {}
             }
         }
@@ -343,6 +349,7 @@ pub(super) fn report(
         "seed": seed,
         "rounds": rounds,
         "seconds_per_round": seconds,
+        "lease_ttl_ms": timing.ttl.as_millis() as u64,
         "fault_kinds": kinds,
         "database": match replication {
             Some(r) => json!({ "kind": "highly_available", "replication": r }),
@@ -371,6 +378,7 @@ pub(super) fn report(
             "unknown_outcomes": sum(&|c| c.unknown_outcomes),
             "token_order_violations": sum(&|c| c.token_order.len()),
             "two_live_holders": sum(&|c| c.overlaps.len()),
+            "two_believing_holders": sum(&|c| c.believed_overlaps.len()),
             "generator_terms": sum(&|c| c.generator_terms),
             "generated_outside_term": sum(&|c| c.generated_outside_term.len()),
             "history_ops": results.iter().map(|r| r.history.len()).sum::<usize>(),

@@ -3,7 +3,7 @@
 //! partition cuts), and `leasekeeper worker` processes writing their
 //! history, started, signalled, replaced and stopped by the harness.
 
-use super::{TTL, cut, proxy};
+use super::{cut, proxy};
 use crate::db::Schema;
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
@@ -47,6 +47,10 @@ pub(super) struct Rig {
     pub(super) workers: Vec<WorkerProc>,
     /// Worker processes started so far (names them).
     pub(super) spawned: usize,
+    /// Every worker started this round, and whether it trusts its claims.
+    pub(super) all_workers: Vec<(String, bool)>,
+    /// The lease TTL of every process.
+    pub(super) ttl: Duration,
     pub(super) instance_starts: usize,
     pub(super) http: reqwest::Client,
 }
@@ -72,7 +76,10 @@ impl Rig {
         let mut cmd = Command::new(&self.exe);
         cmd.env("LEASEKEEPER_CONFIG", &self.config)
             .env("LEASEKEEPER_SCHEMA", self.schema.as_str())
-            .env("LEASEKEEPER_LEASE_TTL_SECS", TTL.as_secs_f64().to_string())
+            .env(
+                "LEASEKEEPER_LEASE_TTL_SECS",
+                self.ttl.as_secs_f64().to_string(),
+            )
             .env("LEASEKEEPER_CHAOS", "0")
             .env("LEASEKEEPER_WORKERS", "0")
             .env("LEASEKEEPER_MAX_ATTEMPTS", "10")
@@ -118,6 +125,7 @@ impl Rig {
             cmd.arg("--trust-claims");
         }
         let child = cmd.spawn().context("starting leasekeeper worker")?;
+        self.all_workers.push((id.clone(), trust));
         self.workers.push(WorkerProc {
             id,
             child,
