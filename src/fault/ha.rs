@@ -473,17 +473,7 @@ impl HaCluster {
 fn kill_leftovers(dir: &Path) {
     let needle = dir.to_string_lossy().into_owned();
     let me = std::process::id() as i32;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
+    for pid in processes() {
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
             continue;
         };
@@ -495,33 +485,30 @@ fn kill_leftovers(dir: &Path) {
     std::thread::sleep(Duration::from_millis(300));
 }
 
-/// The processes whose parent is `parent`, from `/proc`.
+/// The processes whose parent is `parent`.
 fn children_of(parent: Pid) -> Vec<Pid> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        // `pid (comm) state ppid …`; comm may hold spaces, so split after ')'.
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<i32>().ok());
-        if ppid == Some(parent.as_raw()) {
-            out.push(Pid::from_raw(pid));
-        }
-    }
-    out
+    processes()
+        .filter(|pid| {
+            // `pid (comm) state ppid …`; comm may hold spaces: split after ')'.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(parent.as_raw())
+        })
+        .map(Pid::from_raw)
+        .collect()
+}
+
+/// Every process's pid, from `/proc`.
+fn processes() -> impl Iterator<Item = i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
 }
 
 fn options(port: u16, database: &str) -> PgConnectOptions {

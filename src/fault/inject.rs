@@ -186,6 +186,30 @@ async fn generator_holder(rig: &Rig, pool: &PgPool) -> Option<(usize, String)> {
     Some((slot, holder))
 }
 
+/// How long after `from` each instance answered a database-backed request
+/// (`None`: not within `patience`), keyed `instance :<port>`.
+async fn serving_again(
+    rig: &Rig,
+    from: Instant,
+    patience: Duration,
+) -> BTreeMap<String, Option<f64>> {
+    let mut out = BTreeMap::new();
+    for instance in &rig.instances {
+        let port = instance.port;
+        let took = loop {
+            if rig.answers(port).await {
+                break Some(from.elapsed().as_secs_f64() * 1000.0);
+            }
+            if from.elapsed() > patience {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        out.insert(format!("instance :{port}"), took);
+    }
+    out
+}
+
 /// Tasks held right now by the workers of instance `slot`.
 async fn held_by_instance(rig: &Rig, pool: &PgPool, slot: usize) -> Vec<i32> {
     held(pool)
@@ -428,19 +452,7 @@ pub(super) async fn inject(
                 .wait_primary(standby, setup.timing.failover_bound * 2)
                 .await
                 .map(|at| (at - died).as_secs_f64() * 1000.0);
-            for instance in &rig.instances {
-                let port = instance.port;
-                let took = loop {
-                    if rig.answers(port).await {
-                        break Some(died.elapsed().as_secs_f64() * 1000.0);
-                    }
-                    if died.elapsed() > setup.timing.failover_bound * 2 {
-                        break None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                };
-                fault.recoveries.insert(format!("instance :{port}"), took);
-            }
+            fault.recoveries = serving_again(rig, died, setup.timing.failover_bound * 2).await;
             // The dead node comes back as the new standby (Patroni rewinds
             // it); its clock is the real one again.
             ha.set_skew(primary, 0)?;
@@ -457,20 +469,8 @@ pub(super) async fn inject(
             fault.down_ms = Some((up - fault.at_ms) as f64);
             fault.target = "postgres".into();
             // The instances must answer database-backed requests again.
-            let start = Instant::now();
-            for instance in &rig.instances {
-                let port = instance.port;
-                let took = loop {
-                    if rig.answers(port).await {
-                        break Some(start.elapsed().as_secs_f64() * 1000.0);
-                    }
-                    if start.elapsed() > setup.timing.recovery_bound * 2 {
-                        break None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                };
-                fault.recoveries.insert(format!("instance :{port}"), took);
-            }
+            fault.recoveries =
+                serving_again(rig, Instant::now(), setup.timing.recovery_bound * 2).await;
             // Workers and the generator are measured after the round, from
             // the history and lease_events (see `measure`); `at_ms` moves to
             // the moment PostgreSQL was back.

@@ -1,11 +1,16 @@
 //! `leasekeeper chaos`: the fault harness.
 //!
 //! Each round runs on a fresh database of a private PostgreSQL cluster the
-//! harness controls (`target/leasekeeper-chaos-db`): two `leasekeeper serve`
-//! instances (the generator running, 2 s TTL) and six `leasekeeper worker`
-//! processes reaching them through [`proxy::Proxy`], while the harness
-//! enqueues a task every 150 ms. Every 5-10 s (3-5 s with `--quick`) it
-//! injects the next fault of a shuffled cycle:
+//! harness controls: the single embedded server
+//! (`target/leasekeeper-chaos-db`), or, when `pg_failover` or `clock_skew`
+//! is among the `--faults`, a highly available cluster of two nodes under
+//! Patroni behind HAProxy (`ha.rs`, `target/leasekeeper-ha-db`). Two
+//! `leasekeeper serve` instances (the generator running, 2 s TTL unless
+//! `--ttl-secs`) reach it through links a partition can cut (`cut.rs`); six
+//! `leasekeeper worker` processes reach the instances through
+//! [`proxy::Proxy`], while the harness enqueues a task every 150 ms. Every
+//! 5-10 s (3-5 s with `--quick`) it injects the next fault of a shuffled
+//! cycle of the chosen kinds:
 //!
 //! 1. `kill -9` of a worker process holding a task (a new one replaces it);
 //! 2. `SIGSTOP` of a worker holding a task for the TTL + 1.5 s, then
@@ -15,7 +20,12 @@
 //!    its port at once, with a new id);
 //! 4. a PostgreSQL crash (`pg_ctl stop -m immediate`) and restart;
 //! 5. an answer lost after the server committed: the proxy lets the next
-//!    claim or completion through and swallows the answer.
+//!    claim or completion through and swallows the answer;
+//! 6. `pg_failover`: the standby falls 1 s behind, the primary node dies,
+//!    Patroni promotes the standby, the dead node rejoins as standby;
+//! 7. `partition`: the generator holder's link to the database is cut for
+//!    the TTL + 2.5 s, then healed;
+//! 8. `clock_skew`: a failover to a standby whose clock is `--skew-ms` off.
 //!
 //! Then the round drains (faults stop, the generator is stopped, the queue
 //! runs empty), the processes stop, and [`check::check`] compares the
@@ -26,8 +36,9 @@
 //! invariant is broken or any recovery took longer than its bound.
 //!
 //! One file per idea: `rig.rs` (the processes of a round), `inject.rs` (the
-//! faults), `report.rs` (recoveries and the report); this one runs the
-//! rounds.
+//! faults), `report.rs` (recoveries and the report), `db.rs` (which
+//! database), `ha.rs` (the highly available one), `cut.rs` (the links);
+//! this one runs the rounds.
 
 pub mod check;
 mod cut;

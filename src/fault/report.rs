@@ -30,6 +30,44 @@ async fn next_grant(pool: &PgPool, resource: &str, from_ms: i64) -> Result<Optio
     .await?)
 }
 
+/// The slowest of `took` (`None` if any never happened).
+fn slowest(took: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
+    took.into_iter()
+        .try_fold(0.0f64, |worst, t| t.map(|t| worst.max(t)))
+}
+
+/// Milliseconds from `from_ms` until every task of `tasks` was taken over.
+async fn slowest_takeover(pool: &PgPool, tasks: &[i32], from_ms: i64) -> Result<Option<f64>> {
+    let mut took = Vec::new();
+    for task in tasks {
+        took.push(next_grant(pool, &format!("task:{task}"), from_ms).await?);
+    }
+    Ok(slowest(took))
+}
+
+/// Milliseconds from `from_ms` to the generator's first grant or renewal
+/// written after it: with an id past `after_id`, and, by a clock
+/// `offset_ms` off the real one, later than `from_ms`.
+async fn first_generator_write(
+    pool: &PgPool,
+    from_ms: i64,
+    offset_ms: f64,
+    after_id: i64,
+) -> Result<Option<f64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT (EXTRACT(EPOCH FROM (at - $2)) * 1000)::float8 - $3 FROM lease_events
+          WHERE resource = $1 AND kind IN ('acquired', 'taken_over', 'renewed')
+            AND id > $4 AND (EXTRACT(EPOCH FROM (at - $2)) * 1000)::float8 > $3
+          ORDER BY id LIMIT 1",
+    )
+    .bind(RESOURCE)
+    .bind(at(from_ms))
+    .bind(offset_ms)
+    .bind(after_id)
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// Fills in each fault's recovery time from `lease_events` and the history.
 pub(super) async fn measure(
     pool: &PgPool,
@@ -40,15 +78,7 @@ pub(super) async fn measure(
         match fault.kind {
             // Until the task it held was taken over (the slowest, if several).
             FaultKind::KillWorker | FaultKind::PauseWorker if !fault.tasks.is_empty() => {
-                let mut worst: Option<f64> = Some(0.0);
-                for task in &fault.tasks {
-                    let took = next_grant(pool, &format!("task:{task}"), fault.at_ms).await?;
-                    worst = match (worst, took) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        _ => None,
-                    };
-                }
-                fault.recovery_ms = worst;
+                fault.recovery_ms = slowest_takeover(pool, &fault.tasks, fault.at_ms).await?;
             }
             // Until another term of the generator began.
             FaultKind::KillGeneratorHolder => {
@@ -72,39 +102,21 @@ pub(super) async fn measure(
                     .map(|op| (op.returned_ms - fault.at_ms) as f64)
                     .reduce(f64::min);
                 fault.recoveries.insert("first claim".into(), first_claim);
-                let offset = fault.skew_measured_ms.unwrap_or(0.0);
-                let generator: Option<f64> = sqlx::query_scalar(
-                    "SELECT (EXTRACT(EPOCH FROM (at - $2)) * 1000)::float8 - $3 FROM lease_events
-                      WHERE resource = $1 AND kind IN ('acquired', 'taken_over', 'renewed')
-                        AND id > $4 ORDER BY id LIMIT 1",
+                let generator = first_generator_write(
+                    pool,
+                    fault.at_ms,
+                    fault.skew_measured_ms.unwrap_or(0.0),
+                    fault.events_before.unwrap_or(0),
                 )
-                .bind(RESOURCE)
-                .bind(at(fault.at_ms))
-                .bind(offset)
-                .bind(fault.events_before.unwrap_or(0))
-                .fetch_optional(pool)
                 .await?;
                 fault.recoveries.insert("generator".into(), generator);
-                fault.recovery_ms = fault
-                    .recoveries
-                    .values()
-                    .try_fold(0.0f64, |worst, r| r.map(|r| worst.max(r)));
+                fault.recovery_ms = slowest(fault.recoveries.values().copied());
             }
             FaultKind::Partition => {
-                let mut worst: Option<f64> = Some(0.0);
-                for task in &fault.tasks {
-                    let took = next_grant(pool, &format!("task:{task}"), fault.at_ms).await?;
-                    worst = match (worst, took) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        _ => None,
-                    };
-                }
+                let mut worst = slowest_takeover(pool, &fault.tasks, fault.at_ms).await?;
                 if let Some(holder) = &fault.holder {
                     fault.taken_over_ms = next_grant(pool, RESOURCE, fault.at_ms).await?;
-                    worst = match (worst, fault.taken_over_ms) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        _ => None,
-                    };
+                    worst = slowest([worst, fault.taken_over_ms]);
                     fault.late_writes_refused = Some(
                         sqlx::query_scalar(
                             "SELECT count(*) FROM lease_events
@@ -147,20 +159,9 @@ pub(super) async fn measure(
                         fault.recoveries.insert(worker.to_string(), first);
                     }
                 }
-                let generator: Option<f64> = sqlx::query_scalar(
-                    "SELECT (EXTRACT(EPOCH FROM (at - $2)) * 1000)::float8 FROM lease_events
-                      WHERE resource = $1 AND kind IN ('acquired', 'taken_over', 'renewed')
-                        AND at > $2 ORDER BY id LIMIT 1",
-                )
-                .bind(RESOURCE)
-                .bind(at(fault.at_ms))
-                .fetch_optional(pool)
-                .await?;
+                let generator = first_generator_write(pool, fault.at_ms, 0.0, 0).await?;
                 fault.recoveries.insert("generator".into(), generator);
-                fault.recovery_ms = fault
-                    .recoveries
-                    .values()
-                    .try_fold(0.0f64, |worst, r| r.map(|r| worst.max(r)));
+                fault.recovery_ms = slowest(fault.recoveries.values().copied());
             }
             // A lost claim: until the task was taken over. A lost
             // completion: it stood (the task is processed), nothing to recover.
