@@ -554,6 +554,7 @@ fn write_postgres_wrapper(node: &Node) -> Result<()> {
              export FAKETIME_TIMESTAMP_FILE={skew}\n\
              export FAKETIME_CACHE_DURATION=1\n\
              export FAKETIME_DONT_FAKE_MONOTONIC=1\n\
+             export DONT_FAKE_MONOTONIC=1\n\
              exec {PG_BIN}/postgres \"$@\"\n",
             skew = node.skew_file().display()
         ),

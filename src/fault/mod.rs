@@ -326,7 +326,7 @@ async fn one_round(
         )
         .await?;
         let (enqueued, faults) = faults_phase(cluster, &mut rig, &pool, length, setup, rng).await?;
-        drain(&mut rig, &pool).await;
+        drain(&mut rig, &pool, &setup.timing).await;
         rig.shutdown().await;
         let (history, torn) = history::read_dir(dir)?;
         let trusting: BTreeSet<String> = rig
@@ -453,9 +453,21 @@ async fn faults_phase(
     Ok((ids, faults))
 }
 
+/// Whether someone holds the generator's lease now (`None`: no answer).
+async fn generator_live(pool: &PgPool) -> Option<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM leases WHERE resource = $1
+                         AND released_at IS NULL AND expires_at > now())",
+    )
+    .bind(RESOURCE)
+    .fetch_one(pool)
+    .await
+    .ok()
+}
+
 /// Stops the faults' effects and waits until the queue is empty (at most
 /// two minutes).
-async fn drain(rig: &mut Rig, pool: &PgPool) {
+async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) {
     // A pause injected just before the end runs its full length: continued
     // early, its holder would still hold a live lease and complete
     // normally, and the fault would not be the one reported.
@@ -464,6 +476,13 @@ async fn drain(rig: &mut Rig, pool: &PgPool) {
     {
         rig.resume_due(false);
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A fault in the round's last seconds (a failover takes several) may
+    // have left the generator between terms: let it run again before it is
+    // stopped, or its recovery could never be seen.
+    let deadline = Instant::now() + timing.failover_bound;
+    while Instant::now() < deadline && generator_live(pool).await != Some(true) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     if let Ok(mut conn) = pool.acquire().await {
         let _ = crate::generator::store::set_desired(&mut conn, Desired::Stopped, "chaos").await;
@@ -475,15 +494,7 @@ async fn drain(rig: &mut Rig, pool: &PgPool) {
                 .fetch_one(pool)
                 .await
                 .ok();
-        let generator_live: Option<bool> = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM leases WHERE resource = $1
-                             AND released_at IS NULL AND expires_at > now())",
-        )
-        .bind(RESOURCE)
-        .fetch_one(pool)
-        .await
-        .ok();
-        if open == Some(0) && generator_live == Some(false) {
+        if open == Some(0) && generator_live(pool).await == Some(false) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
