@@ -64,6 +64,8 @@ struct Node {
     pg_port: u16,
     rest_port: u16,
     patroni: Option<Child>,
+    /// Its clock offset as last set, in ms.
+    skew_ms: i64,
 }
 
 impl Node {
@@ -164,6 +166,7 @@ impl HaCluster {
                 pg_port: free_port()?,
                 rest_port: free_port()?,
                 patroni: None,
+                skew_ms: 0,
             };
             std::fs::create_dir_all(node.dir.join("bin"))?;
             std::fs::write(node.skew_file(), "+0\n")?;
@@ -380,10 +383,16 @@ impl HaCluster {
 
     /// Sets node `i`'s clock offset (libfaketime re-reads the file every
     /// second), e.g. `+0.25` or `-1`: seconds.
-    pub fn set_skew(&self, i: usize, ms: i64) -> Result<()> {
+    pub fn set_skew(&mut self, i: usize, ms: i64) -> Result<()> {
         let secs = ms as f64 / 1000.0;
         std::fs::write(self.nodes[i].skew_file(), format!("{secs:+}\n"))?;
+        self.nodes[i].skew_ms = ms;
         Ok(())
+    }
+
+    /// Node `i`'s clock offset as last set, in ms.
+    pub fn skew_ms(&self, i: usize) -> i64 {
+        self.nodes[i].skew_ms
     }
 
     /// How far node `i`'s `now()` is from this machine's clock, in ms.

@@ -125,6 +125,16 @@ pub(super) struct Fault {
     /// The generator holder a partition cut off.
     #[serde(skip)]
     pub(super) holder: Option<String>,
+    /// For a failover: two instances found running the generator at once
+    /// (by their own state, polled as A, B, A: A running at both ends and B
+    /// in between), described.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) two_generators: Option<String>,
+    /// How far the database clock in force after the fault runs from the
+    /// real one, in ms (the primary's libfaketime offset): `lease_events`
+    /// times are read back through it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) db_clock_offset_ms: Option<f64>,
     /// For a failover: the last `lease_events` id before the primary's
     /// WAL sender stopped. Whatever the old primary wrote after it never
     /// reached the standby, so a later id was written by the new primary.
@@ -139,6 +149,11 @@ pub(super) struct Fault {
 }
 
 impl Fault {
+    /// The moment of the fault as the database clock in force read it.
+    pub(super) fn db_at_ms(&self) -> i64 {
+        self.at_ms + self.db_clock_offset_ms.unwrap_or(0.0).round() as i64
+    }
+
     /// The bound its recovery is held to; `None` when it left nothing to
     /// recover (a lost completion stands; a kill or pause that caught no
     /// task, or a lost claim that granted none, leaves no lease behind).
@@ -208,6 +223,33 @@ async fn serving_again(
         out.insert(format!("instance :{port}"), took);
     }
     out
+}
+
+/// Watches the instances' own generator states (`/healthz`, from memory)
+/// for `span`: an instance running it at two polls with another running it
+/// at a poll in between means two instances ran it at once. Answers the
+/// first such moment, described.
+async fn two_generators(rig: &Rig, span: Duration) -> Option<String> {
+    let running = |state: Option<String>| matches!(state.as_deref(), Some("working" | "renewing"));
+    let start = Instant::now();
+    let ports: Vec<u16> = rig.instances.iter().map(|i| i.port).collect();
+    while start.elapsed() < span {
+        for &a in &ports {
+            for &b in ports.iter().filter(|&&b| b != a) {
+                if running(rig.local_generator(a).await)
+                    && running(rig.local_generator(b).await)
+                    && running(rig.local_generator(a).await)
+                {
+                    return Some(format!(
+                        "instances :{a} and :{b} both ran the generator {} ms into the watch",
+                        start.elapsed().as_millis()
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
 }
 
 /// Tasks held right now by the workers of instance `slot`.
@@ -307,9 +349,16 @@ pub(super) async fn inject(
         late_writes_refused: None,
         holder: None,
         events_before: None,
+        db_clock_offset_ms: None,
+        two_generators: None,
         worker: None,
         lost: None,
     };
+    if let Database::Ha(ha) = cluster {
+        if let Some(primary) = ha.primary().await {
+            fault.db_clock_offset_ms = Some(ha.skew_ms(primary) as f64);
+        }
+    }
     match kind {
         FaultKind::KillWorker => {
             let Some((i, tasks)) = pick_holder(rig, pool, false, rng).await else {
@@ -448,11 +497,16 @@ pub(super) async fn inject(
                     None => String::new(),
                 }
             );
+            // From now on the promoted standby's clock is the database's.
+            fault.db_clock_offset_ms = Some(fault.skew_measured_ms.unwrap_or(0.0));
             fault.promoted_ms = ha
                 .wait_primary(standby, setup.timing.failover_bound * 2)
                 .await
                 .map(|at| (at - died).as_secs_f64() * 1000.0);
             fault.recoveries = serving_again(rig, died, setup.timing.failover_bound * 2).await;
+            // Until every lease of the old primary has run out: does any
+            // moment find two instances both running the generator?
+            fault.two_generators = two_generators(rig, setup.timing.ttl).await;
             // The dead node comes back as the new standby (Patroni rewinds
             // it); its clock is the real one again.
             ha.set_skew(primary, 0)?;

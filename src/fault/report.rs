@@ -78,11 +78,11 @@ pub(super) async fn measure(
         match fault.kind {
             // Until the task it held was taken over (the slowest, if several).
             FaultKind::KillWorker | FaultKind::PauseWorker if !fault.tasks.is_empty() => {
-                fault.recovery_ms = slowest_takeover(pool, &fault.tasks, fault.at_ms).await?;
+                fault.recovery_ms = slowest_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
             }
             // Until another term of the generator began.
             FaultKind::KillGeneratorHolder => {
-                fault.recovery_ms = next_grant(pool, RESOURCE, fault.at_ms).await?;
+                fault.recovery_ms = next_grant(pool, RESOURCE, fault.db_at_ms()).await?;
             }
             FaultKind::PgFailover | FaultKind::ClockSkew => {
                 // The first claim granted, and the generator's first grant
@@ -113,9 +113,9 @@ pub(super) async fn measure(
                 fault.recovery_ms = slowest(fault.recoveries.values().copied());
             }
             FaultKind::Partition => {
-                let mut worst = slowest_takeover(pool, &fault.tasks, fault.at_ms).await?;
+                let mut worst = slowest_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
                 if let Some(holder) = &fault.holder {
-                    fault.taken_over_ms = next_grant(pool, RESOURCE, fault.at_ms).await?;
+                    fault.taken_over_ms = next_grant(pool, RESOURCE, fault.db_at_ms()).await?;
                     worst = slowest([worst, fault.taken_over_ms]);
                     fault.late_writes_refused = Some(
                         sqlx::query_scalar(
@@ -125,7 +125,7 @@ pub(super) async fn measure(
                         )
                         .bind(RESOURCE)
                         .bind(holder)
-                        .bind(at(fault.at_ms))
+                        .bind(at(fault.db_at_ms()))
                         .fetch_one(pool)
                         .await?,
                     );
@@ -169,7 +169,7 @@ pub(super) async fn measure(
                 if fault.lost == Some(proxy::Target::Claim) {
                     if let Some(task) = fault.tasks.first() {
                         fault.recovery_ms =
-                            next_grant(pool, &format!("task:{task}"), fault.at_ms).await?;
+                            next_grant(pool, &format!("task:{task}"), fault.db_at_ms()).await?;
                     }
                 } else {
                     fault.recovery_ms = Some(0.0);
@@ -181,11 +181,15 @@ pub(super) async fn measure(
     Ok(faults)
 }
 
-/// Recoveries over their bound, and partitioned generator holders that
-/// had not stepped down when another instance took over, described.
+/// Recoveries over their bound, partitioned generator holders that had
+/// not stepped down when another instance took over, and failovers after
+/// which two instances ran the generator at once, described.
 pub(super) fn late(faults: &[Fault], timing: &super::Timing) -> Vec<String> {
     let mut out = Vec::new();
     for f in faults {
+        if let Some(two) = &f.two_generators {
+            out.push(format!("{} ({}): {two}", f.kind.describe(), f.target));
+        }
         if f.kind == FaultKind::Partition && f.holder.is_some() {
             match (f.stepped_down_ms, f.taken_over_ms) {
                 (Some(down), Some(over)) if down < over => {}
