@@ -10,7 +10,7 @@ use std::path::Path;
 
 pub(super) enum Database {
     Single(EmbeddedPostgres),
-    Ha(HaCluster),
+    Ha(Box<HaCluster>),
 }
 
 impl Database {
@@ -22,11 +22,11 @@ impl Database {
     ) -> Result<Self> {
         use anyhow::Context;
         Ok(if ha {
-            Database::Ha(
+            Database::Ha(Box::new(
                 HaCluster::start(ha_dir, replication)
                     .await
                     .context("starting the harness's highly available PostgreSQL cluster")?,
-            )
+            ))
         } else {
             Database::Single(
                 EmbeddedPostgres::start(cluster_dir)
@@ -62,7 +62,7 @@ impl Database {
         match self {
             Database::Single(pg) => pg.stop_if_started_here().await,
             Database::Ha(ha) => {
-                ha.stop().await;
+                (*ha).stop().await;
                 Ok(())
             }
         }

@@ -292,10 +292,9 @@ impl HaCluster {
                 .timeout(Duration::from_millis(500))
                 .send()
                 .await
+                && r.status().is_success()
             {
-                if r.status().is_success() {
-                    return Some(i);
-                }
+                return Some(i);
             }
         }
         None
@@ -447,19 +446,18 @@ impl HaCluster {
     pub async fn stop(mut self) {
         for i in 0..self.nodes.len() {
             let postmaster = self.nodes[i].postmaster();
-            if let Some(child) = &self.nodes[i].patroni {
-                if let Some(pid) = child.id() {
-                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-                }
+            if let Some(child) = &self.nodes[i].patroni
+                && let Some(pid) = child.id()
+            {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
             }
-            if let Some(mut child) = self.nodes[i].patroni.take() {
-                if tokio::time::timeout(Duration::from_secs(20), child.wait())
+            if let Some(mut child) = self.nodes[i].patroni.take()
+                && tokio::time::timeout(Duration::from_secs(20), child.wait())
                     .await
                     .is_err()
-                {
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
-                }
+            {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
             }
             if let Some(pid) = postmaster {
                 // Patroni stops its PostgreSQL; one left behind is ended.

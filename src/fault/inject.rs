@@ -354,10 +354,10 @@ pub(super) async fn inject(
         worker: None,
         lost: None,
     };
-    if let Database::Ha(ha) = cluster {
-        if let Some(primary) = ha.primary().await {
-            fault.db_clock_offset_ms = Some(ha.skew_ms(primary) as f64);
-        }
+    if let Database::Ha(ha) = cluster
+        && let Some(primary) = ha.primary().await
+    {
+        fault.db_clock_offset_ms = Some(ha.skew_ms(primary) as f64);
     }
     match kind {
         FaultKind::KillWorker => {

@@ -226,16 +226,7 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     cluster.stop().await?;
     let (results, races) = outcome?;
     let replication = ha.then_some(args.replication);
-    let report = report(
-        seed,
-        rounds,
-        seconds,
-        &kinds,
-        replication,
-        &setup.timing,
-        &results,
-        &races,
-    );
+    let report = report(seed, rounds, seconds, &setup, replication, &results, &races);
     print_report(&report);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

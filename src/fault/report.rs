@@ -231,12 +231,12 @@ pub(super) fn report(
     seed: u64,
     rounds: usize,
     seconds: u64,
-    kinds: &[FaultKind],
+    setup: &super::Setup,
     replication: Option<super::Replication>,
-    timing: &super::Timing,
     results: &[RoundResult],
     races: &Result<race::RaceReport>,
 ) -> Value {
+    let (kinds, timing) = (&setup.kinds, &setup.timing);
     let mut per_kind = serde_json::Map::new();
     for &kind in kinds {
         let faults: Vec<(&RoundResult, &Fault)> = results
