@@ -80,7 +80,16 @@ test("a dead instance's workers show unreachable, without controls, and are not 
   test.setTimeout(120_000);
   const d = await startInstance(3105, { ...busy, LEASEKEEPER_CHAOS: "0" });
   try {
-    // d's workers get busy; then d dies like a crash.
+    // d's workers get busy; then d dies like a crash. The generator's
+    // trickle (about two tasks at a time) can leave d's workers idle for
+    // long (a CI run saw none working in 20 s), so give every worker of
+    // the three instances a long task: then d's three are working too.
+    for (let i = 0; i < 12; i++) {
+      const created = await request.post(`${mainUrl}/api/tasks`, {
+        data: { task_data: { sleep_duration_seconds: 4 } },
+      });
+      expect(created.status()).toBe(201);
+    }
     await expect
       .poll(
         async () =>
