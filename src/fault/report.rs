@@ -78,7 +78,27 @@ pub(super) async fn measure(
         match fault.kind {
             // Until the task it held was taken over (the slowest, if several).
             FaultKind::KillWorker | FaultKind::PauseWorker if !fault.tasks.is_empty() => {
-                fault.recovery_ms = slowest_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
+                // A task its worker completed in the moment between the
+                // harness's look and the signal needs no takeover: it
+                // stands, and is not waited for.
+                let mut open = Vec::new();
+                for &task in &fault.tasks {
+                    let finished_by: Option<String> = sqlx::query_scalar(
+                        "SELECT processor FROM tasks WHERE id = $1 AND status = 'processed'",
+                    )
+                    .bind(task)
+                    .fetch_optional(pool)
+                    .await?
+                    .flatten();
+                    let by_it = finished_by.is_some() && finished_by == fault.worker;
+                    let taken_over = next_grant(pool, &format!("task:{task}"), fault.db_at_ms())
+                        .await?
+                        .is_some();
+                    if !by_it || taken_over {
+                        open.push(task);
+                    }
+                }
+                fault.recovery_ms = slowest_takeover(pool, &open, fault.db_at_ms()).await?;
             }
             // Until another term of the generator began.
             FaultKind::KillGeneratorHolder => {
