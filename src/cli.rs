@@ -1,7 +1,12 @@
 //! Command-line interface: subcommands and the settings flags they share.
+//! The tools (`leasekeeper-tools`: bench, chaos, cluster) run this same
+//! interface in their own binary to start instances and workers, so the
+//! processes they start are always of their own build.
 
-use crate::settings::SettingArgs;
+use crate::settings::{SettingArgs, Settings};
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::process::ExitCode;
 
 /// leasekeeper: time-bound leases in PostgreSQL, made visible.
 #[derive(Parser, Debug)]
@@ -45,145 +50,6 @@ pub enum Command {
         #[command(subcommand)]
         action: DbAction,
     },
-    /// Run several instances on consecutive ports against one database (the
-    /// failover demo). Ctrl-C stops them all.
-    Cluster {
-        /// How many instances.
-        #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
-        instances: u16,
-        /// Port of the first instance; the others follow.
-        #[arg(long, default_value_t = 3010)]
-        base_port: u16,
-    },
-    /// Run the fault harness: real worker and server processes on a private
-    /// PostgreSQL cluster, with kill -9, SIGSTOP past the TTL, generator
-    /// holder kills, PostgreSQL crash restarts, dropped answers after commit
-    /// and barrier races; then check the invariants on the history and the
-    /// database. Exits non-zero when any invariant is broken.
-    Chaos(ChaosArgs),
-    /// Measure speed targets against baselines run alongside (build with
-    /// --release for figures worth comparing). Without a subcommand: the
-    /// queue suite (throughput, the worker runtime and its scale-out,
-    /// latency, depth, history, lease operations, failover, against
-    /// pgbench's ceilings, the original design and graphile-worker).
-    Bench {
-        /// Another benchmark instead of the queue suite.
-        #[command(subcommand)]
-        what: Option<BenchWhat>,
-        /// Fewer and shorter samples: under two minutes.
-        #[arg(long)]
-        quick: bool,
-        /// Also write the results to this file as a flat JSON object.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-        /// Also write SVG charts of the results into this directory (the
-        /// scale-out curve; ours against the baselines).
-        #[arg(long)]
-        charts: Option<std::path::PathBuf>,
-    },
-    /// One worker runtime with a no-op handler, on --database-url and
-    /// --schema, until SIGTERM or for --seconds: the benchmark's scale-out
-    /// phase starts several. Not for use by hand.
-    #[command(hide = true)]
-    BenchRuntime {
-        /// Workers (tasks at once) of the runtime.
-        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
-        concurrency: u16,
-        /// Stop after this many seconds at the latest.
-        #[arg(long, default_value_t = 60)]
-        seconds: u64,
-        /// The runtime's instance id.
-        #[arg(long, default_value = "bench-runtime")]
-        id: String,
-    },
-}
-
-/// The fault harness's runs.
-#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
-pub struct ChaosArgs {
-    /// One 45-second round with a fault every 3-5 s (command 2 runs this).
-    #[arg(long)]
-    pub quick: bool,
-    /// Rounds (each on a fresh database); default 5, or 1 with --quick.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub rounds: Option<u32>,
-    /// Seconds of faults per round; default 120, or 45 with --quick.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(5..=3600))]
-    pub seconds: Option<u64>,
-    /// Where the harness's own PostgreSQL cluster lives (it restarts it).
-    #[arg(long, default_value = "target/leasekeeper-chaos-db")]
-    pub cluster_dir: std::path::PathBuf,
-    /// Also write the report to this file as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
-    /// Seed for the fault schedule (random when omitted; printed either way).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// The fault kinds to inject, in a shuffled cycle (default: the five
-    /// kinds of the single-server harness). `pg_failover` and `clock_skew`
-    /// run the round on a highly available cluster (Patroni, etcd and
-    /// HAProxy) instead of the single embedded server.
-    #[arg(long, value_delimiter = ',', value_enum)]
-    pub faults: Vec<crate::fault::FaultKind>,
-    /// Replication of the highly available cluster: `sync` (the supported
-    /// configuration) or `async` (to show what it breaks).
-    #[arg(long, value_enum, default_value_t = crate::fault::Replication::Sync)]
-    pub replication: crate::fault::Replication,
-    /// How far the promoted standby's clock runs from the real one in a
-    /// `clock_skew` fault, in milliseconds: ahead or behind at random (a
-    /// negative value swaps the two, nothing more). At most 5 s
-    /// either way: the checks compare `lease_events` times written by both
-    /// clocks, which holds only while the skew is shorter than the failover.
-    #[arg(long, default_value_t = 150, allow_hyphen_values = true,
-          value_parser = clap::value_parser!(i64).range(-5_000..=5_000))]
-    pub skew_ms: i64,
-    /// The lease TTL of every process of the harness, in seconds (default
-    /// 2); pauses, partitions and recovery bounds follow it. A TTL longer
-    /// than a failover (about 5 s) keeps leases alive across it, so the
-    /// promoted standby's clock judges leases the old primary granted.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60))]
-    pub ttl_secs: Option<u64>,
-    /// Where the highly available cluster lives (etcd, two PostgreSQL nodes).
-    #[arg(long, default_value = "target/leasekeeper-ha-db")]
-    pub ha_dir: std::path::PathBuf,
-}
-
-/// The benchmarks.
-#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
-pub enum BenchWhat {
-    /// Push latency (commit to page data, idle and under 1,000 workers'
-    /// worth of events) and server-side render time of the tasks page with
-    /// 1,000 and 1,000,000 tasks.
-    Dashboard {
-        /// Fewer samples: well under a minute.
-        #[arg(long)]
-        quick: bool,
-        /// Also write the results to this file as a flat JSON object.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-    },
-    /// Push --tasks tasks (a million by default) through the worker runtime
-    /// with the maintenance job pruning everything older than
-    /// --prune-older-than-secs, then the same without retention: table
-    /// sizes and throughput over time.
-    Retention {
-        /// Tasks pushed through each run.
-        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1000..))]
-        tasks: u64,
-        /// Retention of the pruning run, in seconds (not the serve setting
-        /// --retention-secs, which must outlast two lease TTLs).
-        #[arg(long, default_value_t = 20)]
-        prune_older_than_secs: u64,
-        /// Maintenance interval of the pruning run, in seconds.
-        #[arg(long, default_value_t = 5)]
-        prune_every_secs: u64,
-        /// Skip the baseline run without retention.
-        #[arg(long)]
-        no_baseline: bool,
-        /// Also write the results to this file as a flat JSON object.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-    },
 }
 
 /// Actions on the embedded cluster.
@@ -193,4 +59,65 @@ pub enum DbAction {
     Start,
     /// Stop it.
     Stop,
+}
+
+/// Parses `args` (the program name first) and runs the subcommand: the
+/// whole of `leasekeeper`'s `main`, but for logging, which the caller sets
+/// up. Exit code 2 for settings that do not parse or validate.
+pub async fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = Cli::parse_from(args);
+    let settings = match Settings::load(&cli.settings) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("leasekeeper: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => crate::server::serve(settings).await,
+        Command::Db { action } => db_command(settings, action).await,
+        Command::Worker {
+            server,
+            id,
+            history,
+            trust_claims,
+        } => {
+            let faults = crate::worker::process::FaultOptions {
+                history,
+                trust_claims,
+            };
+            crate::worker::process::run(settings, &server, id, faults).await
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasekeeper: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `leasekeeper db start|stop`: manage the embedded cluster by hand, e.g. to
+/// share one cluster between several instances.
+async fn db_command(settings: Settings, action: DbAction) -> anyhow::Result<()> {
+    match action {
+        DbAction::Start => {
+            let db =
+                leasekeeper_core::db::Database::open(None, &settings.data_dir, &settings.schema)
+                    .await?;
+            let url = db
+                .embedded
+                .as_ref()
+                .map(|c| c.url(leasekeeper_core::db::EMBEDDED_DATABASE))
+                .unwrap_or_default();
+            db.pool.close().await;
+            // Leave the cluster running: that is the point of `db start`.
+            println!("{url}");
+            Ok(())
+        }
+        DbAction::Stop => {
+            leasekeeper_core::db::embedded::EmbeddedPostgres::stop(&settings.data_dir).await
+        }
+    }
 }

@@ -1,9 +1,11 @@
 //! leasekeeper: time-bound leases in PostgreSQL, made visible.
 //!
-//! The crate builds twice: with feature `ssr` it is the server (lease store,
-//! REST API, dashboard rendering, embedded database); with feature `hydrate`
-//! it is the browser bundle that hydrates the dashboard. Modules that touch
-//! the database or the network exist only on the server.
+//! The dashboard: adapters over the library `leasekeeper-core`, which owns
+//! the domain (see ARCHITECTURE.md). The crate builds twice: with feature
+//! `ssr` it is the server (REST API, server functions, page rendering, the
+//! simulated fleet, the command line); with feature `hydrate` it is the
+//! browser bundle that hydrates the pages. Modules that touch the database
+//! or the network exist only on the server.
 
 pub mod app;
 pub mod bundle;
@@ -12,22 +14,8 @@ pub mod generator;
 pub mod overview;
 pub mod worker;
 
-// The domain is the library's; these names keep `crate::lease::...` paths
-// short in the dashboard.
-#[cfg(feature = "ssr")]
-pub use leasekeeper_core::db;
-#[cfg(feature = "ssr")]
-pub use leasekeeper_core::maintenance;
-pub use leasekeeper_core::{instance, lease, live, paging, queue};
-
-#[cfg(feature = "ssr")]
-pub mod bench;
 #[cfg(feature = "ssr")]
 pub mod cli;
-#[cfg(feature = "ssr")]
-pub mod cluster;
-#[cfg(feature = "ssr")]
-pub mod fault;
 #[cfg(feature = "ssr")]
 pub mod http;
 #[cfg(feature = "ssr")]

@@ -10,13 +10,13 @@
 //! transaction of the action itself.
 
 use crate::error::AppError;
-use crate::lease::store::{self as lease_store, record_operator_action};
-use crate::lease::{Holder, Lease};
 use crate::settings::Settings;
 use crate::state::AppState;
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
+use leasekeeper_core::lease::store::record_operator_action;
+use leasekeeper_core::lease::{Holder, Lease};
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
@@ -89,41 +89,21 @@ impl FromRequestParts<AppState> for Operator {
     }
 }
 
-/// Ends the term of lease `id` whose fencing token is `token` now, whoever
-/// holds it, and records who did it. A task lease's claim ends with it, so
-/// another worker may take the task over at once and the old processor's
-/// writes are refused.
+/// [`control::force_release`](leasekeeper_core::queue::control::force_release),
+/// with a term that is not live any more answered as a conflict.
 pub async fn force_release(
     conn: &mut PgConnection,
     id: i32,
     token: i64,
     by: &str,
 ) -> Result<Lease, AppError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::LEASES | crate::live::Topics::TASKS);
-    let mut tx = conn.begin().await?;
-    let Some(lease) = lease_store::force_release(&mut tx, id, token).await? else {
-        return Err(AppError::Conflict(format!(
-            "lease {id} has no live term with token {token} (it ended, or another term began); nothing released"
-        )));
-    };
-    // A task lease's claim ends with it, in the same transaction.
-    let freed_a_task = crate::queue::store::end_claim_of(&mut tx, &lease).await?;
-    record_operator_action(
-        &mut tx,
-        &lease.resource,
-        by,
-        "force_release",
-        json!({"lease_id": id, "fencing_token": token, "holder": lease.holder}),
-    )
-    .await?;
-    tx.commit().await?;
-    if freed_a_task {
-        // The task is claimable now: wake idle workers, as an enqueue does
-        // (after the commit, so a woken worker finds it).
-        crate::live::announce(crate::live::Topics::WORK);
-    }
-    Ok(lease)
+    leasekeeper_core::queue::control::force_release(conn, id, token, by)
+        .await?
+        .ok_or_else(|| {
+            AppError::Conflict(format!(
+                "lease {id} has no live term with token {token} (it ended, or another term began); nothing released"
+            ))
+        })
 }
 
 /// Which operator action on a worker.
@@ -157,7 +137,9 @@ impl WorkerAction {
 
 /// Spawns a simulated worker on this instance, recorded as an operator
 /// action in the transaction that records the worker.
-pub async fn spawn_worker(state: &AppState) -> Result<crate::worker::WorkerInfo, AppError> {
+pub async fn spawn_worker(
+    state: &AppState,
+) -> Result<leasekeeper_core::worker::WorkerInfo, AppError> {
     Ok(state.fleet.spawn_by(&state.instance_id).await?)
 }
 
@@ -171,7 +153,7 @@ pub async fn control_worker(
 ) -> Result<String, AppError> {
     let id = id.as_str();
     if !state.fleet.running().iter().any(|w| w == id) {
-        let worker = crate::worker::registry::get(
+        let worker = leasekeeper_core::worker::registry::get(
             &mut *state.pool.acquire().await?,
             id,
             state.settings.lease_ttl,
@@ -185,15 +167,17 @@ pub async fn control_worker(
             )));
         }
         let owner = match (worker.kind, worker.instance_id.as_deref()) {
-            (crate::worker::WorkerKind::Simulated, Some(owner)) if owner != &*state.instance_id => {
+            (leasekeeper_core::worker::WorkerKind::Simulated, Some(owner))
+                if owner != &*state.instance_id =>
+            {
                 owner
             }
-            (crate::worker::WorkerKind::Http, _) => {
+            (leasekeeper_core::worker::WorkerKind::Http, _) => {
                 return Err(AppError::Conflict(format!(
                     "worker {id} is a separate `leasekeeper worker` process: stop it where it runs"
                 )));
             }
-            (crate::worker::WorkerKind::Embedded, _) => {
+            (leasekeeper_core::worker::WorkerKind::Embedded, _) => {
                 return Err(AppError::Conflict(format!(
                     "worker {id} belongs to a service's own runtime: stop it in that service"
                 )));
@@ -246,9 +230,9 @@ pub async fn control_worker(
 /// that is dead. `None` when it is alive as far as the database can tell.
 async fn gone(
     state: &AppState,
-    worker: &crate::worker::WorkerInfo,
+    worker: &leasekeeper_core::worker::WorkerInfo,
 ) -> Result<Option<String>, AppError> {
-    use crate::worker::WorkerState;
+    use leasekeeper_core::worker::WorkerState;
     if matches!(worker.state, WorkerState::Crashed | WorkerState::Stopped) {
         return Ok(Some(format!("state {}", worker.state.as_str())));
     }
@@ -261,11 +245,14 @@ async fn gone(
     let Some(owner) = worker.instance_id.as_deref() else {
         return Ok(None);
     };
-    if worker.kind != crate::worker::WorkerKind::Simulated || owner == &*state.instance_id {
+    if worker.kind != leasekeeper_core::worker::WorkerKind::Simulated
+        || owner == &*state.instance_id
+    {
         return Ok(None);
     }
-    let window = crate::instance::alive_window(state.settings.renew_interval);
-    let instances = crate::instance::store::list(&mut *state.pool.acquire().await?, window).await?;
+    let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
+    let instances =
+        leasekeeper_core::instance::store::list(&mut *state.pool.acquire().await?, window).await?;
     Ok(instances
         .into_iter()
         .find(|i| i.id == owner && !i.alive)
@@ -285,7 +272,7 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     let id = id.as_str();
     if id != &*state.instance_id {
         let mut conn = state.pool.acquire().await?;
-        return match crate::instance::store::is_running(&mut conn, id).await? {
+        return match leasekeeper_core::instance::store::is_running(&mut conn, id).await? {
             None => Err(AppError::NotFound(format!("no instance with id {id}"))),
             Some(false) => Err(AppError::Conflict(format!(
                 "instance {id} has already stopped"
@@ -298,9 +285,9 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     // this instance's workers; the audit row commits with it, before the
     // process dies.
     let mut tx = conn.begin().await?;
-    let mut holders = crate::worker::registry::running_ids(&mut tx, id).await?;
+    let mut holders = leasekeeper_core::worker::registry::running_ids(&mut tx, id).await?;
     holders.push(id.to_string());
-    crate::lease::stopwatch::record_kill(&mut tx, "instance", id, &holders).await?;
+    leasekeeper_core::lease::stopwatch::record_kill(&mut tx, "instance", id, &holders).await?;
     record_operator_action(
         &mut tx,
         &format!("instance:{id}"),
@@ -326,10 +313,12 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
 /// `owner` (looked up in `instances`) with this instance's admin token, and
 /// answers its `message`.
 async fn forward(state: &AppState, owner: &str, segments: &[&str]) -> Result<String, AppError> {
-    let address =
-        crate::instance::store::address_if_running(&mut *state.pool.acquire().await?, owner)
-            .await?
-            .ok_or_else(|| AppError::Conflict(format!("instance {owner} is not running")))?;
+    let address = leasekeeper_core::instance::store::address_if_running(
+        &mut *state.pool.acquire().await?,
+        owner,
+    )
+    .await?
+    .ok_or_else(|| AppError::Conflict(format!("instance {owner} is not running")))?;
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
         .build()

@@ -2,19 +2,17 @@
 //! functions, dashboard pages, static files), and graceful shutdown.
 
 use crate::app::{App, shell};
-use crate::cli::DbAction;
-use crate::db::Database;
-use crate::db::embedded::EmbeddedPostgres;
 use crate::generator::{Generator, GeneratorConfig};
 use crate::http;
-use crate::instance::{self, Registration};
-use crate::lease::Holder;
-use crate::live::LiveHub;
 use crate::settings::Settings;
 use crate::state::AppState;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
+use leasekeeper_core::db::Database;
+use leasekeeper_core::instance::{self, Registration};
+use leasekeeper_core::lease::Holder;
+use leasekeeper_core::live::LiveHub;
 use leasekeeper_core::maintenance::Maintenance;
 use leptos::config::{Env, LeptosOptions};
 use leptos_axum::{LeptosRoutes, generate_route_list};
@@ -161,24 +159,4 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     db.close().await?;
     served
-}
-
-/// `leasekeeper db start|stop`: manage the embedded cluster by hand, e.g. to
-/// share one cluster between several instances.
-pub async fn db_command(settings: Settings, action: DbAction) -> anyhow::Result<()> {
-    match action {
-        DbAction::Start => {
-            let db = Database::open(None, &settings.data_dir, &settings.schema).await?;
-            let url = db
-                .embedded
-                .as_ref()
-                .map(|c| c.url(crate::db::EMBEDDED_DATABASE))
-                .unwrap_or_default();
-            db.pool.close().await;
-            // Leave the cluster running: that is the point of `db start`.
-            println!("{url}");
-            Ok(())
-        }
-        DbAction::Stop => EmbeddedPostgres::stop(&settings.data_dir).await,
-    }
 }

@@ -4,8 +4,8 @@
 //! All three sources go through one parser, so a bad value gets the same
 //! one-line error, naming the setting, wherever it came from.
 
-use crate::db::Schema;
 use clap::Args;
+use leasekeeper_core::db::Schema;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -553,8 +553,8 @@ impl Settings {
 
 impl Settings {
     /// A worker's timing from `lease_ttl` and `heartbeat_interval`.
-    pub fn worker_config(&self) -> crate::worker::run::WorkerConfig {
-        crate::worker::run::WorkerConfig::new(self.lease_ttl, self.heartbeat_interval)
+    pub fn worker_config(&self) -> leasekeeper_core::worker::run::WorkerConfig {
+        leasekeeper_core::worker::run::WorkerConfig::new(self.lease_ttl, self.heartbeat_interval)
     }
 
     /// The maintenance job's timing: `retention`, `maintenance_interval`,
@@ -579,12 +579,12 @@ impl Settings {
 
     /// The chaos settings (`chaos`, `crash_probability`,
     /// `stall_probability`), with crash checks every 5 ticks and 4-15 s stalls.
-    pub fn chaos_settings(&self) -> crate::worker::chaos::ChaosSettings {
-        crate::worker::chaos::ChaosSettings {
+    pub fn chaos_settings(&self) -> leasekeeper_core::worker::chaos::ChaosSettings {
+        leasekeeper_core::worker::chaos::ChaosSettings {
             enabled: self.chaos,
             crash_probability: self.crash_probability,
             stall_probability: self.stall_probability,
-            ..crate::worker::chaos::ChaosSettings::off()
+            ..leasekeeper_core::worker::chaos::ChaosSettings::off()
         }
     }
 

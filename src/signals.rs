@@ -1,5 +1,5 @@
 //! The signals that stop a process gracefully, shared by `leasekeeper serve`,
-//! `leasekeeper worker` and the local cluster (`leasekeeper cluster`).
+//! `leasekeeper worker` and the local cluster (`leasekeeper-tools cluster`).
 
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {

@@ -3,10 +3,10 @@
 //! test or benchmark harness.
 
 use crate::generator::GeneratorHandle;
-use crate::live::LiveHub;
 use crate::settings::Settings;
 use crate::worker::fleet::Fleet;
 use axum::extract::FromRef;
+use leasekeeper_core::live::LiveHub;
 use leptos::config::LeptosOptions;
 use sqlx::PgPool;
 use std::sync::Arc;

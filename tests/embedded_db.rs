@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use leasekeeper::db::embedded::{EmbeddedPostgres, find_server_binaries};
+use leasekeeper_core::db::embedded::{EmbeddedPostgres, find_server_binaries};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 

@@ -11,7 +11,7 @@
 #[path = "it/terms.rs"]
 mod terms;
 
-use leasekeeper::db::embedded::EmbeddedPostgres;
+use leasekeeper_core::db::embedded::EmbeddedPostgres;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::path::{Path, PathBuf};
@@ -90,7 +90,7 @@ impl Fleet {
     }
 
     async fn pool(&self) -> PgPool {
-        leasekeeper::db::connect(&self.url, &Default::default())
+        leasekeeper_core::db::connect(&self.url, &Default::default())
             .await
             .expect("connecting to the shared cluster")
     }

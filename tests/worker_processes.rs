@@ -9,9 +9,9 @@
 //! schema. Children are killed and the cluster stopped even when the test
 //! fails (see [`Cleanup`]). Logs are kept in `target/worker-processes-test/`.
 
-use leasekeeper::db::embedded::EmbeddedPostgres;
-use leasekeeper::db::{Schema, connect_options};
-use leasekeeper::queue::Task;
+use leasekeeper_core::db::embedded::EmbeddedPostgres;
+use leasekeeper_core::db::{Schema, connect_options};
+use leasekeeper_core::queue::Task;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,7 +3,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { rmSync } from "node:fs";
 import path from "node:path";
 
-// The README's failover demo, as a newcomer does it: `leasekeeper cluster
+// The README's failover demo, as a newcomer does it: `leasekeeper-tools cluster
 // -n 3 --lease-ttl-secs 6` with the README's defaults (4 simulated workers
 // per instance, chaos on, generated tasks of 1-12 s), on a database of its
 // own; start the generator from the page, kill a busy worker from the page,
@@ -27,7 +27,7 @@ test.beforeAll(async () => {
   for (const k of ["LEASEKEEPER_LEASE_TTL_SECS", "LEASEKEEPER_WORKERS", "LEASEKEEPER_CHAOS", "LEPTOS_SITE_ADDR", "DATABASE_URL"]) delete env[k];
   env.LEASEKEEPER_DATA_DIR = dataDir;
   cluster = spawn(
-    path.join(root, "target", "debug", "leasekeeper"),
+    path.join(root, "target", "debug", "leasekeeper-tools"),
     ["cluster", "-n", "3", "--base-port", String(BASE), "--lease-ttl-secs", "6"],
     { cwd: root, env, stdio: ["ignore", "inherit", "inherit"] },
   );
@@ -35,7 +35,7 @@ test.beforeAll(async () => {
   const deadline = Date.now() + 100_000;
   for (const url of urls) {
     for (;;) {
-      if (cluster.exitCode !== null) throw new Error(`leasekeeper cluster exited with ${cluster.exitCode}`);
+      if (cluster.exitCode !== null) throw new Error(`leasekeeper-tools cluster exited with ${cluster.exitCode}`);
       try {
         if ((await fetch(`${url}/readyz`)).ok) break;
       } catch {

@@ -3,8 +3,8 @@
 
 use super::common::{LocalTime, Notice, Pager, before_param, operator_text, refresh_tick};
 use crate::error::AppError;
-use crate::lease::LeaseEvent;
-use crate::paging::Paged;
+use leasekeeper_core::lease::LeaseEvent;
+use leasekeeper_core::paging::Paged;
 use leptos::either::Either;
 use leptos::prelude::*;
 
@@ -12,7 +12,11 @@ use leptos::prelude::*;
 #[server(prefix = "/sfn")]
 pub async fn get_audit(before: Option<i64>) -> Result<Paged<LeaseEvent>, AppError> {
     let mut conn = super::common::pool()?.acquire().await?;
-    Ok(crate::lease::store::audit(&mut conn, crate::paging::Cursor::new(before, None)).await?)
+    Ok(leasekeeper_core::lease::store::audit(
+        &mut conn,
+        leasekeeper_core::paging::Cursor::new(before, None),
+    )
+    .await?)
 }
 
 /// Where a page about an audited resource is: a task, a worker, an

@@ -5,7 +5,7 @@
 #[cfg(feature = "ssr")]
 use crate::error::AppError;
 pub use crate::error::{check_id, parse_id};
-use crate::lease::LeaseEvent;
+use leasekeeper_core::lease::LeaseEvent;
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use std::time::Duration;

@@ -3,8 +3,8 @@
 
 use super::common::{Notice, refresh_tick, remaining};
 use crate::error::AppError;
-use crate::lease::Failover;
-use crate::lease::timeline::{TermEnd, Timeline};
+use leasekeeper_core::lease::Failover;
+use leasekeeper_core::lease::timeline::{TermEnd, Timeline};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -36,24 +36,25 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
     let resource = match of {
         // The lease store's own rules: a NUL reaching PostgreSQL fails the
         // query (500) rather than finding nothing.
-        TimelineOf::Resource(r) => crate::lease::Resource::parse(r)
+        TimelineOf::Resource(r) => leasekeeper_core::lease::Resource::parse(r)
             .map_err(|e| AppError::BadRequest(e.to_string()))?
             .as_str()
             .to_owned(),
         TimelineOf::Lease(id) => {
             super::common::check_id(id)?;
-            match crate::lease::store::get(&mut conn, id).await? {
+            match leasekeeper_core::lease::store::get(&mut conn, id).await? {
                 Some(lease) => lease.resource,
                 None => return Ok(None),
             }
         }
     };
-    let events = crate::lease::store::history(&mut conn, &resource, TIMELINE_EVENTS).await?;
+    let events =
+        leasekeeper_core::lease::store::history(&mut conn, &resource, TIMELINE_EVENTS).await?;
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)
         .await?;
     Ok(Some(TimelineView {
-        timeline: crate::lease::timeline::build(&events, now),
+        timeline: leasekeeper_core::lease::timeline::build(&events, now),
         resource,
     }))
 }
@@ -262,7 +263,8 @@ pub struct StopwatchView {
 #[server(prefix = "/sfn")]
 pub async fn get_failovers() -> Result<StopwatchView, AppError> {
     let state = super::common::state()?;
-    let rows = crate::lease::stopwatch::recent(&mut *state.pool.acquire().await?, 10).await?;
+    let rows =
+        leasekeeper_core::lease::stopwatch::recent(&mut *state.pool.acquire().await?, 10).await?;
     let bound = state.settings.lease_ttl + state.settings.renew_interval;
     Ok(StopwatchView {
         rows,

@@ -7,8 +7,8 @@ use super::common::{
     remaining,
 };
 use crate::error::AppError;
-use crate::generator::GeneratorStatus;
-use crate::instance::Instance;
+use leasekeeper_core::generator::GeneratorStatus;
+use leasekeeper_core::instance::Instance;
 use leptos::either::Either;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -24,7 +24,7 @@ pub async fn get_generator_status() -> Result<GeneratorStatus, AppError> {
 /// Starts (`"start"`) or stops (`"stop"`) the generator, through this instance.
 #[server(prefix = "/sfn")]
 pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> {
-    use crate::generator::Desired;
+    use leasekeeper_core::generator::Desired;
     let desired = match action.as_str() {
         "start" => Desired::Running,
         "stop" => Desired::Stopped,
@@ -60,10 +60,14 @@ pub struct InstancesView {
 #[server(prefix = "/sfn")]
 pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppError> {
     let state = super::common::state()?;
-    let window = crate::instance::alive_window(state.settings.renew_interval);
-    let cursor = crate::paging::Cursor::new(before, None);
-    let page = crate::instance::store::list_page(&mut *state.pool.acquire().await?, window, cursor)
-        .await?;
+    let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
+    let cursor = leasekeeper_core::paging::Cursor::new(before, None);
+    let page = leasekeeper_core::instance::store::list_page(
+        &mut *state.pool.acquire().await?,
+        window,
+        cursor,
+    )
+    .await?;
     Ok(InstancesView {
         instances: page.items,
         next: page.next,
@@ -75,7 +79,7 @@ pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppErro
 /// it is another one).
 #[server(prefix = "/sfn")]
 pub async fn kill_instance(id: String) -> Result<String, AppError> {
-    let id = crate::lease::Holder::parse(id)
+    let id = leasekeeper_core::lease::Holder::parse(id)
         .map_err(|e| super::common::refused(AppError::BadRequest(format!("instance id: {e}"))))?;
     let state = super::common::operator_state().await?;
     crate::ops::kill_instance(&state, &id)
@@ -277,7 +281,7 @@ pub fn GeneratorPanel() -> impl IntoView {
                 })}
             </Transition>
             <super::failover::OwnershipTimeline of=Signal::stored(Some(super::failover::TimelineOf::Resource(
-                crate::generator::RESOURCE.to_string(),
+                leasekeeper_core::generator::RESOURCE.to_string(),
             )))/>
             {move || action.value().get().and_then(|r| r.err()).map(|e| view! {
                 <Notice kind="error" testid="generator-action-error" text=e.to_string()/>

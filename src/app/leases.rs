@@ -10,7 +10,7 @@ use super::common::{
     relative, remaining,
 };
 use crate::error::AppError;
-use crate::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
+use leasekeeper_core::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
 use leptos::either::EitherOf3;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -21,12 +21,12 @@ use leptos_router::hooks::use_query_map;
 pub async fn get_leases(
     filter: LeaseFilter,
     before: Option<i64>,
-) -> Result<crate::paging::Paged<Lease>, AppError> {
-    use crate::lease::store;
+) -> Result<leasekeeper_core::paging::Paged<Lease>, AppError> {
+    use leasekeeper_core::lease::store;
     Ok(store::list_page(
         &mut *super::common::pool()?.acquire().await?,
         filter,
-        crate::paging::Cursor::new(before, None),
+        leasekeeper_core::paging::Cursor::new(before, None),
     )
     .await?)
 }
@@ -34,7 +34,7 @@ pub async fn get_leases(
 /// Lease `id` with its recent history; `None` when there is no such lease.
 #[server(prefix = "/sfn")]
 pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> {
-    use crate::lease::store;
+    use leasekeeper_core::lease::store;
     super::common::check_id(id)?;
     Ok(store::detail(&mut *super::common::pool()?.acquire().await?, id).await?)
 }

@@ -5,9 +5,9 @@
 use super::common::{Notice, refresh_tick};
 use super::instances::GeneratorPanel;
 use crate::error::AppError;
-use crate::instance::Instance;
 use crate::overview::{Overview, SplitBrain, Throughput};
-use crate::worker::{WorkerInfo, WorkerState};
+use leasekeeper_core::instance::Instance;
+use leasekeeper_core::worker::{WorkerInfo, WorkerState};
 use leptos::either::Either;
 use leptos::prelude::*;
 

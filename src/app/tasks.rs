@@ -8,7 +8,7 @@ use super::common::{
     controls_class, parse_id, refresh_tick, remaining,
 };
 use crate::error::AppError;
-use crate::queue::{TaskAction, TaskDetail, TaskPage, TaskStatus};
+use leasekeeper_core::queue::{TaskAction, TaskDetail, TaskPage, TaskStatus};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -20,11 +20,15 @@ pub async fn get_tasks(
     status: Option<TaskStatus>,
     before: Option<i64>,
 ) -> Result<TaskPage, AppError> {
-    use crate::queue::store;
+    use leasekeeper_core::queue::store;
     let settings = super::common::settings()?;
     let mut conn = super::common::pool()?.acquire().await?;
-    let page =
-        store::list_page(&mut conn, status, crate::paging::Cursor::new(before, None)).await?;
+    let page = store::list_page(
+        &mut conn,
+        status,
+        leasekeeper_core::paging::Cursor::new(before, None),
+    )
+    .await?;
     Ok(TaskPage {
         tasks: page.items,
         next: page.next,
@@ -35,14 +39,19 @@ pub async fn get_tasks(
 /// Task `id` with its lease history; `None` when there is no such task.
 #[server(prefix = "/sfn")]
 pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
-    use crate::lease::store as leases;
-    use crate::queue::store;
+    use leasekeeper_core::lease::store as leases;
+    use leasekeeper_core::queue::store;
     super::common::check_id(id)?;
     let mut conn = super::common::pool()?.acquire().await?;
     let Some(task) = store::get(&mut conn, id).await? else {
         return Ok(None);
     };
-    let history = leases::history(&mut conn, &crate::queue::Task::resource_name(id), 50).await?;
+    let history = leases::history(
+        &mut conn,
+        &leasekeeper_core::queue::Task::resource_name(id),
+        50,
+    )
+    .await?;
     Ok(Some(TaskDetail { task, history }))
 }
 
@@ -54,7 +63,7 @@ pub async fn control_task(id: i32, action: String) -> Result<String, AppError> {
     let state = super::common::operator_state().await?;
     let action = parse_action(&action)?;
     let mut conn = state.pool.acquire().await?;
-    let task = crate::queue::control::apply(&mut conn, action, id, &state.instance_id)
+    let task = leasekeeper_core::queue::control::apply(&mut conn, action, id, &state.instance_id)
         .await
         .map_err(|e| super::common::refused(e.into()))?;
     Ok(match task.status {
@@ -72,7 +81,7 @@ pub async fn control_task(id: i32, action: String) -> Result<String, AppError> {
 /// `retry`): the tasks page's "all matching the filter" controls.
 #[server(prefix = "/sfn")]
 pub async fn control_tasks(status: String, action: String) -> Result<String, AppError> {
-    use crate::queue::control::{self, TaskFilter};
+    use leasekeeper_core::queue::control::{self, TaskFilter};
     let state = super::common::operator_state().await?;
     let status = TaskStatus::parse(&status).ok_or_else(|| {
         super::common::refused(AppError::BadRequest(format!("no task status {status:?}")))
@@ -259,7 +268,7 @@ pub fn TasksPage() -> impl IntoView {
             lookup
                 .get()
                 .and_then(|raw| parse_id(&raw).ok())
-                .map(|id| super::failover::TimelineOf::Resource(crate::queue::Task::resource_name(id)))
+                .map(|id| super::failover::TimelineOf::Resource(leasekeeper_core::queue::Task::resource_name(id)))
         })/>
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading tasks…"</p> }>

@@ -4,7 +4,7 @@
 
 use super::common::{ActionOutcome, DataTable, FilterPills, Notice, controls_class, refresh_tick};
 use crate::error::AppError;
-use crate::worker::{WorkerInfo, WorkerKind, WorkerState};
+use leasekeeper_core::worker::{WorkerInfo, WorkerKind, WorkerState};
 use leptos::either::Either;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -78,16 +78,17 @@ pub async fn get_workers(
 ) -> Result<WorkersView, AppError> {
     let state = super::common::state()?;
     let mut conn = state.pool.acquire().await?;
-    let page = crate::worker::registry::list_page(
+    let page = leasekeeper_core::worker::registry::list_page(
         &mut conn,
         state.settings.lease_ttl,
-        crate::paging::Cursor::new(before, None),
+        leasekeeper_core::paging::Cursor::new(before, None),
     )
     .await?;
     let (all, next) = (page.items, page.next);
-    let window = crate::instance::alive_window(state.settings.renew_interval);
-    let dead_instances =
-        crate::instance::dead_ids(&crate::instance::store::list(&mut conn, window).await?);
+    let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
+    let dead_instances = leasekeeper_core::instance::dead_ids(
+        &leasekeeper_core::instance::store::list(&mut conn, window).await?,
+    );
     // How long a gone worker stays in the `current` list.
     const RECENTLY_GONE_MS: i64 = 120_000;
     let total = all.len();
@@ -124,7 +125,7 @@ pub async fn spawn_worker() -> Result<String, AppError> {
 #[server(prefix = "/sfn")]
 pub async fn control_worker(id: String, action: String) -> Result<String, AppError> {
     let action = crate::ops::WorkerAction::parse(&action).map_err(super::common::refused)?;
-    let id = crate::lease::Holder::parse(id)
+    let id = leasekeeper_core::lease::Holder::parse(id)
         .map_err(|e| super::common::refused(AppError::BadRequest(format!("worker id: {e}"))))?;
     let state = super::common::operator_state().await?;
     crate::ops::control_worker(&state, &id, action)

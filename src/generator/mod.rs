@@ -3,7 +3,8 @@
 //! REST route and the dashboard show. Its types and SQL are the library's
 //! ([`leasekeeper_core::generator`]).
 
-pub use leasekeeper_core::generator::*;
+#[cfg(feature = "ssr")]
+use leasekeeper_core::generator::{Desired, GeneratorStatus, store};
 
 #[cfg(feature = "ssr")]
 mod runtime;

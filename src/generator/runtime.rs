@@ -2,12 +2,12 @@
 //! in the database, the singleton lock it switches on and off, and the work
 //! that inserts a task every interval while this instance holds the lease.
 
-use super::{Desired, RESOURCE, store};
-use crate::lease::client::{LeaseClient, LeaseTiming};
-use crate::lease::singleton::{Singleton, State, Switch, Term, TermWork};
-use crate::lease::{Holder, Resource};
-use crate::queue::NewTask;
 use crate::settings::Settings;
+use leasekeeper_core::generator::{Desired, RESOURCE, store};
+use leasekeeper_core::lease::client::{LeaseClient, LeaseTiming};
+use leasekeeper_core::lease::singleton::{Singleton, State, Switch, Term, TermWork};
+use leasekeeper_core::lease::{Holder, Resource};
+use leasekeeper_core::queue::NewTask;
 use rand::Rng;
 use serde_json::json;
 use sqlx::PgPool;
@@ -229,7 +229,7 @@ async fn generate(
         }
         let sleep = rand::rng().random_range(1..=config.max_sleep.max(1));
         let task = NewTask::new(
-            crate::worker::simulated::KIND,
+            leasekeeper_core::worker::simulated::KIND,
             json!({ "sleep_duration_seconds": sleep }),
         )
         .max_attempts(config.max_attempts);

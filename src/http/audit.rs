@@ -3,12 +3,12 @@
 use super::extract::ApiQuery;
 use super::paging::{CursorQuery, answer};
 use crate::error::{AppError, ErrorBody};
-use crate::lease::LeaseEvent;
 use crate::state::AppState;
 use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
+use leasekeeper_core::lease::LeaseEvent;
 
 /// The audit route.
 pub fn routes() -> Router<AppState> {
@@ -33,6 +33,6 @@ async fn audit(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<Response, AppError> {
     let cursor = q.cursor();
-    let page = crate::lease::store::audit(&mut *s.pool.acquire().await?, cursor).await?;
+    let page = leasekeeper_core::lease::store::audit(&mut *s.pool.acquire().await?, cursor).await?;
     Ok(answer("/api/audit", cursor, page))
 }

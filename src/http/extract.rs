@@ -4,11 +4,11 @@
 
 use crate::error::{AppError, parse_id};
 use crate::http::MAX_BODY_BYTES;
-use crate::lease::Holder;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use leasekeeper_core::lease::Holder;
 use serde::de::DeserializeOwned;
 
 /// A JSON body, parsed whatever its content type says (clients of the

@@ -2,12 +2,13 @@
 //! instance (operator actions: the admin token when one is set).
 
 use crate::error::{AppError, ErrorBody};
-use crate::generator::{self, Desired, GeneratorStatus};
+use crate::generator;
 use crate::ops::Operator;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use leasekeeper_core::generator::{Desired, GeneratorStatus};
 
 /// The generator routes.
 pub fn routes() -> Router<AppState> {

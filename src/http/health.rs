@@ -4,13 +4,13 @@
 //! [`READY_TIMEOUT`] and its migrations are exactly this build's, and 503
 //! with a JSON reason otherwise.
 
-use crate::db::{MigrationState, migration_state};
 use crate::state::AppState;
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use leasekeeper_core::db::{MigrationState, migration_state};
 use serde::Serialize;
 use std::time::Duration;
 

@@ -5,14 +5,14 @@ use super::Message;
 use super::extract::{ApiQuery, WorkerId as NameSegment};
 use super::paging::{CursorQuery, answer};
 use crate::error::{AppError, ErrorBody};
-use crate::instance::Instance;
-use crate::instance::{alive_window, store};
 use crate::ops::{self, Operator};
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use leasekeeper_core::instance::Instance;
+use leasekeeper_core::instance::{alive_window, store};
 
 /// The instance routes.
 pub fn routes() -> Router<AppState> {

@@ -1,16 +1,16 @@
-//! `/api/leases`: the lease service's REST contract (SPEC §3).
+//! `/api/leases`: the lease service's REST contract (the README's "REST API").
 
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
 use crate::error::{AppError, ErrorBody};
-use crate::lease::store::{self, Acquired};
-use crate::lease::{Holder, Lease, LeaseEvent, LeaseFilter, Resource};
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, put};
 use axum::{Json, Router};
+use leasekeeper_core::lease::store::{self, Acquired};
+use leasekeeper_core::lease::{Holder, Lease, LeaseEvent, LeaseFilter, Resource};
 use serde::Deserialize;
 use std::time::Duration;
 

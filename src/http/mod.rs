@@ -72,7 +72,7 @@ async fn method_not_allowed() -> axum::response::Response {
 /// the pool with the transaction still open and its row locks held until
 /// that connection was next used. A task row locked that way is skipped by
 /// every claim (`SKIP LOCKED`), so the takeover came late; measured by
-/// `leasekeeper bench` (failover), and the cause of the "there is already a
+/// `leasekeeper-tools bench` (failover), and the cause of the "there is already a
 /// transaction in progress" warnings. Spawned, the handler commits or rolls
 /// back as it would have; only the answer is lost, which is the ambiguity
 /// any client must live with anyway.

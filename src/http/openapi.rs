@@ -1,7 +1,7 @@
 //! `GET /api/openapi.json`: the REST API described as OpenAPI 3.1, derived
 //! by `utoipa` from the handlers' own `#[utoipa::path]` annotations and the
-//! types they read and answer (`ToSchema` on [`Lease`](crate::lease::Lease),
-//! [`Task`](crate::queue::Task), the body structs, ...), so a field added to
+//! types they read and answer (`ToSchema` on [`Lease`](leasekeeper_core::lease::Lease),
+//! [`Task`](leasekeeper_core::queue::Task), the body structs, ...), so a field added to
 //! a type shows up in the document without a second edit.
 //!
 //! Every REST route is listed in [`ApiDoc`]'s `paths`; the integration test

@@ -3,10 +3,10 @@
 //! rel="next"` header naming the next page (the convention of GitHub's
 //! API), so the body stays the plain array clients already read.
 
-use crate::paging::{Cursor, Paged};
 use axum::Json;
 use axum::http::{Uri, header};
 use axum::response::{IntoResponse, Response};
+use leasekeeper_core::paging::{Cursor, Paged};
 use serde::{Deserialize, Serialize};
 
 /// `?before=ID&limit=N` on a newest-first list route.
@@ -60,7 +60,7 @@ pub enum Direction {
     /// Newest first, below a cursor (the default).
     Newest(Cursor),
     /// Oldest first, above an id (`?after=`), for a client following new rows.
-    Oldest(crate::lease::store::Page),
+    Oldest(leasekeeper_core::lease::store::Page),
 }
 
 impl Direction {
@@ -75,10 +75,9 @@ impl Direction {
             (Some(_), Some(_)) => Err(crate::error::AppError::BadRequest(
                 "give before (newest first) or after (oldest first), not both".into(),
             )),
-            (_, Some(after)) => Ok(Direction::Oldest(crate::lease::store::Page::new(
-                Some(after),
-                limit,
-            ))),
+            (_, Some(after)) => Ok(Direction::Oldest(
+                leasekeeper_core::lease::store::Page::new(Some(after), limit),
+            )),
             (before, None) => Ok(Direction::Newest(Cursor::new(before, limit))),
         }
     }

@@ -1,20 +1,22 @@
-//! `/api/tasks`: the task queue's REST contract (SPEC §3).
+//! `/api/tasks`: the task queue's REST contract (the README's "REST API").
 
 use super::Message;
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
 use crate::error::{AppError, ErrorBody};
-use crate::lease::{Holder, LeaseEvent};
-use crate::queue::control::{self, TaskFilter};
-use crate::queue::store::{self, RetryPolicy};
-use crate::queue::{ClaimRequest, NewTask, Task, TaskStatus};
 use crate::state::AppState;
-use crate::worker::simulated;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use leasekeeper_core::lease::LeaseEvent;
+use leasekeeper_core::queue::control::{self, TaskFilter};
+use leasekeeper_core::queue::store::{self, RetryPolicy};
+use leasekeeper_core::queue::{
+    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, Task, TaskStatus,
+};
+use leasekeeper_core::worker::simulated;
 use serde::Deserialize;
 use serde_json::Value;
 use std::time::Duration;
@@ -328,15 +330,6 @@ async fn claim_next(
     })
 }
 
-/// Body of `PUT /api/tasks/{id}/heartbeat`.
-#[derive(Deserialize, utoipa::ToSchema)]
-pub struct HeartbeatBody {
-    /// Who holds the claim.
-    processor: Holder,
-    /// The claim's token.
-    fencing_token: i64,
-}
-
 #[utoipa::path(
     put,
     path = "/api/tasks/{id}/heartbeat",
@@ -366,17 +359,6 @@ async fn heartbeat(
     )
     .await?;
     Ok((StatusCode::ACCEPTED, Json(task)))
-}
-
-/// Body of `PUT /api/tasks/{id}/complete`.
-#[derive(Deserialize, utoipa::ToSchema)]
-pub struct CompleteBody {
-    /// Who holds the claim.
-    processor: Holder,
-    /// The claim's token.
-    fencing_token: i64,
-    /// What the work produced (any JSON).
-    task_output: Option<Value>,
 }
 
 #[utoipa::path(
@@ -413,18 +395,6 @@ async fn complete(
     // 202 Accepted, as heartbeat answers: the contract of the original
     // design's clients.
     Ok((StatusCode::ACCEPTED, Json(task)))
-}
-
-/// Body of `PUT /api/tasks/{id}/fail`.
-#[derive(Deserialize, utoipa::ToSchema)]
-pub struct FailBody {
-    /// Who holds the claim.
-    processor: Holder,
-    /// The claim's token.
-    fencing_token: i64,
-    /// Why the attempt failed (at most 4096 characters, no NUL).
-    #[schema(max_length = 4096)]
-    error: String,
 }
 
 #[utoipa::path(
@@ -640,7 +610,8 @@ async fn events(
         return Err(AppError::NotFound(format!("no task with id {id}")));
     }
     let cursor = q.cursor();
-    let page = crate::lease::store::events(&mut conn, &Task::resource_name(id), cursor).await?;
+    let page =
+        leasekeeper_core::lease::store::events(&mut conn, &Task::resource_name(id), cursor).await?;
     Ok(super::paging::answer(
         &format!("/api/tasks/{id}/events"),
         cursor,

@@ -5,15 +5,15 @@
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
 use crate::error::{AppError, ErrorBody};
-use crate::lease::Holder;
 use crate::ops::{self, Operator, WorkerAction};
 use crate::state::AppState;
-use crate::worker::transport::Report;
-use crate::worker::{WorkerInfo, WorkerKind, registry};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use leasekeeper_core::lease::Holder;
+use leasekeeper_core::worker::Report;
+use leasekeeper_core::worker::{WorkerInfo, WorkerKind, registry};
 use serde::Serialize;
 
 /// The worker routes.

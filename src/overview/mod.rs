@@ -25,9 +25,9 @@ pub mod split_brain;
 #[cfg(feature = "ssr")]
 pub mod store;
 
-use crate::instance::Instance;
-use crate::worker::WorkerInfo;
 use chrono::{DateTime, Utc};
+use leasekeeper_core::instance::Instance;
+use leasekeeper_core::worker::WorkerInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 

@@ -10,7 +10,7 @@
 
 use super::split_brain::{self, MAX_EVENTS, WINDOW};
 use super::{SplitBrain, Throughput, ThroughputRing};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -61,7 +61,7 @@ impl Sampler {
 
     async fn sample(&self, pool: &PgPool, check: bool) -> sqlx::Result<()> {
         let mut conn = pool.acquire().await?;
-        let (at_ms, processed, failed) = super::store::finished_totals(&mut conn).await?;
+        let (at_ms, processed, failed) = finished_totals(&mut conn).await?;
         self.memory().ring.record(at_ms, processed, failed);
         if check {
             let found = split_brain::check(&mut conn, WINDOW, MAX_EVENTS).await?;
@@ -119,4 +119,19 @@ fn merge(previous: Option<SplitBrain>, mut found: SplitBrain) -> SplitBrain {
         }
     }
     found
+}
+
+/// The totals of processed and failed tasks ever (those still there and
+/// those the maintenance job pruned, so the totals only grow), with the
+/// database time in milliseconds: what the throughput sampler reads every
+/// second.
+async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
+                coalesce(sum(processed + pruned_processed), 0)::bigint,
+                coalesce(sum(failed + pruned_failed), 0)::bigint
+           FROM task_counts",
+    )
+    .fetch_one(&mut *conn)
+    .await
 }

@@ -3,7 +3,7 @@
 
 use super::sampler::Sampler;
 use super::{Counts, LATE_CAP, Overview};
-use crate::worker::WorkerState;
+use leasekeeper_core::worker::WorkerState;
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
@@ -30,21 +30,6 @@ pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
     .await
 }
 
-/// The totals of processed and failed tasks ever (those still there and
-/// those the maintenance job pruned, so the totals only grow), with the
-/// database time in milliseconds: what the throughput sampler reads every
-/// second.
-pub async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
-    sqlx::query_as(
-        "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
-                coalesce(sum(processed + pruned_processed), 0)::bigint,
-                coalesce(sum(failed + pruned_failed), 0)::bigint
-           FROM task_counts",
-    )
-    .fetch_one(&mut *conn)
-    .await
-}
-
 /// Whose overview [`read`] assembles: the answering instance, its sampler,
 /// and how it judges who is alive.
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +41,7 @@ pub struct Viewpoint<'a> {
     /// That instance's throughput sampler and split-brain check.
     pub sampler: &'a Sampler,
     /// The instances' heartbeat period; an instance silent for
-    /// [`crate::instance::alive_window`] of it is no longer alive.
+    /// [`leasekeeper_core::instance::alive_window`] of it is no longer alive.
     pub renew_interval: Duration,
     /// The lease TTL; a worker silent for longer is no longer alive.
     pub lease_ttl: Duration,
@@ -70,12 +55,12 @@ pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
     use super::split_brain::{MAX_EVENTS, WINDOW, check};
     let mut conn = at.pool.acquire().await?;
     let counts = counts(&mut conn).await?;
-    let alive_window = crate::instance::alive_window(at.renew_interval);
-    let instances = crate::instance::store::list(&mut conn, alive_window).await?;
+    let alive_window = leasekeeper_core::instance::alive_window(at.renew_interval);
+    let instances = leasekeeper_core::instance::store::list(&mut conn, alive_window).await?;
     // A simulated worker dies with its instance: leave out those of dead
     // instances at once, not only when their own rows go stale.
-    let dead = crate::instance::dead_ids(&instances);
-    let workers: Vec<_> = crate::worker::registry::list_alive(&mut conn, at.lease_ttl)
+    let dead = leasekeeper_core::instance::dead_ids(&instances);
+    let workers: Vec<_> = leasekeeper_core::worker::registry::list_alive(&mut conn, at.lease_ttl)
         .await?
         .into_iter()
         .filter(|w| w.alive_given(&dead))

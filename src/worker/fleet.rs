@@ -9,19 +9,19 @@
 //! same, except that the fleet starts a replacement after a delay, as a
 //! process supervisor would; an operator's kill is not replaced.
 
-use super::chaos::{Chaos, ChaosSettings};
-use super::registry;
-use super::run::{Controls, Exit, Worker, WorkerConfig};
-use super::simulated;
-use super::transport::InProcess;
-use super::transport::Report;
-use super::{WorkerInfo, WorkerKind, WorkerState};
-use crate::lease::Holder;
-use crate::lease::store::record_operator_action;
-use crate::live::LiveHub;
-use crate::queue::ClaimFilter;
-use crate::queue::wake::WorkSignal;
 use crate::settings::Settings;
+use leasekeeper_core::lease::Holder;
+use leasekeeper_core::lease::store::record_operator_action;
+use leasekeeper_core::live::LiveHub;
+use leasekeeper_core::queue::ClaimFilter;
+use leasekeeper_core::queue::wake::WorkSignal;
+use leasekeeper_core::worker::Report;
+use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
+use leasekeeper_core::worker::in_process::InProcess;
+use leasekeeper_core::worker::registry;
+use leasekeeper_core::worker::run::{Controls, Exit, Worker, WorkerConfig};
+use leasekeeper_core::worker::simulated;
+use leasekeeper_core::worker::{WorkerInfo, WorkerKind, WorkerState};
 use sqlx::{Connection, PgPool};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -341,7 +341,8 @@ impl Fleet {
         registry::mark(&mut tx, id, WorkerState::Crashed).await?;
         // Its leases stay live (a kill releases nothing): the stopwatch
         // runs until another worker takes them over.
-        crate::lease::stopwatch::record_kill(&mut tx, "worker", id, &[id.to_string()]).await?;
+        leasekeeper_core::lease::stopwatch::record_kill(&mut tx, "worker", id, &[id.to_string()])
+            .await?;
         tx.commit().await?;
         Ok(())
     }

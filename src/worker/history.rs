@@ -1,7 +1,7 @@
 //! The client's side of the history: every claim, heartbeat, completion and
 //! failure report a worker process sends, with what it saw come back: what
 //! `leasekeeper worker --history FILE` writes, and what the fault harness
-//! (`leasekeeper chaos`) reads back to check against the database.
+//! (`leasekeeper-tools chaos`) reads back to check against the database.
 //!
 //! [`Recorded`] wraps a worker's [`Transport`] and appends one JSON line per
 //! call to a file once the call returns (claims that found nothing are left
@@ -16,8 +16,9 @@
 //! may not have happened, e.g. when the connection dropped after the server
 //! committed).
 
-use crate::lease::Holder;
-use crate::worker::transport::{Claim, Report, Transport, TransportError};
+use leasekeeper_core::lease::Holder;
+use leasekeeper_core::worker::Report;
+use leasekeeper_core::worker::transport::{Claim, ClaimRef, Transport, TransportError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::io::Write;
@@ -120,6 +121,24 @@ impl<T: Transport> Recorded<T> {
             tracing::error!(error = %e, "cannot append to the history file");
         }
     }
+
+    /// [`Recorded::record`] for a write to a claimed task.
+    fn record_write<R>(
+        &self,
+        claim: ClaimRef<'_>,
+        op: OpKind,
+        sent_ms: i64,
+        result: &Result<R, TransportError>,
+    ) {
+        self.record(
+            claim.worker,
+            op,
+            Some(claim.task_id),
+            Some(claim.token),
+            sent_ms,
+            result,
+        );
+    }
 }
 
 impl<T: Transport> Transport for Recorded<T> {
@@ -143,62 +162,24 @@ impl<T: Transport> Transport for Recorded<T> {
         result
     }
 
-    async fn heartbeat(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-    ) -> Result<Option<Duration>, TransportError> {
+    async fn heartbeat(&self, claim: ClaimRef<'_>) -> Result<Option<Duration>, TransportError> {
         let sent = now_ms();
-        let result = self.inner.heartbeat(worker, task_id, token).await;
-        self.record(
-            worker,
-            OpKind::Heartbeat,
-            Some(task_id),
-            Some(token),
-            sent,
-            &result,
-        );
+        let result = self.inner.heartbeat(claim).await;
+        self.record_write(claim, OpKind::Heartbeat, sent, &result);
         result
     }
 
-    async fn complete(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-        output: &Value,
-    ) -> Result<(), TransportError> {
+    async fn complete(&self, claim: ClaimRef<'_>, output: &Value) -> Result<(), TransportError> {
         let sent = now_ms();
-        let result = self.inner.complete(worker, task_id, token, output).await;
-        self.record(
-            worker,
-            OpKind::Complete,
-            Some(task_id),
-            Some(token),
-            sent,
-            &result,
-        );
+        let result = self.inner.complete(claim, output).await;
+        self.record_write(claim, OpKind::Complete, sent, &result);
         result
     }
 
-    async fn fail(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-        error: &str,
-    ) -> Result<(), TransportError> {
+    async fn fail(&self, claim: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
         let sent = now_ms();
-        let result = self.inner.fail(worker, task_id, token, error).await;
-        self.record(
-            worker,
-            OpKind::Fail,
-            Some(task_id),
-            Some(token),
-            sent,
-            &result,
-        );
+        let result = self.inner.fail(claim, error).await;
+        self.record_write(claim, OpKind::Fail, sent, &result);
         result
     }
 

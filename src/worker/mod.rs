@@ -3,8 +3,6 @@
 //! worker loop, its transports and the `workers` table are the library's
 //! ([`leasekeeper_core::worker`]).
 
-pub use leasekeeper_core::worker::*;
-
 #[cfg(feature = "ssr")]
 pub mod fleet;
 #[cfg(feature = "ssr")]

@@ -6,13 +6,13 @@
 //! lease runs out and another worker takes the task over. A chaos crash
 //! imitates that: the process exits at once with status 1, writing nothing.
 
-use super::chaos::Chaos;
-use super::run::{Exit, Worker};
-use super::transport::Http;
-use crate::lease::Holder;
-use crate::queue::ClaimFilter;
 use crate::settings::Settings;
 use anyhow::{Context, anyhow, bail};
+use leasekeeper_core::lease::Holder;
+use leasekeeper_core::queue::ClaimFilter;
+use leasekeeper_core::worker::chaos::Chaos;
+use leasekeeper_core::worker::http::Http;
+use leasekeeper_core::worker::run::{Exit, Worker};
 use rand::Rng;
 
 /// A worker id for a process started without `--id`: `worker-<pid>-<hex>`.
@@ -21,7 +21,7 @@ pub fn generated_id() -> String {
     format!("worker-{}-{suffix:04x}", std::process::id())
 }
 
-/// Fault-injection options of a worker process (`leasekeeper chaos` uses them).
+/// Fault-injection options of a worker process (`leasekeeper-tools chaos` uses them).
 #[derive(Clone, Debug, Default)]
 pub struct FaultOptions {
     /// Append every claim, heartbeat, completion and failure report, with
@@ -40,7 +40,7 @@ pub async fn run(
     faults: FaultOptions,
 ) -> anyhow::Result<()> {
     let id = Holder::parse(id.unwrap_or_else(generated_id)).context("--id")?;
-    let handlers = super::simulated::handlers(&settings.chaos_settings());
+    let handlers = leasekeeper_core::worker::simulated::handlers(&settings.chaos_settings());
     let transport = Http::new(server)
         .map_err(|e| anyhow!(e))?
         .serving(ClaimFilter::default().kinds(handlers.kinds()));

@@ -7,8 +7,8 @@ use http_body_util::BodyExt;
 use leasekeeper::server::{leptos_options, router};
 use leasekeeper::settings::{SettingArgs, Settings};
 use leasekeeper::state::AppState;
-use leasekeeper::worker::chaos::ChaosSettings;
 use leasekeeper::worker::fleet::{Fleet, FleetConfig};
+use leasekeeper_core::worker::chaos::ChaosSettings;
 use serde_json::Value;
 use std::sync::Arc;
 use tower::ServiceExt;
@@ -21,7 +21,7 @@ pub struct Api {
     /// The instance's simulated workers (none until spawned).
     pub fleet: Fleet,
     /// The instance's live hub, detached: tests publish to it by hand.
-    pub live: leasekeeper::live::LiveHub,
+    pub live: leasekeeper_core::live::LiveHub,
 }
 
 impl Api {
@@ -49,7 +49,7 @@ impl Api {
             },
             None,
         );
-        let live = leasekeeper::live::LiveHub::detached();
+        let live = leasekeeper_core::live::LiveHub::detached();
         let state = AppState {
             leptos_options: leptos_options(&settings),
             pool: db.pool.clone(),

@@ -6,9 +6,10 @@ use crate::api::Api;
 use crate::common::{TestDb, holder};
 use crate::terms::{assert_tasks_follow_terms, assert_terms_do_not_overlap};
 use axum::http::{Method, StatusCode};
-use leasekeeper::generator::{Desired, Generator, GeneratorConfig, RESOURCE, store};
-use leasekeeper::lease::client::LeaseTiming;
-use leasekeeper::lease::singleton::State;
+use leasekeeper::generator::{Generator, GeneratorConfig};
+use leasekeeper_core::generator::{Desired, RESOURCE, store};
+use leasekeeper_core::lease::client::LeaseTiming;
+use leasekeeper_core::lease::singleton::State;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -214,8 +215,8 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
             &mut pool.acquire().await.unwrap(),
             &holder(who),
             crashed_token,
-            leasekeeper::queue::NewTask::new(
-                leasekeeper::worker::simulated::KIND,
+            leasekeeper_core::queue::NewTask::new(
+                leasekeeper_core::worker::simulated::KIND,
                 json!({"sleep_duration_seconds": 1}),
             ),
         )
@@ -267,8 +268,8 @@ async fn the_fenced_insert_needs_the_live_lease_with_that_token() {
                 &mut pool.acquire().await.unwrap(),
                 &me,
                 token,
-                leasekeeper::queue::NewTask::new(
-                    leasekeeper::worker::simulated::KIND,
+                leasekeeper_core::queue::NewTask::new(
+                    leasekeeper_core::worker::simulated::KIND,
                     json!({"sleep_duration_seconds": 3}),
                 ),
             )
@@ -277,7 +278,7 @@ async fn the_fenced_insert_needs_the_live_lease_with_that_token() {
         }
     };
     assert!(insert(1).await.is_none(), "no lease at all");
-    let lease = leasekeeper::lease::store::acquire(
+    let lease = leasekeeper_core::lease::store::acquire(
         &mut conn,
         &crate::common::resource(RESOURCE),
         &me,
@@ -364,7 +365,7 @@ async fn rest_start_and_stop_set_the_desired_state_and_record_the_operator() {
     let (s, instances) = api.get("/api/instances").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(instances, json!([]));
-    leasekeeper::instance::store::register(
+    leasekeeper_core::instance::store::register(
         &mut api.db.pool.acquire().await.unwrap(),
         "i-other",
         "127.0.0.1:9",
@@ -387,7 +388,7 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
     use sqlx::Connection;
     let db = TestDb::new().await;
     let resource = crate::common::resource(RESOURCE);
-    let old = leasekeeper::lease::store::acquire(
+    let old = leasekeeper_core::lease::store::acquire(
         &mut db.pool.acquire().await.unwrap(),
         &resource,
         &holder("i-a"),
@@ -405,7 +406,7 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
         .execute(&mut *takeover)
         .await
         .unwrap();
-    let new = leasekeeper::lease::store::acquire(
+    let new = leasekeeper_core::lease::store::acquire(
         &mut takeover,
         &resource,
         &holder("i-b"),
@@ -422,8 +423,8 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
             &mut pool.acquire().await.unwrap(),
             &holder("i-a"),
             old.fencing_token,
-            leasekeeper::queue::NewTask::new(
-                leasekeeper::worker::simulated::KIND,
+            leasekeeper_core::queue::NewTask::new(
+                leasekeeper_core::worker::simulated::KIND,
                 json!({"sleep_duration_seconds": 1}),
             ),
         )

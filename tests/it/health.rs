@@ -3,7 +3,7 @@
 
 use crate::api::Api;
 use axum::http::StatusCode;
-use leasekeeper::db::MIGRATOR;
+use leasekeeper_core::db::MIGRATOR;
 
 #[tokio::test]
 async fn healthz_answers_while_the_process_runs_even_without_a_database() {

@@ -9,7 +9,7 @@ use crate::api::Api;
 use crate::common::{TestDb, holder};
 use axum::http::StatusCode;
 use leasekeeper::http::MAX_BODY_BYTES;
-use leasekeeper::queue::store::{self, MAX_ERROR_CHARS, RetryPolicy};
+use leasekeeper_core::queue::store::{self, MAX_ERROR_CHARS, RetryPolicy};
 use serde_json::json;
 use std::time::Duration;
 
@@ -182,8 +182,11 @@ async fn the_task_store_cuts_a_long_failure_message_to_the_limit() {
     let mut conn = db.pool.acquire().await.unwrap();
     store::enqueue(
         &mut conn,
-        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
-            .max_attempts(3),
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
+            json!({}),
+        )
+        .max_attempts(3),
     )
     .await
     .unwrap();

@@ -5,9 +5,10 @@ use crate::api::Api;
 use crate::common::{TestDb, holder};
 use axum::body::Body;
 use http_body_util::BodyExt;
-use leasekeeper::generator::{self, Desired};
-use leasekeeper::live::{LiveHub, Topics};
-use leasekeeper::queue::store as tasks;
+use leasekeeper::generator;
+use leasekeeper_core::generator::Desired;
+use leasekeeper_core::live::{LiveHub, Topics};
+use leasekeeper_core::queue::store as tasks;
 use serde_json::json;
 use std::time::Duration;
 use tokio::sync::broadcast::Receiver;
@@ -44,8 +45,8 @@ async fn a_task_enqueued_through_one_instance_reaches_the_other() {
     let mut conn = db.pool.acquire().await.unwrap();
     tasks::enqueue(
         &mut conn,
-        &leasekeeper::queue::NewTask::new(
-            leasekeeper::worker::simulated::KIND,
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
             json!({"sleep_duration_seconds": 1}),
         )
         .max_attempts(3),

@@ -8,8 +8,8 @@
 use crate::api::Api;
 use axum::http::StatusCode;
 use http_body_util::BodyExt;
-use leasekeeper::lease::store as leases;
-use leasekeeper::queue::{NewTask, store as tasks};
+use leasekeeper_core::lease::store as leases;
+use leasekeeper_core::queue::{NewTask, store as tasks};
 use serde_json::json;
 use std::time::Duration;
 
@@ -36,8 +36,8 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
     let before = scrape(&api).await;
     let count = |text: &str, series: &str| sample(text, series).unwrap_or(0.0);
     let mut conn = api.db.pool.acquire().await.unwrap();
-    let holder = |n: &str| leasekeeper::lease::Holder::parse(n).unwrap();
-    let resource = |n: &str| leasekeeper::lease::Resource::parse(n).unwrap();
+    let holder = |n: &str| leasekeeper_core::lease::Holder::parse(n).unwrap();
+    let resource = |n: &str| leasekeeper_core::lease::Resource::parse(n).unwrap();
     for i in 0..5 {
         tasks::enqueue(&mut conn, &NewTask::new("sleep", json!({ "i": i })))
             .await

@@ -5,10 +5,10 @@
 
 use crate::api::Api;
 use crate::common::{TestDb, holder, resource};
-use leasekeeper::lease::store as leases;
 use leasekeeper::overview::{Counts, split_brain, store as overview};
-use leasekeeper::queue::TaskStatus;
-use leasekeeper::queue::store::{self, RetryPolicy};
+use leasekeeper_core::lease::store as leases;
+use leasekeeper_core::queue::TaskStatus;
+use leasekeeper_core::queue::store::{self, RetryPolicy};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -85,8 +85,11 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
     }
     store::enqueue(
         &mut conn,
-        &leasekeeper::queue::NewTask::new(leasekeeper::worker::simulated::KIND, json!({}))
-            .max_attempts(3),
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
+            json!({}),
+        )
+        .max_attempts(3),
     )
     .await
     .unwrap();

@@ -3,10 +3,10 @@
 //! errors and panics, and fenced transactional effects.
 
 use crate::common::TestDb;
-use leasekeeper::queue::store::{self, RetryPolicy};
-use leasekeeper::queue::{NewTask, Task, TaskStatus};
-use leasekeeper::worker::handler::{Done, HandlerResult, Job, TaskContext};
-use leasekeeper::worker::runtime::{Runtime, RuntimeError};
+use leasekeeper_core::queue::store::{self, RetryPolicy};
+use leasekeeper_core::queue::{NewTask, Task, TaskStatus};
+use leasekeeper_core::worker::handler::{Done, HandlerResult, Job, TaskContext};
+use leasekeeper_core::worker::runtime::{Runtime, RuntimeError};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -6,15 +6,15 @@
 use crate::api::Api;
 use crate::common::{TestDb, holder, resource};
 use axum::http::StatusCode;
-use leasekeeper::db::{Database, MIGRATOR, Schema, migrate};
-use leasekeeper::instance;
-use leasekeeper::lease::store as leases;
-use leasekeeper::live::{LiveHub, Topics};
-use leasekeeper::queue::store as tasks;
 use leasekeeper::settings::{SettingArgs, Settings};
-use leasekeeper::worker::registry;
-use leasekeeper::worker::transport::Report;
-use leasekeeper::worker::{WorkerKind, WorkerState};
+use leasekeeper_core::db::{Database, MIGRATOR, Schema, migrate};
+use leasekeeper_core::instance;
+use leasekeeper_core::lease::store as leases;
+use leasekeeper_core::live::{LiveHub, Topics};
+use leasekeeper_core::queue::store as tasks;
+use leasekeeper_core::worker::Report;
+use leasekeeper_core::worker::registry;
+use leasekeeper_core::worker::{WorkerKind, WorkerState};
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;
 use sqlx::{ConnectOptions, Connection, PgConnection};
@@ -184,8 +184,8 @@ async fn two_schemas_in_one_database_are_independent() {
 
     let first_a = tasks::enqueue(
         &mut a,
-        &leasekeeper::queue::NewTask::new(
-            leasekeeper::worker::simulated::KIND,
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
             json!({"in": "default"}),
         )
         .max_attempts(3),
@@ -194,8 +194,8 @@ async fn two_schemas_in_one_database_are_independent() {
     .unwrap();
     tasks::enqueue(
         &mut a,
-        &leasekeeper::queue::NewTask::new(
-            leasekeeper::worker::simulated::KIND,
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
             json!({"in": "default"}),
         )
         .max_attempts(3),
@@ -204,8 +204,8 @@ async fn two_schemas_in_one_database_are_independent() {
     .unwrap();
     let first_b = tasks::enqueue(
         &mut b,
-        &leasekeeper::queue::NewTask::new(
-            leasekeeper::worker::simulated::KIND,
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
             json!({"in": "svc_a"}),
         )
         .max_attempts(3),
@@ -404,8 +404,8 @@ async fn the_dashboard_on_a_hosts_database_shows_its_schema() {
         enqueued.push(
             tasks::enqueue(
                 &mut conn,
-                &leasekeeper::queue::NewTask::new(
-                    leasekeeper::worker::simulated::KIND,
+                &leasekeeper_core::queue::NewTask::new(
+                    leasekeeper_core::worker::simulated::KIND,
                     json!({"order": order}),
                 )
                 .max_attempts(3),

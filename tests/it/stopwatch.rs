@@ -4,8 +4,8 @@
 
 use crate::api::Api;
 use crate::common::{TestDb, holder, resource};
-use leasekeeper::lease::stopwatch::{recent, record_kill};
-use leasekeeper::lease::store as leases;
+use leasekeeper_core::lease::stopwatch::{recent, record_kill};
+use leasekeeper_core::lease::store as leases;
 use serde_json::json;
 use std::time::Duration;
 
@@ -181,12 +181,12 @@ async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
 
 #[tokio::test]
 async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
-    use leasekeeper::queue::{NewTask, TaskStatus, store as tasks};
+    use leasekeeper_core::queue::{NewTask, TaskStatus, store as tasks};
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     let task = tasks::enqueue(
         &mut conn,
-        &NewTask::new(leasekeeper::worker::simulated::KIND, json!({})).max_attempts(1),
+        &NewTask::new(leasekeeper_core::worker::simulated::KIND, json!({})).max_attempts(1),
     )
     .await
     .unwrap();

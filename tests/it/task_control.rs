@@ -158,7 +158,7 @@ async fn cancelling_a_started_task_ends_its_claim_and_refuses_its_holder() {
 #[tokio::test]
 async fn bulk_cancel_and_retry_take_every_matching_task_in_batches() {
     let api = Api::new().await;
-    let n = leasekeeper::queue::control::BATCH as usize * 2 + 37;
+    let n = leasekeeper_core::queue::control::BATCH as usize * 2 + 37;
     sqlx::query(
         "INSERT INTO tasks (kind, task_data)
          SELECT CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, '{}'

@@ -2,7 +2,7 @@
 //! (this file is also included by `tests/generator_failover.rs`): the
 //! generator's terms never overlap, and neither do the tasks they produced.
 
-use leasekeeper::generator::RESOURCE;
+use leasekeeper_core::generator::RESOURCE;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
 

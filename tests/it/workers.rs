@@ -5,13 +5,13 @@
 //! after its lease ran out; 32 workers sharing 100 tasks without overlap.
 
 use crate::common::TestDb;
-use leasekeeper::lease::LeaseEvent;
-use leasekeeper::queue::store;
-use leasekeeper::queue::{Task, TaskStatus};
-use leasekeeper::worker::chaos::ChaosSettings;
 use leasekeeper::worker::fleet::{Fleet, FleetConfig, FleetError};
-use leasekeeper::worker::run::WorkerConfig;
-use leasekeeper::worker::{WorkerInfo, WorkerState, registry};
+use leasekeeper_core::lease::LeaseEvent;
+use leasekeeper_core::queue::store;
+use leasekeeper_core::queue::{Task, TaskStatus};
+use leasekeeper_core::worker::chaos::ChaosSettings;
+use leasekeeper_core::worker::run::WorkerConfig;
+use leasekeeper_core::worker::{WorkerInfo, WorkerState, registry};
 use serde_json::json;
 use std::future::Future;
 use std::sync::Arc;
@@ -56,8 +56,8 @@ async fn enqueue(db: &TestDb, sleep_secs: u64, n: usize) -> Vec<i32> {
     for _ in 0..n {
         let task = store::enqueue(
             &mut conn,
-            &leasekeeper::queue::NewTask::new(
-                leasekeeper::worker::simulated::KIND,
+            &leasekeeper_core::queue::NewTask::new(
+                leasekeeper_core::worker::simulated::KIND,
                 json!({ "sleep_duration_seconds": sleep_secs }),
             )
             .max_attempts(5),
@@ -302,8 +302,8 @@ async fn thirty_two_workers_share_a_hundred_tasks_without_overlap() {
 
 /// A fleet on `db` whose workers poll only every 120 s, and the live hub
 /// that wakes them: only a wake-up explains a quick claim.
-fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper::live::LiveHub) {
-    let live = leasekeeper::live::LiveHub::start(db.pool.clone());
+fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper_core::live::LiveHub) {
+    let live = leasekeeper_core::live::LiveHub::start(db.pool.clone());
     let mut config = WorkerConfig::new(TTL, TTL / 3);
     config.poll = Duration::from_secs(120)..=Duration::from_secs(120);
     let fleet = Fleet::new(
@@ -366,7 +366,7 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     let ids = enqueue(&db, 0, 1).await;
     let held = store::claim_next(
         &mut db.pool.acquire().await.unwrap(),
-        &leasekeeper::lease::Holder::parse("by-hand").unwrap(),
+        &leasekeeper_core::lease::Holder::parse("by-hand").unwrap(),
         Duration::from_secs(600),
     )
     .await
@@ -376,9 +376,9 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     fleet.spawn().await.unwrap();
     idle(&db, "inst-f-w1").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let lease = leasekeeper::lease::store::get_by_resource(
+    let lease = leasekeeper_core::lease::store::get_by_resource(
         &mut db.pool.acquire().await.unwrap(),
-        &leasekeeper::lease::Resource::parse(Task::resource_name(held.id)).unwrap(),
+        &leasekeeper_core::lease::Resource::parse(Task::resource_name(held.id)).unwrap(),
     )
     .await
     .unwrap()

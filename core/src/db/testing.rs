@@ -264,3 +264,22 @@ async fn template() -> &'static str {
         })
         .await
 }
+
+/// Shorthand for a validated resource name.
+pub fn resource(name: &str) -> crate::lease::Resource {
+    crate::lease::Resource::parse(name).expect("valid resource")
+}
+
+/// Shorthand for a validated holder name.
+pub fn holder(name: &str) -> crate::lease::Holder {
+    crate::lease::Holder::parse(name).expect("valid holder")
+}
+
+/// The kinds of `resource`'s events in order, oldest first.
+pub async fn event_kinds(pool: &PgPool, resource: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT kind FROM lease_events WHERE resource = $1 ORDER BY id")
+        .bind(resource)
+        .fetch_all(pool)
+        .await
+        .expect("reading lease events")
+}

@@ -1,4 +1,5 @@
-//! The instance store: every SQL statement that reads or changes `instances`.
+//! The instance store: registering, heartbeating and reading instances.
+//! (Retention deletes dead ones: `maintenance`.)
 
 use super::Instance;
 use crate::generator::RESOURCE as GENERATOR;

@@ -1,7 +1,7 @@
 //! The singleton lock: run one piece of work on exactly one instance, guarded
 //! by a lease, and hand it over when that instance dies.
 //!
-//! The states (SPEC §4), and why each exists:
+//! The states, and why each exists:
 //!
 //! - `Idle`: not wanted; holds nothing.
 //! - `Acquiring`: asking the database for the lease.

@@ -1,4 +1,7 @@
-//! The lease store: every SQL statement that reads or changes `leases`.
+//! The lease store: acquiring, renewing, releasing and reading leases, and
+//! their history in `lease_events`. (The queue claims and ends task leases
+//! in its own statements, `queue::store`; retention deletes old rows,
+//! `maintenance`.)
 //!
 //! Each statement that decides who owns what is a single statement whose
 //! WHERE clause is re-checked by PostgreSQL on the newest row version under

@@ -149,7 +149,9 @@ pub async fn prune_once(
                 }
                 _ => store::prune_dead(&mut conn, retention, batch).await?,
             };
-            crate::metrics::pruned(&pruned);
+            for table in Table::ALL {
+                crate::metrics::pruned(table.as_str(), pruned.get(table));
+            }
             total.add(&pruned);
             // A batch short of full found the end of what is old enough.
             let full = pruned.get(walked) as usize >= batch

@@ -1,5 +1,6 @@
-//! Operator controls on tasks: cancel and retry, one task or every task
-//! matching a filter.
+//! Operator controls on tasks and leases: cancel and retry, one task or
+//! every task matching a filter; and force-release of a lease (ending a
+//! task's claim with it).
 //!
 //! - **Cancel** takes a pending or started task out of the queue (status
 //!   `cancelled`). A started task's claim ends with it: its lease is
@@ -30,6 +31,8 @@
 
 use super::store::{TASK_COLUMNS, TaskError};
 use super::{Task, TaskStatus};
+use crate::lease::Lease;
+use crate::lease::store as lease_store;
 use crate::live::{self, Topics};
 use sqlx::{Connection, FromRow, PgConnection, PgPool, Row};
 use std::time::Duration;
@@ -334,4 +337,44 @@ async fn finish(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// Ends the term of lease `id` whose fencing token is `token` now, whoever
+/// holds it, and records that `by` did it, in one transaction. A task
+/// lease's claim ends with it, so another worker may take the task over at
+/// once and the old processor's writes are refused. Answers the ended
+/// lease, or `None` when that term is not live any more (it ended, or
+/// another term began): then nothing changed. Announces
+/// [`Topics::LEASES`] and [`Topics::TASKS`], and [`Topics::WORK`] when a
+/// task became claimable.
+pub async fn force_release(
+    conn: &mut PgConnection,
+    id: i32,
+    token: i64,
+    by: &str,
+) -> Result<Option<Lease>, sqlx::Error> {
+    let _announced = live::announce_on_return(Topics::LEASES | Topics::TASKS);
+    let mut tx = conn.begin().await?;
+    // The race (an operator's release against the holder's renew or a
+    // takeover) is settled in `lease_store::force_release`'s statement.
+    let Some(lease) = lease_store::force_release(&mut tx, id, token).await? else {
+        return Ok(None);
+    };
+    // A task lease's claim ends with it, in the same transaction.
+    let freed_a_task = super::store::end_claim_of(&mut tx, &lease).await?;
+    lease_store::record_operator_action(
+        &mut tx,
+        &lease.resource,
+        by,
+        "force_release",
+        serde_json::json!({"lease_id": id, "fencing_token": token, "holder": lease.holder}),
+    )
+    .await?;
+    tx.commit().await?;
+    if freed_a_task {
+        // The task is claimable now: wake idle workers, as an enqueue does
+        // (after the commit, so a woken worker finds it).
+        live::announce(Topics::WORK);
+    }
+    Ok(Some(lease))
 }

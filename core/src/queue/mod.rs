@@ -359,6 +359,42 @@ impl ClaimRequest {
     }
 }
 
+/// The body of `PUT /api/tasks/{id}/heartbeat`, one type for the server
+/// and the HTTP worker transport: the claim a write presents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HeartbeatBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    pub fencing_token: i64,
+}
+
+/// The body of `PUT /api/tasks/{id}/complete` (server and HTTP transport).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CompleteBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    pub fencing_token: i64,
+    /// What the work produced (any JSON).
+    pub task_output: Option<serde_json::Value>,
+}
+
+/// The body of `PUT /api/tasks/{id}/fail` (server and HTTP transport).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FailBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    pub fencing_token: i64,
+    /// Why the attempt failed (at most 4096 characters, no NUL).
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
+    pub error: String,
+}
+
 /// A task with the history of its lease, for the detail view.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskDetail {

@@ -1,4 +1,6 @@
-//! The task store: every SQL statement that reads or changes `tasks`.
+//! The task store: enqueueing, claiming, heartbeats, completion and
+//! failure, and the task lists. (Operator cancel and retry are in
+//! `queue::control`; retention deletes old tasks, `maintenance`.)
 //!
 //! A claim takes the task's lease (`task:<id>`) in the same transaction as
 //! it marks the task started, so the task row and its lease never disagree.

@@ -26,10 +26,10 @@
 //! the previous statement returns goes in the next), so a lone claim or
 //! heartbeat waits for nothing. The completer's linger is the one delay
 //! batching adds to a task (the benchmark measures it: `fleet_single_task`
-//! keys of `leasekeeper bench`).
+//! keys of `leasekeeper-tools bench`).
 
 use super::registry;
-use super::run::Tally;
+use super::transport::Tally;
 use super::transport::{Claim, TransportError, ms};
 use super::{Report, WorkerKind};
 use crate::lease::Holder;

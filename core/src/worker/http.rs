@@ -1,11 +1,12 @@
 //! The HTTP transport (feature `http-client`): a worker in another process
 //! reaches the queue through an instance's REST API.
 
-use super::transport::{Claim, Report, Transport, TransportError, ms};
+use super::Report;
+use super::transport::{Claim, ClaimRef, Transport, TransportError, ms};
 use crate::lease::Holder;
-use crate::queue::{ClaimFilter, ClaimRequest};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use crate::queue::{ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, Task};
+use serde::Serialize;
+use serde_json::Value;
 use std::time::Duration;
 
 /// The HTTP transport: calls the REST API of a leasekeeper instance.
@@ -15,19 +16,6 @@ pub struct Http {
     client: reqwest::Client,
     base: reqwest::Url,
     filter: ClaimFilter,
-}
-
-/// The parts of a task answer a worker reads.
-#[derive(Deserialize)]
-struct TaskAnswer {
-    id: i32,
-    fencing_token: Option<i64>,
-    kind: String,
-    queue: String,
-    attempts: i32,
-    #[serde(default)]
-    task_data: Value,
-    heartbeat_in_ms: Option<i64>,
 }
 
 impl Http {
@@ -73,7 +61,7 @@ impl Http {
         &self,
         method: reqwest::Method,
         segments: &[&str],
-        body: &Value,
+        body: &(impl Serialize + ?Sized),
     ) -> Result<(reqwest::StatusCode, Value), TransportError> {
         let url = self.url(segments);
         let response = self
@@ -94,7 +82,7 @@ impl Http {
         &self,
         task_id: i32,
         op: &str,
-        body: &Value,
+        body: &(impl Serialize + ?Sized),
     ) -> Result<Value, TransportError> {
         let id = task_id.to_string();
         let (status, answer) = self
@@ -125,12 +113,12 @@ impl Transport for Http {
             .call(
                 reqwest::Method::POST,
                 &["api", "tasks", "next"],
-                &json!(ClaimRequest::new(worker.clone(), &self.filter)),
+                &ClaimRequest::new(worker.clone(), &self.filter),
             )
             .await?;
         match status {
             reqwest::StatusCode::ACCEPTED => {
-                let task: TaskAnswer = serde_json::from_value(body).map_err(|e| {
+                let task: Task = serde_json::from_value(body).map_err(|e| {
                     TransportError::Transient(format!("unreadable claimed task: {e}"))
                 })?;
                 let token = task.fencing_token.ok_or_else(|| {
@@ -154,62 +142,54 @@ impl Transport for Http {
         }
     }
 
-    async fn heartbeat(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-    ) -> Result<Option<Duration>, TransportError> {
+    async fn heartbeat(&self, claim: ClaimRef<'_>) -> Result<Option<Duration>, TransportError> {
         let body = self
             .task_write(
-                task_id,
+                claim.task_id,
                 "heartbeat",
-                &json!({ "processor": worker, "fencing_token": token }),
+                &HeartbeatBody {
+                    processor: claim.worker.clone(),
+                    fencing_token: claim.token,
+                },
             )
             .await?;
         Ok(ms(body["heartbeat_in_ms"].as_i64()))
     }
 
-    async fn complete(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-        output: &Value,
-    ) -> Result<(), TransportError> {
+    async fn complete(&self, claim: ClaimRef<'_>, output: &Value) -> Result<(), TransportError> {
         self.task_write(
-            task_id,
+            claim.task_id,
             "complete",
-            &json!({ "processor": worker, "fencing_token": token, "task_output": output }),
+            &CompleteBody {
+                processor: claim.worker.clone(),
+                fencing_token: claim.token,
+                task_output: Some(output.clone()),
+            },
         )
         .await?;
         Ok(())
     }
 
-    async fn fail(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-        error: &str,
-    ) -> Result<(), TransportError> {
+    async fn fail(&self, claim: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
         self.task_write(
-            task_id,
+            claim.task_id,
             "fail",
-            &json!({ "processor": worker, "fencing_token": token, "error": error }),
+            &FailBody {
+                processor: claim.worker.clone(),
+                fencing_token: claim.token,
+                error: error.to_owned(),
+            },
         )
         .await?;
         Ok(())
     }
 
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
-        let body = serde_json::to_value(report)
-            .map_err(|e| TransportError::Transient(format!("cannot encode the report: {e}")))?;
         let (status, body) = self
             .call(
                 reqwest::Method::PUT,
                 &["api", "workers", worker.as_str()],
-                &body,
+                report,
             )
             .await?;
         if status.is_success() {
@@ -223,6 +203,7 @@ impl Transport for Http {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn http_urls_keep_the_base_path_and_encode_segments() {

@@ -11,10 +11,10 @@
 //!
 //! The same loop ([`run::Worker`]) runs
 //! - inside each instance, as simulated workers over the in-process
-//!   transport ([`transport::InProcess`]), managed by the dashboard's fleet,
+//!   transport ([`in_process::InProcess`]), managed by the dashboard's fleet,
 //!   which can spawn, pause and kill them; and
 //! - as a separate `leasekeeper worker --server URL` process over the REST
-//!   API (`transport::Http`, feature `http-client`), where `kill -9` is the
+//!   API (`http::Http`, feature `http-client`), where `kill -9` is the
 //!   real crash.
 //!
 //! This module holds the types the server and the browser share (a row of
@@ -28,6 +28,8 @@ pub mod chaos;
 pub mod handler;
 #[cfg(feature = "http-client")]
 pub mod http;
+#[cfg(feature = "postgres")]
+pub mod in_process;
 #[cfg(feature = "postgres")]
 pub mod registry;
 #[cfg(feature = "postgres")]

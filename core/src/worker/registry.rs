@@ -1,4 +1,5 @@
-//! The `workers` table: every SQL statement that reads or changes it.
+//! The `workers` table: registering, reporting and reading workers.
+//! (Retention deletes dead ones: `maintenance`.)
 //!
 //! Workers report themselves on every state change and heartbeat (see
 //! [`Report`]); the fleet marks the ones it kills. The table is for

@@ -30,10 +30,11 @@
 //! it gets [`WorkerConfig::lost_grace`] to return; whatever it answers then
 //! is discarded. A task whose kind has no handler fails its attempt.
 
+use super::Report;
 use super::WorkerState;
 use super::chaos::Chaos;
 use super::handler::{Handler, Handlers, SimulatedCrash, TaskContext};
-use super::transport::{Claim, Report, Transport, TransportError};
+use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::lease::Holder;
 use crate::queue::store::FencedTransaction;
 use crate::queue::wake::WorkSignal;
@@ -44,7 +45,7 @@ use std::ops::RangeInclusive;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -69,7 +70,7 @@ pub struct WorkerConfig {
     /// The longest a report to the `workers` table may hold the loop up.
     pub report_timeout: Duration,
     /// Fault injection only (`leasekeeper worker --trust-claims`, used by
-    /// `leasekeeper chaos`): never give a claim up on this side. The local
+    /// `leasekeeper-tools chaos`): never give a claim up on this side. The local
     /// deadline is ignored and a refused heartbeat does not stop the work,
     /// so a worker frozen past its lease (SIGSTOP) resumes and sends its
     /// completion with the old token, as a process paused just after its
@@ -172,13 +173,18 @@ fn beat<T: Transport>(
 ) -> Beat {
     let (task_id, token) = (claim.task_id, claim.token);
     Box::pin(async move {
+        let claim = ClaimRef {
+            worker: &worker,
+            task_id,
+            token,
+        };
         if let Some(stall) = stall {
             tracing::warn!(worker = %worker, task_id, stall_ms = stall.as_millis() as u64,
                 "chaos: stalling before a heartbeat (latency spike)");
             sleep(stall).await;
         }
         let sent = Instant::now();
-        let answer = transport.heartbeat(&worker, task_id, token).await;
+        let answer = transport.heartbeat(claim).await;
         (sent, answer)
     })
 }
@@ -225,27 +231,6 @@ pub struct Worker<T> {
     commands: mpsc::UnboundedReceiver<Command>,
     tally: Arc<Tally>,
     last_report: Instant,
-}
-
-/// A worker's count of tasks completed and abandoned, shared with the
-/// transport's completer, which counts the completions handed to it once
-/// they are written.
-#[derive(Debug, Default)]
-pub struct Tally {
-    /// Tasks completed.
-    pub done: AtomicI32,
-    /// Tasks given up because the claim was lost.
-    pub abandoned: AtomicI32,
-}
-
-impl Tally {
-    fn done(&self) -> i32 {
-        self.done.load(Ordering::Relaxed)
-    }
-
-    fn abandoned(&self) -> i32 {
-        self.abandoned.load(Ordering::Relaxed)
-    }
 }
 
 impl<T: Transport> Worker<T> {
@@ -537,11 +522,7 @@ impl<T: Transport> Worker<T> {
     /// Sends the completion, retrying transient failures until the deadline.
     async fn complete(&mut self, claim: &Claim, output: &Value, deadline: Instant) -> Flow {
         loop {
-            match self
-                .transport
-                .complete(&self.id, claim.task_id, claim.token, output)
-                .await
-            {
+            match self.transport.complete(claim.by(&self.id), output).await {
                 Ok(()) => {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token, "completed a task");
@@ -600,11 +581,7 @@ impl<T: Transport> Worker<T> {
         // Cut here too: over REST a longer message would be refused (400)
         // and the task would wait out its lease instead of being retried.
         let why = &*crate::queue::store::bounded_error(why);
-        match self
-            .transport
-            .fail(&self.id, claim.task_id, claim.token, why)
-            .await
-        {
+        match self.transport.fail(claim.by(&self.id), why).await {
             Ok(()) => {
                 tracing::warn!(worker = %self.id, task_id = claim.task_id, reason = why, "gave the task back as failed");
             }
@@ -758,13 +735,8 @@ mod tests {
             Ok(self.0.queue.lock().unwrap().pop_front())
         }
 
-        async fn heartbeat(
-            &self,
-            _: &Holder,
-            task_id: i32,
-            token: i64,
-        ) -> Result<Option<Duration>, TransportError> {
-            self.log(Call::Heartbeat(task_id, token));
+        async fn heartbeat(&self, c: ClaimRef<'_>) -> Result<Option<Duration>, TransportError> {
+            self.log(Call::Heartbeat(c.task_id, c.token));
             match self.0.beats {
                 Beats::Accept(left) => Ok(Some(left)),
                 Beats::Refuse => Err(TransportError::Lost("fencing token is not current".into())),
@@ -772,25 +744,13 @@ mod tests {
             }
         }
 
-        async fn complete(
-            &self,
-            _: &Holder,
-            task_id: i32,
-            token: i64,
-            output: &Value,
-        ) -> Result<(), TransportError> {
-            self.log(Call::Complete(task_id, token, output.clone()));
+        async fn complete(&self, c: ClaimRef<'_>, output: &Value) -> Result<(), TransportError> {
+            self.log(Call::Complete(c.task_id, c.token, output.clone()));
             Ok(())
         }
 
-        async fn fail(
-            &self,
-            _: &Holder,
-            task_id: i32,
-            token: i64,
-            error: &str,
-        ) -> Result<(), TransportError> {
-            self.log(Call::Fail(task_id, token, error.to_string()));
+        async fn fail(&self, c: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
+            self.log(Call::Fail(c.task_id, c.token, error.to_string()));
             Ok(())
         }
 

@@ -8,19 +8,15 @@
 //! could not be asked: network, database or server trouble; worth retrying
 //! while the local deadline allows).
 
-pub use super::Report;
-use super::WorkerKind;
-use super::batch::{Batcher, Batching, Finish, Setup};
+use super::Report;
 use super::handler::{Database, Job};
-use super::run::Tally;
 use crate::lease::Holder;
-use crate::queue::store::{self, RetryPolicy, TaskError};
-use crate::queue::{ClaimFilter, Task};
+use crate::queue::Task;
+use crate::queue::store::TaskError;
 use serde_json::Value;
-use sqlx::PgPool;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -56,6 +52,18 @@ pub struct Claim {
     pub remaining: Option<Duration>,
 }
 
+/// The claim a write to a claimed task presents: whose it is, and which
+/// term of the task's lease (its fencing token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimRef<'a> {
+    /// The processor holding the claim.
+    pub worker: &'a Holder,
+    /// The task.
+    pub task_id: i32,
+    /// The claim's fencing token.
+    pub token: i64,
+}
+
 /// The operations a worker needs from the queue.
 pub trait Transport: Send + Sync + 'static {
     /// Claims the next task for `worker`, or `None` when nothing is claimable.
@@ -67,26 +75,20 @@ pub trait Transport: Send + Sync + 'static {
     /// Extends the claim; answers what is left of the lease.
     fn heartbeat(
         &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
+        claim: ClaimRef<'_>,
     ) -> impl Future<Output = Result<Option<Duration>, TransportError>> + Send;
 
     /// Completes the task with `output`.
     fn complete(
         &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
+        claim: ClaimRef<'_>,
         output: &Value,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
     /// Reports a failed attempt; the queue retries it after a backoff.
     fn fail(
         &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
+        claim: ClaimRef<'_>,
         error: &str,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
@@ -123,6 +125,15 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 impl Claim {
+    /// This claim, as `worker` presents it in a write.
+    pub fn by<'a>(&self, worker: &'a Holder) -> ClaimRef<'a> {
+        ClaimRef {
+            worker,
+            task_id: self.task_id,
+            token: self.token,
+        }
+    }
+
     /// The claim as the task's [`Job`].
     pub fn job(&self) -> Job {
         Job {
@@ -153,111 +164,6 @@ pub(crate) fn ms(ms: Option<i64>) -> Option<Duration> {
     ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
-/// The in-process transport: calls [`crate::queue::store`] directly, with
-/// its workers' claims, completions, heartbeats and reports batched (see
-/// [`super::batch`]). Clones share one batcher; each builder method starts
-/// a new one.
-#[derive(Clone, Debug)]
-pub struct InProcess {
-    pool: PgPool,
-    ttl: Duration,
-    retry: RetryPolicy,
-    instance_id: Arc<str>,
-    filter: ClaimFilter,
-    kind: WorkerKind,
-    host_search_path: Arc<str>,
-    batching: Batching,
-    batcher: Arc<OnceLock<Batcher>>,
-}
-
-/// The `search_path` a handler's fenced transaction sees unless told
-/// otherwise: PostgreSQL's own default.
-pub const DEFAULT_HOST_SEARCH_PATH: &str = "\"$user\", public";
-
-impl InProcess {
-    /// Claims and heartbeats ask for `ttl`; reports name `instance_id`.
-    /// Claims take every kind in the default queue, and the workers are
-    /// recorded as simulated (see [`InProcess::serving`] and
-    /// [`InProcess::recorded_as`]).
-    pub fn new(pool: PgPool, ttl: Duration, instance_id: Arc<str>) -> Self {
-        InProcess {
-            pool,
-            ttl,
-            retry: RetryPolicy::default(),
-            instance_id,
-            filter: ClaimFilter::default(),
-            kind: WorkerKind::Simulated,
-            host_search_path: Arc::from(DEFAULT_HOST_SEARCH_PATH),
-            batching: Batching::default(),
-            batcher: Arc::new(OnceLock::new()),
-        }
-    }
-
-    /// Claims only what `filter` lets through.
-    pub fn serving(mut self, filter: ClaimFilter) -> Self {
-        self.filter = filter;
-        self.batcher = Arc::new(OnceLock::new());
-        self
-    }
-
-    /// Records its workers in the `workers` table as `kind`.
-    pub fn recorded_as(mut self, kind: WorkerKind) -> Self {
-        self.kind = kind;
-        self.batcher = Arc::new(OnceLock::new());
-        self
-    }
-
-    /// Failed attempts are retried after `retry`'s backoff.
-    pub fn retrying(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self.batcher = Arc::new(OnceLock::new());
-        self
-    }
-
-    /// Handlers' fenced transactions see `search_path` (the host's tables).
-    pub fn host_search_path(mut self, search_path: &str) -> Self {
-        self.host_search_path = Arc::from(search_path);
-        self
-    }
-
-    /// Batches its workers' writes with `batching` (default: see [`Batching`]).
-    pub fn batching(mut self, batching: Batching) -> Self {
-        self.batching = batching;
-        self.batcher = Arc::new(OnceLock::new());
-        self
-    }
-
-    /// The batcher shared by this transport's clones, started on first use.
-    fn batcher(&self) -> &Batcher {
-        self.batcher.get_or_init(|| {
-            Batcher::start(Setup {
-                pool: self.pool.clone(),
-                ttl: self.ttl,
-                retry: self.retry,
-                filter: self.filter.clone(),
-                kind: self.kind,
-                instance_id: self.instance_id.clone(),
-                batching: self.batching,
-            })
-        })
-    }
-
-    /// Waits until every completion and worker report handed to this
-    /// transport so far is written: before a runtime says it stopped.
-    pub async fn flush(&self) {
-        if let Some(batcher) = self.batcher.get() {
-            batcher.flush().await;
-        }
-    }
-
-    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, TransportError> {
-        self.pool
-            .acquire()
-            .await
-            .map_err(|e| TransportError::Transient(format!("database: {e}")))
-    }
-}
-
 impl From<TaskError> for TransportError {
     fn from(err: TaskError) -> Self {
         match err {
@@ -269,88 +175,23 @@ impl From<TaskError> for TransportError {
     }
 }
 
-impl Transport for InProcess {
-    async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
-        self.batcher().claim(worker).await
-    }
-
-    async fn heartbeat(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-    ) -> Result<Option<Duration>, TransportError> {
-        self.batcher().heartbeat(worker, task_id, token).await
-    }
-
-    async fn complete(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-        output: &Value,
-    ) -> Result<(), TransportError> {
-        store::complete(
-            &mut *self.conn().await?,
-            task_id,
-            worker,
-            token,
-            Some(output),
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn fail(
-        &self,
-        worker: &Holder,
-        task_id: i32,
-        token: i64,
-        error: &str,
-    ) -> Result<(), TransportError> {
-        store::fail(
-            &mut *self.conn().await?,
-            task_id,
-            worker,
-            token,
-            error,
-            self.retry,
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn complete_later(
-        &self,
-        worker: &Holder,
-        claim: &Claim,
-        output: Value,
-        deadline: Instant,
-        tally: &Arc<Tally>,
-    ) -> bool {
-        self.batcher()
-            .complete(Finish {
-                worker: worker.clone(),
-                task_id: claim.task_id,
-                token: claim.token,
-                output,
-                deadline,
-                tally: tally.clone(),
-            })
-            .await
-    }
-
-    async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
-        self.batcher().report(worker, report.clone())
-    }
-
-    fn database(&self) -> Option<Database> {
-        Some(Database {
-            pool: self.pool.clone(),
-            search_path: self.host_search_path.clone(),
-        })
-    }
+/// A worker's count of tasks completed and abandoned, shared with the
+/// transport's completer, which counts the completions handed to it once
+/// they are written.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Tasks completed.
+    pub done: AtomicI32,
+    /// Tasks given up because the claim was lost.
+    pub abandoned: AtomicI32,
 }
 
-#[cfg(feature = "http-client")]
-pub use super::http::Http;
+impl Tally {
+    pub(crate) fn done(&self) -> i32 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn abandoned(&self) -> i32 {
+        self.abandoned.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,16 @@
+//! The library's integration tests, in one binary (one link step). Each test
+//! gets a fresh database cloned from a migrated template; see `common` for
+//! where the PostgreSQL server comes from. `cargo test -p leasekeeper-core`
+//! runs them; the dashboard's own tests (REST, pages, server) live in the
+//! repository root's `tests/`.
+
+mod batch;
+mod common;
+mod fenced;
+mod instances;
+mod lease_client;
+mod lease_race;
+mod lease_store;
+mod retention;
+mod singleton;
+mod task_store;

@@ -1,0 +1,250 @@
+//! The worker runtime's own throughput: what a service embedding
+//! [`Runtime`] gets, default settings, with a handler that completes at
+//! once, so the figure is the runtime's and the database's cost per task.
+//!
+//! Completions are counted from the `task_counts` counters (committed
+//! completions only, whatever the runtime batches or defers), over the
+//! plan's window after its warm-up. The same measure serves the one
+//! instance in this process ([`fleet`]), the instances in processes of
+//! their own ([`super::scale_out`]), and the run over a long history
+//! ([`seed_history`]).
+
+use super::{BenchDb, Plan, Progress, Samples, ratio};
+use anyhow::{Result, ensure};
+use leasekeeper_core::queue::{DEFAULT_QUEUE, NewTask};
+use leasekeeper_core::worker::batch::Batching;
+use leasekeeper_core::{Done, HandlerResult, Job, Runtime, TaskContext};
+use sqlx::PgPool;
+use std::time::{Duration, Instant};
+
+/// The task kind of the runtime's no-op handler.
+pub(crate) const NOOP: &str = "noop";
+/// Workers per runtime instance.
+pub(crate) const CONCURRENCY: usize = 16;
+
+/// One runtime measured in this process.
+pub(super) struct FleetRun {
+    /// Tasks completed (committed) per second over the window.
+    pub(super) per_s: f64,
+    /// Rows written to `lease_events` from the runtime's start to its
+    /// shutdown, per task it completed.
+    pub(super) events_per_task: f64,
+    /// Rows inserted, updated or deleted per task completed, by table
+    /// (PostgreSQL's own counters), the profile of what a task costs.
+    pub(super) rows_per_task: Vec<(String, f64)>,
+}
+
+/// The tables whose writes [`FleetRun::rows_per_task`] reports.
+pub(super) const PROFILED: [&str; 7] = [
+    "tasks",
+    "leases",
+    "lease_fencing",
+    "lease_events",
+    "task_counts",
+    "workers",
+    "instances",
+];
+
+/// Rows inserted, updated and deleted so far in each of [`PROFILED`], as
+/// PostgreSQL's statistics count them (flushed when a backend ends, or
+/// within a second).
+async fn table_writes(pool: &PgPool) -> Result<Vec<i64>> {
+    let mut writes = Vec::new();
+    for table in PROFILED {
+        let n: Option<i64> = sqlx::query_scalar(
+            "SELECT (n_tup_ins + n_tup_upd + n_tup_del)::int8 FROM pg_stat_user_tables
+              WHERE schemaname = current_schema() AND relname = $1",
+        )
+        .bind(table)
+        .fetch_optional(pool)
+        .await?;
+        writes.push(n.unwrap_or(0));
+    }
+    Ok(writes)
+}
+
+/// A runtime named `id` on `pool`, serving the default queue with
+/// `concurrency` workers, whose one handler ([`NOOP`]) completes at once;
+/// every other setting is the runtime's default.
+pub(crate) async fn noop_runtime(pool: PgPool, id: &str, concurrency: usize) -> Result<Runtime> {
+    noop_runtime_batching(pool, id, concurrency, Batching::default()).await
+}
+
+/// [`noop_runtime`] with `batching` instead of the default.
+async fn noop_runtime_batching(
+    pool: PgPool,
+    id: &str,
+    concurrency: usize,
+    batching: Batching,
+) -> Result<Runtime> {
+    Ok(Runtime::builder(pool)
+        .id(id)
+        .queue(DEFAULT_QUEUE, concurrency)
+        .batching(batching)
+        .handler(NOOP, |_job: Job, _ctx: TaskContext| async {
+            HandlerResult::Ok(Done::empty())
+        })
+        .start()
+        .await?)
+}
+
+/// Tasks completed so far, from the counters.
+async fn processed(pool: &PgPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT coalesce(sum(processed), 0)::int8 FROM task_counts")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Waits out the plan's warm-up, then counts the tasks completed over its
+/// run: per second. Notes a queue that ran dry (the figure is then low).
+pub(super) async fn completed_per_s(
+    pool: &PgPool,
+    plan: &Plan,
+    progress: &Progress,
+) -> Result<f64> {
+    tokio::time::sleep(plan.warmup).await;
+    let (from, t0) = (processed(pool).await?, Instant::now());
+    tokio::time::sleep(plan.run).await;
+    let (to, elapsed) = (processed(pool).await?, t0.elapsed());
+    let pending: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(pending), 0)::int8 FROM task_counts")
+            .fetch_one(pool)
+            .await?;
+    if pending == 0 {
+        progress.note("bench: warning: the queue ran dry during a runtime run; its figure is low");
+    }
+    Ok(((to - from) as f64 / elapsed.as_secs_f64()).round())
+}
+
+/// One [`noop_runtime`] of [`CONCURRENCY`] workers named `id`, in this
+/// process, on a pool of its own with the library's default pool settings
+/// (as a service would have), over the tasks already queued: its rate, and
+/// the history rows it wrote per task, counted once it has shut down.
+pub(super) async fn fleet(
+    db: &BenchDb,
+    id: &str,
+    plan: &Plan,
+    progress: &Progress,
+) -> Result<FleetRun> {
+    let pool = &db.pool;
+    let events_before: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM lease_events")
+        .fetch_one(pool)
+        .await?;
+    let processed_before = processed(pool).await?;
+    let writes_before = table_writes(pool).await?;
+    let service_pool = db.service_pool().await?;
+    let runtime = noop_runtime(service_pool.clone(), id, CONCURRENCY).await?;
+    let per_s = completed_per_s(pool, plan, progress).await;
+    runtime.shutdown().await;
+    service_pool.close().await;
+    let per_s = per_s?;
+    // Quiescent now: every worker has stopped and its writes are committed.
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_events WHERE id > $1")
+        .bind(events_before)
+        .fetch_one(pool)
+        .await?;
+    let tasks = processed(pool).await? - processed_before;
+    // The service's backends have ended (their statistics are flushed);
+    // give the statistics a moment all the same.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let writes_after = table_writes(pool).await?;
+    let rows_per_task = PROFILED
+        .iter()
+        .zip(writes_before.iter().zip(&writes_after))
+        .map(|(table, (before, after))| {
+            (
+                table.to_string(),
+                ratio((after - before) as f64, tasks as f64),
+            )
+        })
+        .collect();
+    Ok(FleetRun {
+        rows_per_task,
+        per_s,
+        events_per_task: if tasks > 0 {
+            ratio(events as f64, tasks as f64)
+        } else {
+            f64::NAN
+        },
+    })
+}
+
+/// Puts `rows` rows of history into `lease_events`, set-based, as a
+/// deployment that has run `rows / 2` tasks has them: an `acquired` and a
+/// `released` row per task, on resources `task:1` to `task:<rows / 2>`,
+/// spread over the past; then moves the task id sequence past them (new
+/// tasks are newer than all that history, as they would be) and analyzes
+/// the table. Call it after emptying the queue and before queueing tasks.
+pub(super) async fn seed_history(pool: &PgPool, rows: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO lease_events (resource, holder, fencing_token, kind, expires_at, at)
+         SELECT 'task:' || (g / 2 + 1), 'history-w' || (g / 2 % 64), 1,
+                CASE WHEN g % 2 = 0 THEN 'acquired' ELSE 'released' END,
+                t.at + interval '15 s', t.at
+           FROM generate_series(0, $1::int8 - 1) g,
+                LATERAL (SELECT now() - ($1::int8 - g) * interval '10 ms' AS at) t",
+    )
+    .bind(rows)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "SELECT setval(pg_get_serial_sequence('tasks', 'id'),
+                       greatest(nextval(pg_get_serial_sequence('tasks', 'id')), $1::int8 / 2 + 1))",
+    )
+    .bind(rows)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE lease_events").execute(pool).await?;
+    Ok(())
+}
+
+/// What batching costs one task: `n` tasks enqueued one at a time, 25 ms
+/// apart, to an idle [`noop_runtime`] of [`CONCURRENCY`] workers with
+/// `batching`; each task's time from its enqueue (`created_at`) to its
+/// committed completion (`processed_at`), both by the database clock, in
+/// ms. The queue must be empty.
+pub(super) async fn single_task_latency(
+    db: &BenchDb,
+    batching: Batching,
+    n: usize,
+) -> Result<Samples> {
+    let pool = &db.pool;
+    let service_pool = db.service_pool().await?;
+    let runtime =
+        noop_runtime_batching(service_pool.clone(), "bench-latency", CONCURRENCY, batching).await?;
+    let mut ids = Vec::with_capacity(n);
+    let mut conn = pool.acquire().await?;
+    for _ in 0..n {
+        let task = leasekeeper_core::queue::store::enqueue(
+            &mut conn,
+            &NewTask::new(NOOP, serde_json::json!({})),
+        )
+        .await?;
+        ids.push(task.id);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let latencies: Vec<f64> = loop {
+        let done: Vec<f64> = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM (processed_at - created_at))::float8 * 1000
+               FROM tasks WHERE id = ANY($1) AND status = 'processed'",
+        )
+        .bind(&ids)
+        .fetch_all(pool)
+        .await?;
+        if done.len() == n || Instant::now() > deadline {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    runtime.shutdown().await;
+    service_pool.close().await;
+    ensure!(
+        latencies.len() == n,
+        "only {} of {n} single tasks were completed within 30 s",
+        latencies.len()
+    );
+    Ok(Samples(latencies))
+}

@@ -1,0 +1,95 @@
+//! The `leasekeeper-tools` binary: parse flags, load settings, run a tool;
+//! or, as `leasekeeper-tools dashboard …`, be `leasekeeper …` (how the
+//! harnesses start instances and workers of their own build).
+
+use clap::Parser;
+use leasekeeper::settings::Settings;
+use leasekeeper_tools::cli::{BenchWhat, Cli, Command};
+use leasekeeper_tools::{DASHBOARD, bench, cluster, fault};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    leasekeeper::server::init_tracing();
+    let mut args: Vec<_> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == DASHBOARD) {
+        args.remove(1);
+        return leasekeeper::cli::main(args).await;
+    }
+    let cli = Cli::parse_from(args);
+    let settings = match Settings::load(&cli.settings) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("leasekeeper-tools: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Chaos(args) => fault::run(settings, args).await,
+        Command::Cluster {
+            instances,
+            base_port,
+        } => cluster::run(settings, instances, base_port).await,
+        Command::Bench {
+            what,
+            quick,
+            json,
+            charts,
+        } => match what {
+            None => {
+                bench::queue::suite(
+                    settings,
+                    bench::Options {
+                        quick,
+                        json,
+                        charts,
+                    },
+                )
+                .await
+            }
+            Some(BenchWhat::Retention {
+                tasks,
+                prune_older_than_secs,
+                prune_every_secs,
+                no_baseline,
+                json,
+            }) => {
+                bench::retention::retention(
+                    settings,
+                    bench::retention::RetentionOptions {
+                        tasks,
+                        retention: Duration::from_secs(prune_older_than_secs.max(1)),
+                        interval: Duration::from_secs(prune_every_secs.max(1)),
+                        baseline: !no_baseline,
+                        json,
+                    },
+                )
+                .await
+            }
+            Some(BenchWhat::Dashboard { quick, json }) => {
+                bench::dashboard::dashboard(
+                    settings,
+                    bench::Options {
+                        quick,
+                        json,
+                        charts: None,
+                    },
+                )
+                .await
+            }
+        },
+        Command::BenchRuntime {
+            concurrency,
+            seconds,
+            id,
+        } => bench::queue::runtime_process(&settings, usize::from(concurrency), seconds, &id).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasekeeper-tools: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

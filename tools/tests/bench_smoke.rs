@@ -1,0 +1,106 @@
+//! `leasekeeper-tools bench --quick --json PATH` runs every phase of the queue
+//! suite end to end and writes every key the issue asks for. No timing is
+//! asserted here (speed is the benchmark's business, not a test's); what is
+//! asserted: each figure is a positive number (graphile-worker's, and the
+//! ratios to them, may be `null` when npm is unavailable, with a note on
+//! stderr), and the failover phase lost no task and completed none twice.
+//! Its own test binary, so it runs alone.
+
+use leasekeeper_tools::testing;
+
+const TOOLS: &str = env!("CARGO_BIN_EXE_leasekeeper-tools");
+
+const KEYS: [&str; 35] = [
+    "throughput_w1",
+    "throughput_w16",
+    "throughput_w64",
+    "throughput_batched",
+    "raw_ceiling_w16",
+    "minimal_ceiling_w16",
+    "original_design_w16",
+    "graphile_worker_w16",
+    "graphile_default_w16",
+    "graphile_best_w16",
+    "fleet_w16",
+    "lease_events_per_task",
+    "fleet_latency_p50_ms",
+    "rows_per_task",
+    "rows_per_task_tasks",
+    "rows_per_task_lease_events",
+    "fleet_latency_no_linger_p50_ms",
+    "fleet_instances_1",
+    "fleet_instances_2",
+    "fleet_instances_4",
+    "history_rows",
+    "fleet_w16_history",
+    "history_vs_empty",
+    "claim_p50_ms",
+    "claim_p99_ms",
+    "wakeup_p50_ms",
+    "depth_ratio_1m_vs_1k",
+    "renew_p99_ms",
+    "renews_per_s",
+    "failover_p99_s",
+    "failover_bound_s",
+    "w16_vs_raw_ceiling",
+    "batched_vs_w16",
+    "fleet_w16_vs_graphile_best",
+    "throughput_w16_vs_graphile_default",
+];
+
+/// Keys that are `null` when graphile-worker could not run (no npm or
+/// node), which the bench then says on stderr.
+const GRAPHILE_KEYS: [&str; 5] = [
+    "graphile_worker_w16",
+    "graphile_default_w16",
+    "graphile_best_w16",
+    "fleet_w16_vs_graphile_best",
+    "throughput_w16_vs_graphile_default",
+];
+
+#[test]
+fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
+    let charts =
+        std::env::temp_dir().join(format!("leasekeeper-bench-charts-{}", std::process::id()));
+    let run = testing::run(
+        TOOLS,
+        &["bench", "--quick", "--charts", charts.to_str().unwrap()],
+    );
+    let results = run.succeeded();
+    let stderr = &run.stderr;
+    for key in KEYS {
+        let v = &results[key];
+        if GRAPHILE_KEYS.contains(&key) && v.is_null() {
+            assert!(
+                stderr.contains("graphile-worker skipped"),
+                "null without a reason:\n{stderr}"
+            );
+            continue;
+        }
+        let n = v
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} is not a number: {v}"));
+        assert!(n > 0.0, "{key} = {n}");
+    }
+    for (file, series) in [
+        ("scale_out.svg", "16 workers per process"),
+        ("baselines.svg", "fleet_w16"),
+    ] {
+        let svg = std::fs::read_to_string(charts.join(file)).expect("the chart");
+        assert!(svg.contains(series), "{file} lacks {series}");
+    }
+    let _ = std::fs::remove_dir_all(&charts);
+    assert_eq!(results["failover_tasks_lost"], 0.0, "{results}");
+    assert_eq!(results["failover_tasks_completed_twice"], 0.0, "{results}");
+    // The table went to stdout, the phases to stderr.
+    assert!(run.stdout.contains("throughput_w16"), "{}", run.stdout);
+    // Every phase ran: the last one numbered is the last of all.
+    let last = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("bench ["))
+        .filter_map(|l| l.split(']').next())
+        .next_back()
+        .expect("phase lines on stderr");
+    let (n, total) = last.split_once('/').expect("bench [n/total]");
+    assert_eq!(n, total, "the last phase reached: {stderr}");
+}
