@@ -86,6 +86,8 @@ pub mod paging;
 pub mod queue;
 pub mod worker;
 
+mod text;
+
 #[cfg(feature = "postgres")]
 pub mod db;
 #[cfg(feature = "postgres")]

@@ -21,35 +21,21 @@
 #[cfg(feature = "postgres")]
 pub mod store;
 
+use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// The lease resource that decides which instance runs the generator.
 pub const RESOURCE: &str = "singleton:generator";
 
-/// Whether the generator should run (the operator's wish, not who runs it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
-#[cfg_attr(
-    feature = "postgres",
-    sqlx(type_name = "text", rename_all = "lowercase")
-)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum Desired {
-    /// Some instance should hold the lease and generate tasks.
-    Running,
-    /// Nobody should; the holder releases the lease.
-    Stopped,
-}
-
-impl Desired {
-    /// The lowercase name used in JSON and in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Desired::Running => "running",
-            Desired::Stopped => "stopped",
-        }
+text_enum! {
+    stored;
+    /// Whether the generator should run (the operator's wish, not who runs it).
+    pub enum Desired {
+        /// Some instance should hold the lease and generate tasks.
+        Running = "running",
+        /// Nobody should; the holder releases the lease.
+        Stopped = "stopped",
     }
 }
 

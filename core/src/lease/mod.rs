@@ -18,41 +18,26 @@ pub mod stopwatch;
 #[cfg(feature = "postgres")]
 pub mod store;
 
+use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use names::{Holder, NameError, Resource};
 
-/// Where a lease stands right now, by the database clock.
-///
-/// - `active`: held; `released_at` is null and `expires_at` is in the future.
-/// - `expired`: the holder stopped renewing; anyone may take it over.
-/// - `released`: the holder gave it up; anyone may acquire it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
-#[cfg_attr(
-    feature = "postgres",
-    sqlx(type_name = "text", rename_all = "lowercase")
-)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum LeaseState {
-    /// Held and not yet expired.
-    Active,
-    /// Past `expires_at` without a release.
-    Expired,
-    /// Released by its holder (or an operator).
-    Released,
-}
-
-impl LeaseState {
-    /// The lowercase name used in JSON and in the dashboard.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LeaseState::Active => "active",
-            LeaseState::Expired => "expired",
-            LeaseState::Released => "released",
-        }
+text_enum! {
+    stored;
+    /// Where a lease stands right now, by the database clock.
+    ///
+    /// - `active`: held; `released_at` is null and `expires_at` is in the future.
+    /// - `expired`: the holder stopped renewing; anyone may take it over.
+    /// - `released`: the holder gave it up; anyone may acquire it.
+    pub enum LeaseState {
+        /// Held and not yet expired.
+        Active = "active",
+        /// Past `expires_at` without a release.
+        Expired = "expired",
+        /// Released by its holder (or an operator).
+        Released = "released",
     }
 }
 
@@ -93,47 +78,22 @@ pub struct Lease {
     pub expires_in_ms: i64,
 }
 
-/// Which leases a list shows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LeaseFilter {
-    /// Every lease.
-    #[default]
-    All,
-    /// Held and not expired.
-    Active,
-    /// Ran out without a release.
-    Expired,
-    /// Renewed at least once in the current term.
-    Renewed,
-    /// Released by the holder.
-    Released,
-}
-
-impl LeaseFilter {
-    /// Every filter, in the order the dashboard shows them.
-    pub const ALL: [LeaseFilter; 5] = [
-        LeaseFilter::All,
-        LeaseFilter::Active,
-        LeaseFilter::Expired,
-        LeaseFilter::Renewed,
-        LeaseFilter::Released,
-    ];
-
-    /// The name used in URLs (`/api/leases/active`, `?state=active`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LeaseFilter::All => "all",
-            LeaseFilter::Active => "active",
-            LeaseFilter::Expired => "expired",
-            LeaseFilter::Renewed => "renewed",
-            LeaseFilter::Released => "released",
-        }
-    }
-
-    /// Parses a URL name; `None` for anything else.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|f| f.as_str() == name)
+text_enum! {
+    /// Which leases a list shows.
+    #[derive(Default, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum LeaseFilter {
+        /// Every lease.
+        #[default]
+        All = "all",
+        /// Held and not expired.
+        Active = "active",
+        /// Ran out without a release.
+        Expired = "expired",
+        /// Renewed at least once in the current term.
+        Renewed = "renewed",
+        /// Released by the holder.
+        Released = "released",
     }
 }
 

@@ -72,6 +72,7 @@
 //! ```
 
 use super::client::{HeldLease, LeaseClient, LeaseStatus};
+use crate::text::text_enum;
 use serde::Serialize;
 use std::future::Future;
 use std::pin::Pin;
@@ -80,38 +81,25 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Where a singleton lock stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    /// Not wanted; holds nothing.
-    Idle,
-    /// Asking the database for the lease.
-    Acquiring,
-    /// Holding the lease; the work runs.
-    Working,
-    /// A renewal is in flight.
-    Renewing,
-    /// Lease lost; stopping the work.
-    Pausing,
-    /// Someone else holds it; waiting to retry.
-    Waiting,
-    /// Asked to stop; stopping the work and releasing.
-    Releasing,
-}
-
-impl State {
-    /// The lowercase name used in JSON and on the dashboard.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Idle => "idle",
-            State::Acquiring => "acquiring",
-            State::Working => "working",
-            State::Renewing => "renewing",
-            State::Pausing => "pausing",
-            State::Waiting => "waiting",
-            State::Releasing => "releasing",
-        }
+text_enum! {
+    /// Where a singleton lock stands.
+    #[derive(Serialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum State {
+        /// Not wanted; holds nothing.
+        Idle = "idle",
+        /// Asking the database for the lease.
+        Acquiring = "acquiring",
+        /// Holding the lease; the work runs.
+        Working = "working",
+        /// A renewal is in flight.
+        Renewing = "renewing",
+        /// Lease lost; stopping the work.
+        Pausing = "pausing",
+        /// Someone else holds it; waiting to retry.
+        Waiting = "waiting",
+        /// Asked to stop; stopping the work and releasing.
+        Releasing = "releasing",
     }
 }
 

@@ -4,34 +4,24 @@
 //! operator actions. Pure, so the dashboard draws it and the tests check it.
 
 use super::LeaseEvent;
+use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// How a term ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TermEnd {
-    /// Its holder (or an operator) released it.
-    Released,
-    /// It ran out and nobody has taken it yet.
-    Expired,
-    /// It ran out and another holder took the resource over.
-    TakenOver,
-    /// The lease row was deleted.
-    Deleted,
-    /// Still held.
-    Held,
-}
-
-impl TermEnd {
-    /// The name used in `data-end`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TermEnd::Released => "released",
-            TermEnd::Expired => "expired",
-            TermEnd::TakenOver => "taken_over",
-            TermEnd::Deleted => "deleted",
-            TermEnd::Held => "held",
-        }
+text_enum! {
+    /// How a term ended.
+    #[derive(Serialize, Deserialize)]
+    pub enum TermEnd {
+        /// Its holder (or an operator) released it.
+        Released = "released",
+        /// It ran out and nobody has taken it yet.
+        Expired = "expired",
+        /// It ran out and another holder took the resource over.
+        TakenOver = "taken_over",
+        /// The lease row was deleted.
+        Deleted = "deleted",
+        /// Still held.
+        Held = "held",
     }
 }
 

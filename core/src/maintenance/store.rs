@@ -28,51 +28,27 @@
 //!   silent for that long, so dead by any liveness window shorter than the
 //!   retention.
 
+use crate::text::text_enum;
 use sqlx::{Connection, PgConnection};
 use std::time::Duration;
 
-/// The tables the pruner deletes from, as named in metrics and reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Table {
-    /// `tasks`.
-    Tasks,
-    /// `leases`.
-    Leases,
-    /// `lease_events`.
-    LeaseEvents,
-    /// `lease_fencing`.
-    LeaseFencing,
-    /// `failover_kills`.
-    FailoverKills,
-    /// `instances`.
-    Instances,
-    /// `workers`.
-    Workers,
-}
-
-impl Table {
-    /// Every table, in the order [`Pruned`] lists them.
-    pub const ALL: [Table; 7] = [
-        Table::Tasks,
-        Table::Leases,
-        Table::LeaseEvents,
-        Table::LeaseFencing,
-        Table::FailoverKills,
-        Table::Instances,
-        Table::Workers,
-    ];
-
-    /// The table's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Table::Tasks => "tasks",
-            Table::Leases => "leases",
-            Table::LeaseEvents => "lease_events",
-            Table::LeaseFencing => "lease_fencing",
-            Table::FailoverKills => "failover_kills",
-            Table::Instances => "instances",
-            Table::Workers => "workers",
-        }
+text_enum! {
+    /// The tables the pruner deletes from, as named in metrics and reports.
+    pub enum Table {
+        /// `tasks`.
+        Tasks = "tasks",
+        /// `leases`.
+        Leases = "leases",
+        /// `lease_events`.
+        LeaseEvents = "lease_events",
+        /// `lease_fencing`.
+        LeaseFencing = "lease_fencing",
+        /// `failover_kills`.
+        FailoverKills = "failover_kills",
+        /// `instances`.
+        Instances = "instances",
+        /// `workers`.
+        Workers = "workers",
     }
 }
 

@@ -10,55 +10,24 @@ pub mod store;
 #[cfg(feature = "postgres")]
 pub mod wake;
 
+use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// Where a task is in its life (see the tasks migration for the full story).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
-#[cfg_attr(
-    feature = "postgres",
-    sqlx(type_name = "text", rename_all = "lowercase")
-)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum TaskStatus {
-    /// Waiting to be claimed (not before `scheduled_at`).
-    Pending,
-    /// Claimed; its processor holds the lease until `must_heartbeat_before`.
-    Started,
-    /// Completed exactly once.
-    Processed,
-    /// Gave up after `max_attempts`.
-    Failed,
-    /// Taken out of the queue by an operator (a retry puts it back).
-    Cancelled,
-}
-
-impl TaskStatus {
-    /// The lowercase name used in JSON, URLs and the dashboard.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Pending => "pending",
-            TaskStatus::Started => "started",
-            TaskStatus::Processed => "processed",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// Every status, in lifecycle order.
-    pub const ALL: [TaskStatus; 5] = [
-        TaskStatus::Pending,
-        TaskStatus::Started,
-        TaskStatus::Processed,
-        TaskStatus::Failed,
-        TaskStatus::Cancelled,
-    ];
-
-    /// Parses a lowercase name.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.as_str() == name)
+text_enum! {
+    stored;
+    /// Where a task is in its life (see the tasks migration for the full story).
+    pub enum TaskStatus {
+        /// Waiting to be claimed (not before `scheduled_at`).
+        Pending = "pending",
+        /// Claimed; its processor holds the lease until `must_heartbeat_before`.
+        Started = "started",
+        /// Completed exactly once.
+        Processed = "processed",
+        /// Gave up after `max_attempts`.
+        Failed = "failed",
+        /// Taken out of the queue by an operator (a retry puts it back).
+        Cancelled = "cancelled",
     }
 }
 

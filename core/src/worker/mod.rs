@@ -41,80 +41,47 @@ pub mod simulated;
 #[cfg(feature = "postgres")]
 pub mod transport;
 
+use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// What a worker is doing, as the `workers` table records it.
-///
-/// - `idle`: polling for work.
-/// - `working`: holds the claim on `task_id` with `fencing_token`.
-/// - `paused`: frozen by an operator (no ticks, no heartbeats); it resumes by
-///   trying to complete its task, which the fencing token then refuses if
-///   the claim was taken over meanwhile.
-/// - `crashed`: stopped dead (chaos or a kill) without completing or
-///   releasing anything; its lease runs out and another worker takes over.
-/// - `stopped`: shut down gracefully.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
-#[cfg_attr(
-    feature = "postgres",
-    sqlx(type_name = "text", rename_all = "lowercase")
-)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum WorkerState {
-    /// Polling for work.
-    Idle,
-    /// Working on a claimed task.
-    Working,
-    /// Frozen by an operator.
-    Paused,
-    /// Stopped dead, without a goodbye.
-    Crashed,
-    /// Shut down gracefully.
-    Stopped,
-}
-
-impl WorkerState {
-    /// The lowercase name used in JSON and in the dashboard.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Idle => "idle",
-            WorkerState::Working => "working",
-            WorkerState::Paused => "paused",
-            WorkerState::Crashed => "crashed",
-            WorkerState::Stopped => "stopped",
-        }
+text_enum! {
+    stored;
+    /// What a worker is doing, as the `workers` table records it.
+    ///
+    /// - `idle`: polling for work.
+    /// - `working`: holds the claim on `task_id` with `fencing_token`.
+    /// - `paused`: frozen by an operator (no ticks, no heartbeats); it resumes by
+    ///   trying to complete its task, which the fencing token then refuses if
+    ///   the claim was taken over meanwhile.
+    /// - `crashed`: stopped dead (chaos or a kill) without completing or
+    ///   releasing anything; its lease runs out and another worker takes over.
+    /// - `stopped`: shut down gracefully.
+    pub enum WorkerState {
+        /// Polling for work.
+        Idle = "idle",
+        /// Working on a claimed task.
+        Working = "working",
+        /// Frozen by an operator.
+        Paused = "paused",
+        /// Stopped dead, without a goodbye.
+        Crashed = "crashed",
+        /// Shut down gracefully.
+        Stopped = "stopped",
     }
 }
 
-/// Where a worker runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "postgres", derive(sqlx::Type))]
-#[cfg_attr(
-    feature = "postgres",
-    sqlx(type_name = "text", rename_all = "lowercase")
-)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum WorkerKind {
-    /// Inside an instance, over the in-process transport.
-    Simulated,
-    /// A separate `leasekeeper worker` process, over the REST API.
-    Http,
-    /// A worker of a service's own [`runtime::Runtime`]: in-process, doing
-    /// the service's real work.
-    Embedded,
-}
-
-impl WorkerKind {
-    /// The lowercase name used in JSON and in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerKind::Simulated => "simulated",
-            WorkerKind::Http => "http",
-            WorkerKind::Embedded => "embedded",
-        }
+text_enum! {
+    stored;
+    /// Where a worker runs.
+    pub enum WorkerKind {
+        /// Inside an instance, over the in-process transport.
+        Simulated = "simulated",
+        /// A separate `leasekeeper worker` process, over the REST API.
+        Http = "http",
+        /// A worker of a service's own [`runtime::Runtime`]: in-process, doing
+        /// the service's real work.
+        Embedded = "embedded",
     }
 }
 
