@@ -1,7 +1,8 @@
 //! `/api/generator`: the generator's status, and start/stop from any
 //! instance (operator actions: the admin token when one is set).
 
-use crate::error::{AppError, ErrorBody};
+use super::responses::Unauthorized;
+use crate::error::AppError;
 use crate::generator;
 use crate::ops::Operator;
 use crate::state::AppState;
@@ -50,7 +51,7 @@ async fn set(s: &AppState, desired: Desired) -> Result<Json<GeneratorStatus>, Ap
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The status", body = GeneratorStatus),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        Unauthorized,
     )
 )]
 async fn start(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorStatus>, AppError> {
@@ -66,7 +67,7 @@ async fn start(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorS
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The status", body = GeneratorStatus),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        Unauthorized,
     )
 )]
 async fn stop(State(s): State<AppState>, _: Operator) -> Result<Json<GeneratorStatus>, AppError> {

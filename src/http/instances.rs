@@ -4,6 +4,7 @@
 use super::Message;
 use super::extract::{ApiQuery, WorkerId as NameSegment};
 use super::paging::{CursorQuery, answer};
+use super::responses::{BadId, Unauthorized};
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, Operator};
 use crate::state::AppState;
@@ -56,8 +57,8 @@ async fn list(
     security((), ("admin_token" = [])),
     responses(
         (status = 202, description = "The kill is under way", body = Message),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        BadId,
+        Unauthorized,
         (status = 404, description = "No such instance", body = ErrorBody),
         (status = 409, description = "Already stopped, or not answering", body = ErrorBody),
     )

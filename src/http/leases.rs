@@ -2,6 +2,7 @@
 
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
+use super::responses::{BadId, BadLeaseQuery, LeaseNotFound, LeasePage, TooLarge, Unauthorized};
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
 use axum::extract::State;
@@ -68,104 +69,33 @@ async fn list(
     })
 }
 
-#[utoipa::path(
-    get,
-    path = "/api/leases",
-    tag = "leases",
-    summary = "Every lease",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_all(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, LeaseFilter::All, uri, q).await
+/// The list routes: one handler per lease filter, each the same answer.
+macro_rules! list_routes {
+    ($($name:ident: $path:literal, $summary:literal, $filter:expr;)+) => {$(
+        #[utoipa::path(
+            get,
+            path = $path,
+            tag = "leases",
+            summary = $summary,
+            params(ListQuery),
+            responses(LeasePage, BadLeaseQuery)
+        )]
+        async fn $name(
+            State(s): State<AppState>,
+            uri: Uri,
+            ApiQuery(q): ApiQuery<ListQuery>,
+        ) -> Result<Response, AppError> {
+            list(&s, $filter, uri, q).await
+        }
+    )+};
 }
 
-#[utoipa::path(
-    get,
-    path = "/api/leases/active",
-    tag = "leases",
-    summary = "Leases held and not expired",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_active(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, LeaseFilter::Active, uri, q).await
-}
-
-#[utoipa::path(
-    get,
-    path = "/api/leases/expired",
-    tag = "leases",
-    summary = "Leases that ran out without a release",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_expired(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, LeaseFilter::Expired, uri, q).await
-}
-
-#[utoipa::path(
-    get,
-    path = "/api/leases/renewed",
-    tag = "leases",
-    summary = "Leases renewed at least once in their current term",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_renewed(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, LeaseFilter::Renewed, uri, q).await
-}
-
-#[utoipa::path(
-    get,
-    path = "/api/leases/released",
-    tag = "leases",
-    summary = "Leases their holder released",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of leases, newest first (oldest first with `after`)", body = [Lease],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_released(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, LeaseFilter::Released, uri, q).await
+list_routes! {
+    list_all: "/api/leases", "Every lease", LeaseFilter::All;
+    list_active: "/api/leases/active", "Leases held and not expired", LeaseFilter::Active;
+    list_expired: "/api/leases/expired", "Leases that ran out without a release", LeaseFilter::Expired;
+    list_renewed: "/api/leases/renewed", "Leases renewed at least once in their current term", LeaseFilter::Renewed;
+    list_released: "/api/leases/released", "Leases their holder released", LeaseFilter::Released;
 }
 
 /// Body of `POST /api/leases`.
@@ -221,7 +151,7 @@ fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
         (status = 200, description = "The same holder already holds it: its live term", body = Lease),
         (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
         (status = 409, description = "Another holder holds it", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn acquire(
@@ -252,7 +182,7 @@ async fn acquire(
         (status = 200, description = "Extended", body = Lease),
         (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
         (status = 404, description = "That holder has no live lease (in that term)", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn renew(
@@ -285,7 +215,7 @@ async fn renew(
         (status = 200, description = "Released", body = Lease),
         (status = 400, description = "Bad JSON or a bad name", body = ErrorBody),
         (status = 404, description = "No live lease of that holder (in that term)", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn release(
@@ -310,8 +240,8 @@ async fn release(
     params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
     responses(
         (status = 200, description = "The lease", body = Lease),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 404, description = "No lease with that id", body = ErrorBody),
+        BadId,
+        LeaseNotFound,
     )
 )]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, AppError> {
@@ -333,7 +263,7 @@ async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, A
         (status = 200, description = "Deleted: the row as it was", body = Lease),
         (status = 400, description = "Bad JSON, a bad id or name", body = ErrorBody),
         (status = 404, description = "No such lease of that holder, or `fencing_token` names another term", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn delete_one(
@@ -374,9 +304,9 @@ pub struct ForceReleaseBody {
     responses(
         (status = 200, description = "Released", body = Lease),
         (status = 400, description = "Bad JSON or a bad id", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        Unauthorized,
         (status = 409, description = "That term already ended, or another began", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn force_release(
@@ -403,7 +333,7 @@ async fn force_release(
         (status = 200, description = "A page of events, newest first", body = [LeaseEvent],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
         (status = 400, description = "A bad id or query", body = ErrorBody),
-        (status = 404, description = "No lease with that id", body = ErrorBody),
+        LeaseNotFound,
     )
 )]
 async fn events(

@@ -3,6 +3,9 @@
 use super::Message;
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
+use super::responses::{
+    BadId, BadTaskQuery, StaleWrite, TaskNotFound, TaskPage, TooLarge, Unauthorized,
+};
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
 use axum::extract::State;
@@ -90,104 +93,33 @@ async fn list(
     })
 }
 
-#[utoipa::path(
-    get,
-    path = "/api/tasks",
-    tag = "tasks",
-    summary = "Tasks, optionally by status",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_all(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, None, uri, q).await
+/// The list routes: one handler per task filter, each the same answer.
+macro_rules! list_routes {
+    ($($name:ident: $path:literal, $summary:literal, $filter:expr;)+) => {$(
+        #[utoipa::path(
+            get,
+            path = $path,
+            tag = "tasks",
+            summary = $summary,
+            params(ListQuery),
+            responses(TaskPage, BadTaskQuery)
+        )]
+        async fn $name(
+            State(s): State<AppState>,
+            uri: Uri,
+            ApiQuery(q): ApiQuery<ListQuery>,
+        ) -> Result<Response, AppError> {
+            list(&s, $filter, uri, q).await
+        }
+    )+};
 }
 
-#[utoipa::path(
-    get,
-    path = "/api/tasks/pending",
-    tag = "tasks",
-    summary = "Pending tasks",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_pending(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, Some(TaskStatus::Pending), uri, q).await
-}
-
-#[utoipa::path(
-    get,
-    path = "/api/tasks/started",
-    tag = "tasks",
-    summary = "Started tasks",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_started(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, Some(TaskStatus::Started), uri, q).await
-}
-
-#[utoipa::path(
-    get,
-    path = "/api/tasks/processed",
-    tag = "tasks",
-    summary = "Processed tasks",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_processed(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, Some(TaskStatus::Processed), uri, q).await
-}
-
-#[utoipa::path(
-    get,
-    path = "/api/tasks/failed",
-    tag = "tasks",
-    summary = "Failed tasks",
-    params(ListQuery),
-    responses(
-        (status = 200, description = "A page of tasks, newest first (oldest first with `after`)", body = [Task],
-            headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))),
-        (status = 400, description = "A bad query: unknown parameter or status, not a number, `before` with `after`", body = ErrorBody),
-    )
-)]
-async fn list_failed(
-    State(s): State<AppState>,
-    uri: Uri,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Response, AppError> {
-    list(&s, Some(TaskStatus::Failed), uri, q).await
+list_routes! {
+    list_all: "/api/tasks", "Tasks, optionally by status", None;
+    list_pending: "/api/tasks/pending", "Pending tasks", Some(TaskStatus::Pending);
+    list_started: "/api/tasks/started", "Started tasks", Some(TaskStatus::Started);
+    list_processed: "/api/tasks/processed", "Processed tasks", Some(TaskStatus::Processed);
+    list_failed: "/api/tasks/failed", "Failed tasks", Some(TaskStatus::Failed);
 }
 
 #[utoipa::path(
@@ -198,8 +130,8 @@ async fn list_failed(
     params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
     responses(
         (status = 200, description = "The task", body = Task),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
+        BadId,
+        TaskNotFound,
     )
 )]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Task>, AppError> {
@@ -253,7 +185,7 @@ pub struct EnqueueBody {
     responses(
         (status = 201, description = "The new task, pending", body = Task),
         (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind or queue", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn enqueue(
@@ -303,7 +235,7 @@ async fn enqueue(
         (status = 202, description = "The claimed task, with its fencing token", body = Task),
         (status = 200, description = "Nothing claimable: `{\"message\": \"no task available\"}`", body = Message),
         (status = 400, description = "Bad JSON, a bad processor, queue or kinds", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn claim_next(
@@ -340,9 +272,9 @@ async fn claim_next(
     responses(
         (status = 202, description = "Extended: the task with its new `must_heartbeat_before`", body = Task),
         (status = 400, description = "Bad JSON, a bad id or processor", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
-        (status = 409, description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TaskNotFound,
+        StaleWrite,
+        TooLarge,
     )
 )]
 async fn heartbeat(
@@ -371,9 +303,9 @@ async fn heartbeat(
     responses(
         (status = 202, description = "Processed: the task", body = Task),
         (status = 400, description = "Bad JSON, a bad id or processor", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
-        (status = 409, description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TaskNotFound,
+        StaleWrite,
+        TooLarge,
     )
 )]
 async fn complete(
@@ -408,9 +340,9 @@ async fn complete(
     responses(
         (status = 200, description = "The task, pending again or failed", body = Task),
         (status = 400, description = "Bad JSON, a bad id, processor or error", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
-        (status = 409, description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TaskNotFound,
+        StaleWrite,
+        TooLarge,
     )
 )]
 async fn fail(
@@ -454,9 +386,9 @@ async fn fail(
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The task, now cancelled", body = Task),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
+        BadId,
+        Unauthorized,
+        TaskNotFound,
         (status = 409, description = "The task is processed, failed or already cancelled", body = ErrorBody),
     )
 )]
@@ -482,9 +414,9 @@ async fn cancel_one(
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The task, pending again", body = Task),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
+        BadId,
+        Unauthorized,
+        TaskNotFound,
         (status = 409, description = "The task is neither failed nor cancelled", body = ErrorBody),
     )
 )]
@@ -547,8 +479,8 @@ pub struct Count {
     responses(
         (status = 200, description = "How many tasks changed", body = Count),
         (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        Unauthorized,
+        TooLarge,
     )
 )]
 async fn cancel_matching(
@@ -571,8 +503,8 @@ async fn cancel_matching(
     responses(
         (status = 200, description = "How many tasks changed", body = Count),
         (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        Unauthorized,
+        TooLarge,
     )
 )]
 async fn retry_matching(
@@ -597,7 +529,7 @@ async fn retry_matching(
         (status = 200, description = "A page of the events of lease `task:<id>`, newest first", body = [LeaseEvent],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
         (status = 400, description = "A bad id or query", body = ErrorBody),
-        (status = 404, description = "No task with that id", body = ErrorBody),
+        TaskNotFound,
     )
 )]
 async fn events(

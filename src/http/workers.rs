@@ -4,6 +4,7 @@
 
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
+use super::responses::{BadId, TooLarge, Unauthorized, WorkerNotFound};
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, Operator, WorkerAction};
 use crate::state::AppState;
@@ -63,7 +64,7 @@ async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
     params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
     responses(
         (status = 200, description = "The worker", body = WorkerInfo),
-        (status = 400, description = "A bad id", body = ErrorBody),
+        BadId,
         (status = 404, description = "No worker with that id", body = ErrorBody),
     )
 )]
@@ -83,7 +84,7 @@ async fn get_one(
     security((), ("admin_token" = [])),
     responses(
         (status = 201, description = "The new worker", body = WorkerInfo),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
+        Unauthorized,
         (status = 409, description = "The instance is shutting down", body = ErrorBody),
     )
 )]
@@ -115,9 +116,9 @@ pub struct Done {
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "Paused", body = Done),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
-        (status = 404, description = "No such worker", body = ErrorBody),
+        BadId,
+        Unauthorized,
+        WorkerNotFound,
         (status = 409, description = "A worker process, or a worker that is not running", body = ErrorBody),
     )
 )]
@@ -139,9 +140,9 @@ async fn pause(
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "Killed", body = Done),
-        (status = 400, description = "A bad id", body = ErrorBody),
-        (status = 401, description = "The admin token is set and the request lacks it", body = ErrorBody),
-        (status = 404, description = "No such worker", body = ErrorBody),
+        BadId,
+        Unauthorized,
+        WorkerNotFound,
         (status = 409, description = "A worker process, or a worker that is not running", body = ErrorBody),
     )
 )]
@@ -173,7 +174,7 @@ async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json
         (status = 200, description = "Recorded", body = WorkerInfo),
         (status = 400, description = "Bad JSON, a bad id, negative counts", body = ErrorBody),
         (status = 409, description = "A simulated worker's id, or a stale report after the worker stopped (a new run sends `fresh: true` first)", body = ErrorBody),
-        (status = 413, description = "The body is over 64 KiB", body = ErrorBody),
+        TooLarge,
     )
 )]
 async fn report(

@@ -1,0 +1,87 @@
+//! The OpenAPI response rows many routes share, written once: a handler's
+//! `#[utoipa::path(responses(...))]` names them beside its own rows, e.g.
+//! `responses((status = 200, ...), BadId, TaskNotFound, Unauthorized)`.
+//!
+//! Each is a type only for the document (`utoipa::IntoResponses`); what a
+//! route really answers comes from [`AppError`](crate::error::AppError),
+//! whose body is [`ErrorBody`].
+
+use crate::error::ErrorBody;
+use leasekeeper_core::lease::Lease;
+use leasekeeper_core::queue::Task;
+use utoipa::IntoResponses;
+
+/// `200` of a lease list.
+#[derive(IntoResponses)]
+#[response(
+    status = 200,
+    description = "A page of leases, newest first (oldest first with `after`)",
+    headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))
+)]
+pub struct LeasePage(#[allow(dead_code)] Vec<Lease>);
+
+/// `200` of a task list.
+#[derive(IntoResponses)]
+#[response(
+    status = 200,
+    description = "A page of tasks, newest first (oldest first with `after`)",
+    headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))
+)]
+pub struct TaskPage(#[allow(dead_code)] Vec<Task>);
+
+/// `400` of a lease list.
+#[derive(IntoResponses)]
+#[response(
+    status = 400,
+    description = "A bad query: unknown parameter, not a number, `before` with `after`"
+)]
+pub struct BadLeaseQuery(#[allow(dead_code)] ErrorBody);
+
+/// `400` of a task list.
+#[derive(IntoResponses)]
+#[response(
+    status = 400,
+    description = "A bad query: unknown parameter or status, not a number, `before` with `after`"
+)]
+pub struct BadTaskQuery(#[allow(dead_code)] ErrorBody);
+
+/// `400` of a route whose only input is an id in its path.
+#[derive(IntoResponses)]
+#[response(status = 400, description = "A bad id")]
+pub struct BadId(#[allow(dead_code)] ErrorBody);
+
+/// `404` of a route that names a task.
+#[derive(IntoResponses)]
+#[response(status = 404, description = "No task with that id")]
+pub struct TaskNotFound(#[allow(dead_code)] ErrorBody);
+
+/// `404` of a route that names a lease.
+#[derive(IntoResponses)]
+#[response(status = 404, description = "No lease with that id")]
+pub struct LeaseNotFound(#[allow(dead_code)] ErrorBody);
+
+/// `404` of a route that names a worker.
+#[derive(IntoResponses)]
+#[response(status = 404, description = "No such worker")]
+pub struct WorkerNotFound(#[allow(dead_code)] ErrorBody);
+
+/// `409` of a write a worker's claim fences.
+#[derive(IntoResponses)]
+#[response(
+    status = 409,
+    description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`"
+)]
+pub struct StaleWrite(#[allow(dead_code)] ErrorBody);
+
+/// `401` of an operator route.
+#[derive(IntoResponses)]
+#[response(
+    status = 401,
+    description = "The admin token is set and the request lacks it"
+)]
+pub struct Unauthorized(#[allow(dead_code)] ErrorBody);
+
+/// `413` of a route that reads a body.
+#[derive(IntoResponses)]
+#[response(status = 413, description = "The body is over 64 KiB")]
+pub struct TooLarge(#[allow(dead_code)] ErrorBody);
