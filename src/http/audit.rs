@@ -2,7 +2,8 @@
 
 use super::extract::ApiQuery;
 use super::paging::{CursorQuery, answer};
-use crate::error::{AppError, ErrorBody};
+use super::responses::BadQuery;
+use crate::error::AppError;
 use crate::state::AppState;
 use axum::Router;
 use axum::extract::State;
@@ -25,7 +26,7 @@ pub fn routes() -> Router<AppState> {
     responses(
         (status = 200, description = "A page of operator events, newest first", body = [LeaseEvent],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
-        (status = 400, description = "A bad query", body = ErrorBody),
+        BadQuery,
     )
 )]
 async fn audit(

@@ -4,7 +4,7 @@
 use super::Message;
 use super::extract::{ApiQuery, WorkerId as NameSegment};
 use super::paging::{CursorQuery, answer};
-use super::responses::{BadId, Unauthorized};
+use super::responses::{BadId, BadQuery, Unauthorized};
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, Operator};
 use crate::state::AppState;
@@ -33,7 +33,7 @@ pub fn routes() -> Router<AppState> {
     responses(
         (status = 200, description = "A page of instances, newest first", body = [Instance],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
-        (status = 400, description = "A bad query", body = ErrorBody),
+        BadQuery,
     )
 )]
 async fn list(

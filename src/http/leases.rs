@@ -69,28 +69,8 @@ async fn list(
     })
 }
 
-/// The list routes: one handler per lease filter, each the same answer.
-macro_rules! list_routes {
-    ($($name:ident: $path:literal, $summary:literal, $filter:expr;)+) => {$(
-        #[utoipa::path(
-            get,
-            path = $path,
-            tag = "leases",
-            summary = $summary,
-            params(ListQuery),
-            responses(LeasePage, BadLeaseQuery)
-        )]
-        async fn $name(
-            State(s): State<AppState>,
-            uri: Uri,
-            ApiQuery(q): ApiQuery<ListQuery>,
-        ) -> Result<Response, AppError> {
-            list(&s, $filter, uri, q).await
-        }
-    )+};
-}
-
-list_routes! {
+super::paging::list_routes! {
+    tag = "leases", responses(LeasePage, BadLeaseQuery);
     list_all: "/api/leases", "Every lease", LeaseFilter::All;
     list_active: "/api/leases/active", "Leases held and not expired", LeaseFilter::Active;
     list_expired: "/api/leases/expired", "Leases that ran out without a release", LeaseFilter::Expired;

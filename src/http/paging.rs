@@ -82,3 +82,31 @@ impl Direction {
         }
     }
 }
+
+/// Declares the list routes of a resource: one handler per filter, each
+/// answering `list(&state, filter, uri, query)` of the module it is called
+/// in, documented with the given tag and response rows.
+macro_rules! list_routes {
+    (
+        tag = $tag:literal, responses $responses:tt;
+        $($name:ident: $path:literal, $summary:literal, $filter:expr;)+
+    ) => {$(
+        #[utoipa::path(
+            get,
+            path = $path,
+            tag = $tag,
+            summary = $summary,
+            params(ListQuery),
+            responses $responses
+        )]
+        async fn $name(
+            axum::extract::State(s): axum::extract::State<crate::state::AppState>,
+            uri: axum::http::Uri,
+            crate::http::extract::ApiQuery(q): crate::http::extract::ApiQuery<ListQuery>,
+        ) -> Result<axum::response::Response, crate::error::AppError> {
+            list(&s, $filter, uri, q).await
+        }
+    )+};
+}
+
+pub(crate) use list_routes;

@@ -18,7 +18,7 @@ use utoipa::IntoResponses;
     description = "A page of leases, newest first (oldest first with `after`)",
     headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))
 )]
-pub struct LeasePage(#[allow(dead_code)] Vec<Lease>);
+pub struct LeasePage(pub Vec<Lease>);
 
 /// `200` of a task list.
 #[derive(IntoResponses)]
@@ -27,7 +27,7 @@ pub struct LeasePage(#[allow(dead_code)] Vec<Lease>);
     description = "A page of tasks, newest first (oldest first with `after`)",
     headers(("Link" = String, description = "The next (older) page, `<...?before=ID&limit=N>; rel=\"next\"`, when older rows remain"))
 )]
-pub struct TaskPage(#[allow(dead_code)] Vec<Task>);
+pub struct TaskPage(pub Vec<Task>);
 
 /// `400` of a lease list.
 #[derive(IntoResponses)]
@@ -35,7 +35,7 @@ pub struct TaskPage(#[allow(dead_code)] Vec<Task>);
     status = 400,
     description = "A bad query: unknown parameter, not a number, `before` with `after`"
 )]
-pub struct BadLeaseQuery(#[allow(dead_code)] ErrorBody);
+pub struct BadLeaseQuery(pub ErrorBody);
 
 /// `400` of a task list.
 #[derive(IntoResponses)]
@@ -43,27 +43,27 @@ pub struct BadLeaseQuery(#[allow(dead_code)] ErrorBody);
     status = 400,
     description = "A bad query: unknown parameter or status, not a number, `before` with `after`"
 )]
-pub struct BadTaskQuery(#[allow(dead_code)] ErrorBody);
+pub struct BadTaskQuery(pub ErrorBody);
 
 /// `400` of a route whose only input is an id in its path.
 #[derive(IntoResponses)]
 #[response(status = 400, description = "A bad id")]
-pub struct BadId(#[allow(dead_code)] ErrorBody);
+pub struct BadId(pub ErrorBody);
 
 /// `404` of a route that names a task.
 #[derive(IntoResponses)]
 #[response(status = 404, description = "No task with that id")]
-pub struct TaskNotFound(#[allow(dead_code)] ErrorBody);
+pub struct TaskNotFound(pub ErrorBody);
 
 /// `404` of a route that names a lease.
 #[derive(IntoResponses)]
 #[response(status = 404, description = "No lease with that id")]
-pub struct LeaseNotFound(#[allow(dead_code)] ErrorBody);
+pub struct LeaseNotFound(pub ErrorBody);
 
 /// `404` of a route that names a worker.
 #[derive(IntoResponses)]
 #[response(status = 404, description = "No such worker")]
-pub struct WorkerNotFound(#[allow(dead_code)] ErrorBody);
+pub struct WorkerNotFound(pub ErrorBody);
 
 /// `409` of a write a worker's claim fences.
 #[derive(IntoResponses)]
@@ -71,7 +71,7 @@ pub struct WorkerNotFound(#[allow(dead_code)] ErrorBody);
     status = 409,
     description = "A stale write: the claim was lost (another token, deadline passed) or the task finished; recorded as `stale_write_refused`"
 )]
-pub struct StaleWrite(#[allow(dead_code)] ErrorBody);
+pub struct StaleWrite(pub ErrorBody);
 
 /// `401` of an operator route.
 #[derive(IntoResponses)]
@@ -79,9 +79,14 @@ pub struct StaleWrite(#[allow(dead_code)] ErrorBody);
     status = 401,
     description = "The admin token is set and the request lacks it"
 )]
-pub struct Unauthorized(#[allow(dead_code)] ErrorBody);
+pub struct Unauthorized(pub ErrorBody);
 
 /// `413` of a route that reads a body.
 #[derive(IntoResponses)]
 #[response(status = 413, description = "The body is over 64 KiB")]
-pub struct TooLarge(#[allow(dead_code)] ErrorBody);
+pub struct TooLarge(pub ErrorBody);
+
+/// `400` of a paged list that takes only `before` and `limit`.
+#[derive(IntoResponses)]
+#[response(status = 400, description = "A bad query")]
+pub struct BadQuery(pub ErrorBody);

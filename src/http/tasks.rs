@@ -93,28 +93,8 @@ async fn list(
     })
 }
 
-/// The list routes: one handler per task filter, each the same answer.
-macro_rules! list_routes {
-    ($($name:ident: $path:literal, $summary:literal, $filter:expr;)+) => {$(
-        #[utoipa::path(
-            get,
-            path = $path,
-            tag = "tasks",
-            summary = $summary,
-            params(ListQuery),
-            responses(TaskPage, BadTaskQuery)
-        )]
-        async fn $name(
-            State(s): State<AppState>,
-            uri: Uri,
-            ApiQuery(q): ApiQuery<ListQuery>,
-        ) -> Result<Response, AppError> {
-            list(&s, $filter, uri, q).await
-        }
-    )+};
-}
-
-list_routes! {
+super::paging::list_routes! {
+    tag = "tasks", responses(TaskPage, BadTaskQuery);
     list_all: "/api/tasks", "Tasks, optionally by status", None;
     list_pending: "/api/tasks/pending", "Pending tasks", Some(TaskStatus::Pending);
     list_started: "/api/tasks/started", "Started tasks", Some(TaskStatus::Started);

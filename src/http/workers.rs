@@ -4,7 +4,7 @@
 
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
-use super::responses::{BadId, TooLarge, Unauthorized, WorkerNotFound};
+use super::responses::{BadId, BadQuery, TooLarge, Unauthorized, WorkerNotFound};
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, Operator, WorkerAction};
 use crate::state::AppState;
@@ -37,7 +37,7 @@ pub fn routes() -> Router<AppState> {
     responses(
         (status = 200, description = "A page of workers, newest first", body = [WorkerInfo],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),
-        (status = 400, description = "A bad query", body = ErrorBody),
+        BadQuery,
     )
 )]
 async fn list(
