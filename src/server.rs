@@ -2,7 +2,6 @@
 //! functions, dashboard pages, static files), and graceful shutdown.
 
 use crate::app::{App, shell};
-use crate::generator::{Generator, GeneratorConfig};
 use crate::http;
 use crate::settings::Settings;
 use crate::state::AppState;
@@ -10,6 +9,7 @@ use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
 use leasekeeper_core::db::Database;
+use leasekeeper_core::generator::runtime::Generator;
 use leasekeeper_core::instance::{self, Registration};
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::live::LiveHub;
@@ -106,7 +106,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let generator = Generator::spawn(
         db.pool.clone(),
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
-        GeneratorConfig::from_settings(&settings),
+        crate::generator::config(&settings),
     );
     // Retention runs on whichever instance holds `singleton:maintenance`.
     let maintenance = Maintenance::spawn(

@@ -2,10 +2,10 @@
 //! router is built over, assembled once at start-up (`server::serve`) or by a
 //! test or benchmark harness.
 
-use crate::generator::GeneratorHandle;
 use crate::settings::Settings;
 use crate::worker::fleet::Fleet;
 use axum::extract::FromRef;
+use leasekeeper_core::generator::runtime::GeneratorHandle;
 use leasekeeper_core::live::LiveHub;
 use leptos::config::LeptosOptions;
 use sqlx::PgPool;

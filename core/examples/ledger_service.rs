@@ -24,7 +24,7 @@
 
 use leasekeeper_core::db;
 use leasekeeper_core::lease::client::{LeaseClient, LeaseTiming};
-use leasekeeper_core::lease::singleton::{Singleton, Term};
+use leasekeeper_core::lease::singleton::{HeldTerm, Singleton};
 use leasekeeper_core::lease::{Holder, Resource};
 use leasekeeper_core::queue::NewTask;
 use leasekeeper_core::queue::store as tasks;
@@ -135,7 +135,7 @@ async fn welcome_email(job: Job, ctx: TaskContext, replica: Arc<str>) -> Handler
 /// a report row every 200 ms, each fenced by the term's token in the
 /// database (the lease row is locked `FOR SHARE` with the insert, so a
 /// takeover waits for it, and a stale term inserts nothing).
-async fn report_while_held(pool: PgPool, replica: Arc<str>, term: Term) {
+async fn report_while_held(pool: PgPool, replica: Arc<str>, term: HeldTerm) {
     while term.is_held() {
         let written: Result<(), HandlerError> = async {
             let mut tx = pool.begin().await?;

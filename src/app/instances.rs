@@ -18,7 +18,12 @@ use leptos_router::hooks::use_query_map;
 pub async fn get_generator_status() -> Result<GeneratorStatus, AppError> {
     let state = super::common::state()?;
     let mut conn = state.pool.acquire().await?;
-    Ok(crate::generator::report(&mut conn, &state.instance_id, state.generator.as_ref()).await?)
+    Ok(leasekeeper_core::generator::runtime::report(
+        &mut conn,
+        &state.instance_id,
+        state.generator.as_ref(),
+    )
+    .await?)
 }
 
 /// Starts (`"start"`) or stops (`"stop"`) the generator, through this instance.
@@ -36,7 +41,7 @@ pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> 
     };
     let state = super::common::operator_state().await?;
     let mut conn = state.pool.acquire().await?;
-    Ok(crate::generator::request(
+    Ok(leasekeeper_core::generator::runtime::request(
         &mut conn,
         desired,
         &state.instance_id,

@@ -1,42 +1,27 @@
-//! The lease-guarded task generator of the dashboard: the per-instance
-//! runtime ([`Generator`]) over the library's singleton, and the status the
-//! REST route and the dashboard show. Its types and SQL are the library's
-//! ([`leasekeeper_core::generator`]).
+//! The demo's task generator, as this server configures it. The runtime,
+//! its types and its SQL are the library's ([`leasekeeper_core::generator`]).
 
 #[cfg(feature = "ssr")]
-use leasekeeper_core::generator::{Desired, GeneratorStatus, store};
+use crate::settings::Settings;
+#[cfg(feature = "ssr")]
+use leasekeeper_core::generator::runtime::GeneratorConfig;
+#[cfg(feature = "ssr")]
+use leasekeeper_core::lease::client::LeaseTiming;
 
+/// The generator's configuration from the program's settings: the lease of
+/// every other singleton here (TTL, renew interval, a tenth of the TTL as
+/// safety margin), the interval and the generated tasks' limits.
 #[cfg(feature = "ssr")]
-mod runtime;
-#[cfg(feature = "ssr")]
-pub use runtime::{Generator, GeneratorConfig, GeneratorHandle};
-
-/// The status as `answered_by` this instance, with its local singleton
-/// state when it runs a generator: what the REST route and the dashboard show.
-#[cfg(feature = "ssr")]
-pub async fn report(
-    conn: &mut sqlx::PgConnection,
-    instance_id: &str,
-    local: Option<&GeneratorHandle>,
-) -> sqlx::Result<GeneratorStatus> {
-    let mut status = store::status(conn).await?;
-    status.answered_by = Some(instance_id.to_string());
-    status.local_state = local.map(|g| g.state().as_str().to_string());
-    Ok(status)
-}
-
-/// Records the operator's wish through this instance, wakes the local
-/// generator so it acts at once, and reports the new status.
-#[cfg(feature = "ssr")]
-pub async fn request(
-    conn: &mut sqlx::PgConnection,
-    desired: Desired,
-    instance_id: &str,
-    local: Option<&GeneratorHandle>,
-) -> sqlx::Result<GeneratorStatus> {
-    store::set_desired(&mut *conn, desired, instance_id).await?;
-    if let Some(generator) = local {
-        generator.nudge();
-    }
-    report(conn, instance_id, local).await
+pub fn config(settings: &Settings) -> GeneratorConfig {
+    let timing = LeaseTiming {
+        ttl: settings.lease_ttl,
+        renew_interval: settings.renew_interval,
+        safety_margin: settings.lease_ttl / 10,
+    };
+    GeneratorConfig::new(
+        timing,
+        settings.generator_interval,
+        settings.max_attempts,
+        settings.generator_max_sleep,
+    )
 }

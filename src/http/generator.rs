@@ -3,12 +3,12 @@
 
 use super::responses::Unauthorized;
 use crate::error::AppError;
-use crate::generator;
 use crate::ops::Operator;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use leasekeeper_core::generator::runtime as generator;
 use leasekeeper_core::generator::{Desired, GeneratorStatus};
 
 /// The generator routes.

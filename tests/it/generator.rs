@@ -6,7 +6,7 @@ use crate::api::Api;
 use crate::common::{TestDb, holder};
 use crate::terms::{assert_tasks_follow_terms, assert_terms_do_not_overlap};
 use axum::http::{Method, StatusCode};
-use leasekeeper::generator::{Generator, GeneratorConfig};
+use leasekeeper_core::generator::runtime::{Generator, GeneratorConfig};
 use leasekeeper_core::generator::{Desired, RESOURCE, store};
 use leasekeeper_core::lease::client::LeaseTiming;
 use leasekeeper_core::lease::singleton::State;
@@ -103,18 +103,22 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     // Desired stopped (the seeded state): nobody generates.
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(tasks(pool).await.is_empty());
-    assert!(gens.values().all(|g| g.state() == State::Idle));
+    assert!(gens.values().all(|g| g.singleton().state() == State::Idle));
     assert_eq!(live_holder(pool).await, (None, None));
 
     // Start: exactly one holds the lease, the other waits, tasks appear.
     set(pool, Desired::Running).await;
     eventually(Duration::from_secs(3), "one holder", || async {
-        let states: Vec<State> = gens.values().map(|g| g.state()).collect();
+        let states: Vec<State> = gens.values().map(|g| g.singleton().state()).collect();
         states.iter().filter(|s| holding(**s)).count() == 1 && states.contains(&State::Waiting)
     })
     .await;
-    let first = *gens.iter().find(|(_, g)| holding(g.state())).unwrap().0;
-    let first_token = gens[first].token().unwrap();
+    let first = *gens
+        .iter()
+        .find(|(_, g)| holding(g.singleton().state()))
+        .unwrap()
+        .0;
+    let first_token = gens[first].singleton().token().unwrap();
     assert_eq!(
         live_holder(pool).await,
         (Some(first.to_string()), Some(first_token))
@@ -142,7 +146,7 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     .await;
     assert!(took <= RENEW + SLACK, "{took:?}");
     eventually(SLACK, "both idle", || async {
-        gens.values().all(|g| g.state() == State::Idle)
+        gens.values().all(|g| g.singleton().state() == State::Idle)
     })
     .await;
     let after_stop = tasks(pool).await.len();
@@ -160,11 +164,15 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     // TTL, within one renew interval and one retry pause more.
     set(pool, Desired::Running).await;
     eventually(Duration::from_secs(3), "a holder again", || async {
-        gens.values().any(|g| holding(g.state()))
+        gens.values().any(|g| holding(g.singleton().state()))
     })
     .await;
-    let holder_id = *gens.iter().find(|(_, g)| holding(g.state())).unwrap().0;
-    let crashed_token = gens[holder_id].token().unwrap();
+    let holder_id = *gens
+        .iter()
+        .find(|(_, g)| holding(g.singleton().state()))
+        .unwrap()
+        .0;
+    let crashed_token = gens[holder_id].singleton().token().unwrap();
     // One new token per term, none skipped. Usually that is one term; on a
     // starved test machine a renewal can come too late, the term is lost and
     // the other instance begins the next one (seen in CI: token + 2).
@@ -193,7 +201,7 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     let crashed_at = Instant::now();
     let (survivor_id, survivor) = gens.iter().next().map(|(k, v)| (*k, v)).unwrap();
     eventually(TTL + RENEW + RETRY + SLACK, "takeover", || async {
-        holding(survivor.state())
+        holding(survivor.singleton().state())
     })
     .await;
     let takeover = crashed_at.elapsed();
@@ -201,7 +209,7 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
         takeover >= TTL - RENEW - Duration::from_millis(100),
         "no takeover before the crashed holder's lease ran out: {takeover:?}"
     );
-    let new_token = survivor.token().unwrap();
+    let new_token = survivor.singleton().token().unwrap();
     assert_eq!(new_token, crashed_token + 1);
     eventually(Duration::from_secs(5), "the survivor generates", || async {
         tasks(pool).await.iter().any(|t| t.2 == new_token)

@@ -10,14 +10,18 @@
 //! takes the generator over, with no operator action.
 //!
 //! Every insert is fenced twice: locally (only while the term's lease is
-//! still trusted, see [`Term::is_held`](crate::lease::singleton::Term::is_held))
+//! still trusted, see [`HeldTerm::is_held`](crate::lease::singleton::HeldTerm::is_held))
 //! and in the database (only while the lease row still names this instance
 //! with this term's fencing token, see [`store::insert_task`]). Each task
 //! records the term that produced it (`generator`, `generator_token`).
 //!
-//! This module holds the types the server and the browser share and the SQL
-//! ([`store`]); the per-instance runtime is the dashboard's.
+//! This module holds the types the server and the browser share, the SQL
+//! ([`store`]) and the per-instance runtime ([`runtime`]), a
+//! [`Singleton`](crate::lease::singleton::Singleton) job like the library's
+//! [maintenance](crate::maintenance).
 
+#[cfg(feature = "postgres")]
+pub mod runtime;
 #[cfg(feature = "postgres")]
 pub mod store;
 

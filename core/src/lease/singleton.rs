@@ -157,13 +157,13 @@ pub type Work =
 /// What the work of one term gets: the term's fencing token, the signal to
 /// stop, and a live "still mine" check for guarding each protected write.
 #[derive(Clone, Debug)]
-pub struct Term {
+pub struct HeldTerm {
     token: i64,
     stop: CancellationToken,
     status: watch::Receiver<LeaseStatus>,
 }
 
-impl Term {
+impl HeldTerm {
     /// The term's fencing token; protected writes must carry it.
     pub fn token(&self) -> i64 {
         self.token
@@ -183,9 +183,9 @@ impl Term {
     }
 }
 
-/// Like [`Work`], but given the whole [`Term`], for work that must check it
+/// Like [`Work`], but given the whole [`HeldTerm`], for work that must check it
 /// still holds the lease before each write.
-pub type TermWork = Arc<dyn Fn(Term) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+pub type TermWork = Arc<dyn Fn(HeldTerm) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// A clonable remote that starts and stops a [`Singleton`] from other tasks
 /// (e.g. one that watches a desired state in the database).
@@ -219,11 +219,11 @@ impl Singleton {
         Self::spawn_with_term(
             client,
             retry,
-            Arc::new(move |term: Term| work(term.token, term.stop)),
+            Arc::new(move |term: HeldTerm| work(term.token, term.stop)),
         )
     }
 
-    /// Like [`Singleton::spawn`], for work that gets the whole [`Term`].
+    /// Like [`Singleton::spawn`], for work that gets the whole [`HeldTerm`].
     pub fn spawn_with_term(client: LeaseClient, retry: Duration, work: TermWork) -> Self {
         let (wanted_tx, wanted_rx) = watch::channel(false);
         let (state_tx, state_rx) = watch::channel(State::Idle);
@@ -246,6 +246,31 @@ impl Singleton {
             shutdown,
             task,
         }
+    }
+
+    /// A singleton job: `work` on the lease `resource`, competed for as
+    /// `holder`, idle until started. The library's maintenance and the
+    /// demo's generator are each one; a new job is built the same way.
+    ///
+    /// # Panics
+    ///
+    /// When `resource` is not a valid resource name (it is a constant of the
+    /// job's own).
+    pub fn spawn_job(
+        pool: sqlx::PgPool,
+        resource: &str,
+        holder: super::Holder,
+        timing: super::client::LeaseTiming,
+        retry: Duration,
+        work: TermWork,
+    ) -> Self {
+        let resource = super::Resource::parse(resource)
+            .unwrap_or_else(|e| panic!("the job's resource {resource:?} is invalid: {e}"));
+        Self::spawn_with_term(
+            LeaseClient::new(pool, resource, holder, timing),
+            retry,
+            work,
+        )
     }
 
     /// Asks for the work to run (acquire, then work while holding).
@@ -367,7 +392,7 @@ impl Driver {
                     match self.client.acquire().await {
                         Ok(Some(held)) => {
                             let stop = CancellationToken::new();
-                            let work = (self.work)(Term {
+                            let work = (self.work)(HeldTerm {
                                 token: held.token(),
                                 stop: stop.clone(),
                                 status: held.status(),

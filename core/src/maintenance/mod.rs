@@ -21,7 +21,7 @@
 //! someone else holds, so a claim never waits on the pruner. The job is
 //! idempotent: two pruners at once (a holder that lost the lease without
 //! noticing yet) would only skip each other's rows, so it is fenced
-//! locally ([`Term::is_held`] before each batch), not in the database.
+//! locally ([`HeldTerm::is_held`] before each batch), not in the database.
 //!
 //! One pass by hand, without the singleton:
 //!
@@ -43,9 +43,9 @@ pub mod store;
 
 pub use store::{Pruned, Table};
 
-use crate::lease::client::{LeaseClient, LeaseTiming};
-use crate::lease::singleton::{Singleton, State, Term, TermWork};
-use crate::lease::{Holder, Resource};
+use crate::lease::Holder;
+use crate::lease::client::LeaseTiming;
+use crate::lease::singleton::{HeldTerm, Singleton, TermWork};
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,14 +176,16 @@ impl Maintenance {
     /// Starts it: this replica competes for `singleton:maintenance` as
     /// `holder`, and runs the job whenever it holds the lease.
     pub fn spawn(pool: PgPool, holder: Holder, config: MaintenanceConfig) -> Self {
-        let resource = Resource::parse(RESOURCE).expect("the maintenance resource name is valid");
-        let client = LeaseClient::new(pool.clone(), resource, holder, config.timing);
         let (progress_tx, progress) = watch::channel(Progress::default());
         let progress_tx = Arc::new(progress_tx);
-        let work: TermWork = Arc::new(move |term| {
-            Box::pin(run_term(pool.clone(), config, term, progress_tx.clone()))
-        });
-        let singleton = Singleton::spawn_with_term(client, config.retry, work);
+        let work: TermWork = {
+            let pool = pool.clone();
+            Arc::new(move |term| {
+                Box::pin(run_term(pool.clone(), config, term, progress_tx.clone()))
+            })
+        };
+        let singleton =
+            Singleton::spawn_job(pool, RESOURCE, holder, config.timing, config.retry, work);
         singleton.start();
         Maintenance {
             singleton,
@@ -191,19 +193,10 @@ impl Maintenance {
         }
     }
 
-    /// This replica's singleton state (`Working` while it holds the lease).
-    pub fn state(&self) -> State {
-        self.singleton.state()
-    }
-
-    /// A watch on the state, for waiting on changes.
-    pub fn watch_state(&self) -> watch::Receiver<State> {
-        self.singleton.watch_state()
-    }
-
-    /// The fencing token of this replica's term, while it holds the lease.
-    pub fn token(&self) -> Option<i64> {
-        self.singleton.token()
+    /// The singleton job: this replica's state (`Working` while it holds
+    /// the lease) and term.
+    pub fn singleton(&self) -> &Singleton {
+        &self.singleton
     }
 
     /// A watch on what this replica's passes have done.
@@ -228,7 +221,7 @@ impl Maintenance {
 async fn run_term(
     pool: PgPool,
     config: MaintenanceConfig,
-    term: Term,
+    term: HeldTerm,
     progress: Arc<watch::Sender<Progress>>,
 ) {
     tracing::info!(token = term.token(), "maintenance running on this replica");

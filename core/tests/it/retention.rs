@@ -358,7 +358,7 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
     finished_ago(pool, old, 2 * HOUR).await;
 
     let a = Maintenance::spawn(pool.clone(), holder("replica-a"), config);
-    let mut a_state = a.watch_state();
+    let mut a_state = a.singleton().watch_state();
     tokio::time::timeout(
         Duration::from_secs(5),
         a_state.wait_for(|s| *s == State::Working),
@@ -377,9 +377,9 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
     assert_eq!(rows_of(pool, old).await, [0, 0, 0, 0]);
     assert_eq!(b_progress.borrow().passes, 0);
     assert!(
-        matches!(b.state(), State::Waiting | State::Acquiring),
+        matches!(b.singleton().state(), State::Waiting | State::Acquiring),
         "{:?}",
-        b.state()
+        b.singleton().state()
     );
     let mut conn = pool.acquire().await.unwrap();
     let lease = leases::get_by_resource(&mut conn, &resource(maintenance::RESOURCE))
@@ -387,7 +387,7 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
         .unwrap()
         .expect("the maintenance lease");
     assert_eq!(lease.holder.as_deref(), Some("replica-a"));
-    let a_token = a.token().expect("a holds a term");
+    let a_token = a.singleton().token().expect("a holds a term");
 
     // a stops (releasing): b takes over, in a higher term, and prunes.
     let newer = processed(pool).await;
@@ -397,7 +397,7 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
         b_progress.borrow().pruned.tasks >= 1
     })
     .await;
-    assert!(b.token().expect("b holds a term") > a_token);
+    assert!(b.singleton().token().expect("b holds a term") > a_token);
     assert_eq!(rows_of(pool, newer).await, [0, 0, 0, 0]);
     b.shutdown().await;
 }

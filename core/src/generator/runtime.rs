@@ -1,13 +1,12 @@
 //! The generator on one instance: a watcher that follows the desired state
-//! in the database, the singleton lock it switches on and off, and the work
+//! in the database, the singleton job it switches on and off, and the work
 //! that inserts a task every interval while this instance holds the lease.
 
-use crate::settings::Settings;
-use leasekeeper_core::generator::{Desired, RESOURCE, store};
-use leasekeeper_core::lease::client::{LeaseClient, LeaseTiming};
-use leasekeeper_core::lease::singleton::{Singleton, State, Switch, Term, TermWork};
-use leasekeeper_core::lease::{Holder, Resource};
-use leasekeeper_core::queue::NewTask;
+use super::{Desired, GeneratorStatus, RESOURCE, store};
+use crate::lease::Holder;
+use crate::lease::client::LeaseTiming;
+use crate::lease::singleton::{HeldTerm, Singleton, State, Switch, TermWork};
+use crate::queue::NewTask;
 use rand::Rng;
 use serde_json::json;
 use sqlx::PgPool;
@@ -36,25 +35,20 @@ pub struct GeneratorConfig {
 }
 
 impl GeneratorConfig {
-    /// The generator's timing from the program's settings. The desired state
-    /// is polled twice per renew interval (at most every second), so a stop
-    /// through any instance reaches the holder within one renew interval; a
-    /// non-holder retries once per renew interval, so it takes over at most
-    /// one renew interval after the lease runs out.
-    pub fn from_settings(settings: &Settings) -> Self {
+    /// The generator's timing from its lease's and its own. The desired
+    /// state is polled twice per renew interval (at most every second), so a
+    /// stop through any instance reaches the holder within one renew
+    /// interval; a non-holder retries once per renew interval, so it takes
+    /// over at most one renew interval after the lease runs out.
+    /// `max_attempts` is clamped to 1..=1000, `max_sleep` to at least 1.
+    pub fn new(timing: LeaseTiming, interval: Duration, max_attempts: u32, max_sleep: u32) -> Self {
         GeneratorConfig {
-            timing: LeaseTiming {
-                ttl: settings.lease_ttl,
-                renew_interval: settings.renew_interval,
-                safety_margin: settings.lease_ttl / 10,
-            },
-            interval: settings.generator_interval,
-            poll: (settings.renew_interval / 2).min(Duration::from_secs(1)),
-            retry: settings.renew_interval,
-            max_attempts: i32::try_from(settings.max_attempts)
-                .unwrap_or(1000)
-                .clamp(1, 1000),
-            max_sleep: settings.generator_max_sleep.max(1),
+            timing,
+            interval,
+            poll: (timing.renew_interval / 2).min(Duration::from_secs(1)),
+            retry: timing.renew_interval,
+            max_attempts: i32::try_from(max_attempts).unwrap_or(1000).clamp(1, 1000),
+            max_sleep: max_sleep.max(1),
         }
     }
 }
@@ -93,11 +87,10 @@ impl Generator {
     /// Starts watching the desired state; the singleton for
     /// `singleton:generator` runs as holder `instance` while it is `running`.
     pub fn spawn(pool: PgPool, instance: Holder, config: GeneratorConfig) -> Self {
-        let resource = Resource::parse(RESOURCE).expect("the generator resource name is valid");
-        let client = LeaseClient::new(pool.clone(), resource, instance.clone(), config.timing);
         let crashed = CancellationToken::new();
         let work: TermWork = {
             let pool = pool.clone();
+            let instance = instance.clone();
             let crashed = crashed.clone();
             Arc::new(move |term| {
                 Box::pin(generate(
@@ -109,7 +102,14 @@ impl Generator {
                 ))
             })
         };
-        let singleton = Singleton::spawn_with_term(client, config.retry, work);
+        let singleton = Singleton::spawn_job(
+            pool.clone(),
+            RESOURCE,
+            instance,
+            config.timing,
+            config.retry,
+            work,
+        );
         let nudge = Arc::new(Notify::new());
         let stop_watcher = CancellationToken::new();
         let watcher = tokio::spawn(follow_desired(
@@ -136,19 +136,9 @@ impl Generator {
         }
     }
 
-    /// This instance's singleton state.
-    pub fn state(&self) -> State {
-        self.singleton.state()
-    }
-
-    /// A watch on the state, for waiting on changes.
-    pub fn watch_state(&self) -> watch::Receiver<State> {
-        self.singleton.watch_state()
-    }
-
-    /// The fencing token of this instance's term, while it holds the lease.
-    pub fn token(&self) -> Option<i64> {
-        self.singleton.token()
+    /// The singleton job: this instance's state and term.
+    pub fn singleton(&self) -> &Singleton {
+        &self.singleton
     }
 
     /// Stops following the desired state, stops generating and releases the
@@ -206,7 +196,7 @@ async fn generate(
     pool: PgPool,
     me: Holder,
     config: GeneratorConfig,
-    term: Term,
+    term: HeldTerm,
     crashed: CancellationToken,
 ) {
     let token = term.token();
@@ -229,7 +219,7 @@ async fn generate(
         }
         let sleep = rand::rng().random_range(1..=config.max_sleep.max(1));
         let task = NewTask::new(
-            leasekeeper_core::worker::simulated::KIND,
+            crate::worker::simulated::KIND,
             json!({ "sleep_duration_seconds": sleep }),
         )
         .max_attempts(config.max_attempts);
@@ -254,4 +244,32 @@ async fn generate(
         }
     }
     tracing::info!(instance = %me, token, "generator stopped on this instance");
+}
+
+/// The status as `answered_by` this instance, with its local singleton
+/// state when it runs a generator: what the REST route and the dashboard show.
+pub async fn report(
+    conn: &mut sqlx::PgConnection,
+    instance_id: &str,
+    local: Option<&GeneratorHandle>,
+) -> sqlx::Result<GeneratorStatus> {
+    let mut status = store::status(conn).await?;
+    status.answered_by = Some(instance_id.to_string());
+    status.local_state = local.map(|g| g.state().as_str().to_string());
+    Ok(status)
+}
+
+/// Records the operator's wish through this instance, wakes the local
+/// generator so it acts at once, and reports the new status.
+pub async fn request(
+    conn: &mut sqlx::PgConnection,
+    desired: Desired,
+    instance_id: &str,
+    local: Option<&GeneratorHandle>,
+) -> sqlx::Result<GeneratorStatus> {
+    store::set_desired(&mut *conn, desired, instance_id).await?;
+    if let Some(generator) = local {
+        generator.nudge();
+    }
+    report(conn, instance_id, local).await
 }
