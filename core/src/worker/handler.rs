@@ -102,12 +102,14 @@ impl std::error::Error for SimulatedCrash {}
 pub struct TaskContext {
     pub(crate) worker: Holder,
     pub(crate) lost: CancellationToken,
-    pub(crate) database: Option<Database>,
+    pub(crate) database: Option<HostDatabase>,
 }
 
-/// Where a handler's fenced transactions run.
+/// Where a handler's fenced transactions run: the host service's database,
+/// through the queue's pool. (Not [`crate::db::Database`], the library's own
+/// migrated pool.)
 #[derive(Clone, Debug)]
-pub struct Database {
+pub struct HostDatabase {
     /// The queue's pool.
     pub pool: PgPool,
     /// The `search_path` a handler's transaction sees (the host's tables).

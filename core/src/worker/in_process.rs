@@ -5,7 +5,7 @@
 use super::Report;
 use super::WorkerKind;
 use super::batch::{Batcher, Batching, Finish, Setup};
-use super::handler::Database;
+use super::handler::HostDatabase;
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::lease::Holder;
 use crate::queue::ClaimFilter;
@@ -182,8 +182,8 @@ impl Transport for InProcess {
         self.batcher().report(worker, report.clone())
     }
 
-    fn database(&self) -> Option<Database> {
-        Some(Database {
+    fn database(&self) -> Option<HostDatabase> {
+        Some(HostDatabase {
             pool: self.pool.clone(),
             search_path: self.host_search_path.clone(),
         })

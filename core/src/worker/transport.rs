@@ -9,7 +9,7 @@
 //! while the local deadline allows).
 
 use super::Report;
-use super::handler::{Database, Job};
+use super::handler::{HostDatabase, Job};
 use crate::lease::Holder;
 use crate::queue::Task;
 use crate::queue::store::TaskError;
@@ -119,7 +119,7 @@ pub trait Transport: Send + Sync + 'static {
 
     /// The database a handler's fenced transactions run on; `None` (the
     /// default) for a transport that reaches the queue from afar.
-    fn database(&self) -> Option<Database> {
+    fn database(&self) -> Option<HostDatabase> {
         None
     }
 }
