@@ -92,13 +92,21 @@ impl Pruned {
 
     /// Adds `other`'s counts to these.
     pub fn add(&mut self, other: &Pruned) {
-        self.tasks += other.tasks;
-        self.leases += other.leases;
-        self.lease_events += other.lease_events;
-        self.lease_fencing += other.lease_fencing;
-        self.failover_kills += other.failover_kills;
-        self.instances += other.instances;
-        self.workers += other.workers;
+        for table in Table::ALL {
+            *self.get_mut(table) += other.get(table);
+        }
+    }
+
+    fn get_mut(&mut self, table: Table) -> &mut u64 {
+        match table {
+            Table::Tasks => &mut self.tasks,
+            Table::Leases => &mut self.leases,
+            Table::LeaseEvents => &mut self.lease_events,
+            Table::LeaseFencing => &mut self.lease_fencing,
+            Table::FailoverKills => &mut self.failover_kills,
+            Table::Instances => &mut self.instances,
+            Table::Workers => &mut self.workers,
+        }
     }
 }
 
@@ -106,19 +114,17 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
 /// Runs `statement` (binding the retention in seconds as `$1` and the
 /// batch size as `$2`) in a transaction of its own marked as pruning, and
-/// answers the counts in its one row.
+/// answers the counts in its one row as rows deleted from `tables`, in
+/// order.
 async fn in_pruning_transaction(
     conn: &mut PgConnection,
     statement: &str,
     older_than: Duration,
     batch: usize,
-) -> sqlx::Result<Vec<i64>> {
+    tables: &[Table],
+) -> sqlx::Result<Pruned> {
     use sqlx::Row;
     let mut tx = conn.begin().await?;
     // Transaction-local (the third argument): it ends with this
@@ -132,7 +138,11 @@ async fn in_pruning_transaction(
         .fetch_one(&mut *tx)
         .await?;
     tx.commit().await?;
-    (0..row.len()).map(|i| row.try_get::<i64, _>(i)).collect()
+    let mut pruned = Pruned::default();
+    for (i, table) in tables.iter().enumerate() {
+        *pruned.get_mut(*table) = u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0);
+    }
+    Ok(pruned)
 }
 
 /// Deletes up to `batch` tasks that finished more than `older_than` ago,
@@ -158,7 +168,7 @@ pub async fn prune_tasks(
     //
     // Ordered by tasks_finished_idx, so a batch reads the oldest finished
     // tasks and stops at the cutoff.
-    let n = in_pruning_transaction(
+    in_pruning_transaction(
         conn,
         "WITH doomed AS (
             SELECT id FROM tasks
@@ -182,15 +192,14 @@ pub async fn prune_tasks(
                 (SELECT count(*) FROM events_gone), (SELECT count(*) FROM fencing_gone)",
         older_than,
         batch,
+        &[
+            Table::Tasks,
+            Table::Leases,
+            Table::LeaseEvents,
+            Table::LeaseFencing,
+        ],
     )
-    .await?;
-    Ok(Pruned {
-        tasks: count(n[0]),
-        leases: count(n[1]),
-        lease_events: count(n[2]),
-        lease_fencing: count(n[3]),
-        ..Pruned::default()
-    })
+    .await
 }
 
 /// Deletes up to `batch` lease rows of resources other than tasks whose
@@ -210,7 +219,7 @@ pub async fn prune_leases(
     // the token lease_fencing remembers + 1 (the fencing guard refuses any
     // token that does not advance, and acquire retries it). A release sets
     // expires_at to its moment, so `expires_at` is when any term ended.
-    let n = in_pruning_transaction(
+    in_pruning_transaction(
         conn,
         "WITH doomed AS (
             SELECT id FROM leases
@@ -225,12 +234,9 @@ pub async fn prune_leases(
          SELECT count(*) FROM gone",
         older_than,
         batch,
+        &[Table::Leases],
     )
-    .await?;
-    Ok(Pruned {
-        leases: count(n[0]),
-        ..Pruned::default()
-    })
+    .await
 }
 
 /// Deletes up to `batch` history rows older than `older_than`, of any
@@ -248,7 +254,7 @@ pub async fn prune_events(
     // go in a later run). No index on `at` is needed, so the hot path (two
     // history rows per task) pays nothing for retention. History is
     // append-only: nobody else locks these rows, so this waits on no one.
-    let n = in_pruning_transaction(
+    in_pruning_transaction(
         conn,
         "WITH head AS (
             SELECT id, at FROM lease_events ORDER BY id LIMIT $2
@@ -260,12 +266,9 @@ pub async fn prune_events(
          SELECT count(*) FROM gone",
         older_than,
         batch,
+        &[Table::LeaseEvents],
     )
-    .await?;
-    Ok(Pruned {
-        lease_events: count(n[0]),
-        ..Pruned::default()
-    })
+    .await
 }
 
 /// Deletes up to `batch` failover kills older than `older_than`.
@@ -275,7 +278,7 @@ pub async fn prune_failover_kills(
     batch: usize,
 ) -> sqlx::Result<Pruned> {
     // Append-only, like lease_events (ids follow killed_at).
-    let n = in_pruning_transaction(
+    in_pruning_transaction(
         conn,
         "WITH head AS (
             SELECT id, killed_at FROM failover_kills ORDER BY id LIMIT $2
@@ -287,12 +290,9 @@ pub async fn prune_failover_kills(
          SELECT count(*) FROM gone",
         older_than,
         batch,
+        &[Table::FailoverKills],
     )
-    .await?;
-    Ok(Pruned {
-        failover_kills: count(n[0]),
-        ..Pruned::default()
-    })
+    .await
 }
 
 /// Deletes up to `batch` instances and up to `batch` workers last seen
@@ -311,7 +311,7 @@ pub async fn prune_dead(
     // Either way no live row is deleted: a row is picked only when its
     // process has not been seen for the whole retention, longer than any
     // liveness window.
-    let workers = in_pruning_transaction(
+    let mut pruned = in_pruning_transaction(
         conn,
         "WITH dead AS (
             SELECT id FROM workers
@@ -324,6 +324,7 @@ pub async fn prune_dead(
          SELECT count(*) FROM gone",
         older_than,
         batch,
+        &[Table::Workers],
     )
     .await?;
     // Looked for first: the statement trigger on instances announces a
@@ -335,8 +336,8 @@ pub async fn prune_dead(
     .bind(secs(older_than))
     .fetch_one(&mut *conn)
     .await?;
-    let instances = if any_dead {
-        in_pruning_transaction(
+    if any_dead {
+        let instances = in_pruning_transaction(
             conn,
             "WITH dead AS (
                 SELECT id FROM instances
@@ -349,14 +350,10 @@ pub async fn prune_dead(
              SELECT count(*) FROM gone",
             older_than,
             batch,
+            &[Table::Instances],
         )
-        .await?[0]
-    } else {
-        0
-    };
-    Ok(Pruned {
-        instances: count(instances),
-        workers: count(workers[0]),
-        ..Pruned::default()
-    })
+        .await?;
+        pruned.add(&instances);
+    }
+    Ok(pruned)
 }
