@@ -254,21 +254,7 @@ pub async fn prune_events(
     // go in a later run). No index on `at` is needed, so the hot path (two
     // history rows per task) pays nothing for retention. History is
     // append-only: nobody else locks these rows, so this waits on no one.
-    in_pruning_transaction(
-        conn,
-        "WITH head AS (
-            SELECT id, at FROM lease_events ORDER BY id LIMIT $2
-         ), gone AS (
-            DELETE FROM lease_events e USING head h
-             WHERE e.id = h.id AND h.at < now() - make_interval(secs => $1)
-            RETURNING 1
-         )
-         SELECT count(*) FROM gone",
-        older_than,
-        batch,
-        &[Table::LeaseEvents],
-    )
-    .await
+    prune_oldest(conn, Table::LeaseEvents, "at", older_than, batch).await
 }
 
 /// Deletes up to `batch` failover kills older than `older_than`.
@@ -278,21 +264,30 @@ pub async fn prune_failover_kills(
     batch: usize,
 ) -> sqlx::Result<Pruned> {
     // Append-only, like lease_events (ids follow killed_at).
-    in_pruning_transaction(
-        conn,
+    prune_oldest(conn, Table::FailoverKills, "killed_at", older_than, batch).await
+}
+
+/// Deletes those of the `batch` oldest rows (by id) of an append-only
+/// `table` whose `at` column is before the cutoff.
+async fn prune_oldest(
+    conn: &mut PgConnection,
+    table: Table,
+    at: &str,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    let table_name = table.as_str();
+    let statement = format!(
         "WITH head AS (
-            SELECT id, killed_at FROM failover_kills ORDER BY id LIMIT $2
+            SELECT id, {at} FROM {table_name} ORDER BY id LIMIT $2
          ), gone AS (
-            DELETE FROM failover_kills k USING head h
-             WHERE k.id = h.id AND h.killed_at < now() - make_interval(secs => $1)
+            DELETE FROM {table_name} x USING head h
+             WHERE x.id = h.id AND h.{at} < now() - make_interval(secs => $1)
             RETURNING 1
          )
-         SELECT count(*) FROM gone",
-        older_than,
-        batch,
-        &[Table::FailoverKills],
-    )
-    .await
+         SELECT count(*) FROM gone"
+    );
+    in_pruning_transaction(conn, &statement, older_than, batch, &[table]).await
 }
 
 /// Deletes up to `batch` instances and up to `batch` workers last seen
@@ -311,22 +306,7 @@ pub async fn prune_dead(
     // Either way no live row is deleted: a row is picked only when its
     // process has not been seen for the whole retention, longer than any
     // liveness window.
-    let mut pruned = in_pruning_transaction(
-        conn,
-        "WITH dead AS (
-            SELECT id FROM workers
-             WHERE last_seen_at < now() - make_interval(secs => $1)
-             ORDER BY last_seen_at LIMIT $2
-               FOR UPDATE SKIP LOCKED
-         ), gone AS (
-            DELETE FROM workers w USING dead d WHERE w.id = d.id RETURNING 1
-         )
-         SELECT count(*) FROM gone",
-        older_than,
-        batch,
-        &[Table::Workers],
-    )
-    .await?;
+    let mut pruned = prune_unseen(conn, Table::Workers, older_than, batch).await?;
     // Looked for first: the statement trigger on instances announces a
     // change to every dashboard even when a DELETE deletes nothing.
     let any_dead: bool = sqlx::query_scalar(
@@ -337,23 +317,31 @@ pub async fn prune_dead(
     .fetch_one(&mut *conn)
     .await?;
     if any_dead {
-        let instances = in_pruning_transaction(
-            conn,
-            "WITH dead AS (
-                SELECT id FROM instances
-                 WHERE last_seen_at < now() - make_interval(secs => $1)
-                 ORDER BY last_seen_at LIMIT $2
-                   FOR UPDATE SKIP LOCKED
-             ), gone AS (
-                DELETE FROM instances i USING dead d WHERE i.id = d.id RETURNING 1
-             )
-             SELECT count(*) FROM gone",
-            older_than,
-            batch,
-            &[Table::Instances],
-        )
-        .await?;
+        let instances = prune_unseen(conn, Table::Instances, older_than, batch).await?;
         pruned.add(&instances);
     }
     Ok(pruned)
+}
+
+/// Deletes up to `batch` rows of `table` (workers or instances) last seen
+/// before the cutoff, oldest first, skipping rows a report holds.
+async fn prune_unseen(
+    conn: &mut PgConnection,
+    table: Table,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    let table_name = table.as_str();
+    let statement = format!(
+        "WITH dead AS (
+            SELECT id FROM {table_name}
+             WHERE last_seen_at < now() - make_interval(secs => $1)
+             ORDER BY last_seen_at LIMIT $2
+               FOR UPDATE SKIP LOCKED
+         ), gone AS (
+            DELETE FROM {table_name} x USING dead d WHERE x.id = d.id RETURNING 1
+         )
+         SELECT count(*) FROM gone"
+    );
+    in_pruning_transaction(conn, &statement, older_than, batch, &[table]).await
 }
