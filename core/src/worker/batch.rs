@@ -1,7 +1,7 @@
 //! Batching for the in-process transport: what lets a runtime's workers
 //! share a handful of statements instead of each making its own.
 //!
-//! One [`Batcher`] serves every worker of one transport (a runtime's queue,
+//! One `Batcher` serves every worker of one transport (a runtime's queue,
 //! an instance's simulated fleet) with four background loops, each on a
 //! connection of the pool only while it writes:
 //!

@@ -1,4 +1,4 @@
-//! How a worker reaches the task queue: in-process over a [`PgPool`], or
+//! How a worker reaches the task queue: in-process over a [`PgPool`](sqlx::PgPool), or
 //! over the REST API. The worker loop sees only [`Transport`], so both kinds
 //! of worker run the very same code.
 //!
