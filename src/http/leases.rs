@@ -2,6 +2,7 @@
 
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
+use super::params::LeaseIdPath;
 use super::responses::{BadId, BadLeaseQuery, LeaseNotFound, LeasePage, TooLarge, Unauthorized};
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
@@ -217,7 +218,7 @@ async fn release(
     path = "/api/leases/{id}",
     tag = "leases",
     summary = "One lease",
-    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
+    params(LeaseIdPath),
     responses(
         (status = 200, description = "The lease", body = Lease),
         BadId,
@@ -237,7 +238,7 @@ async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, A
     tag = "leases",
     summary = "Delete a lease row",
     description = "The resource's fencing-token counter survives the row. `ttl_seconds` is ignored.",
-    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
+    params(LeaseIdPath),
     request_body = HolderBody,
     responses(
         (status = 200, description = "Deleted: the row as it was", body = Lease),
@@ -278,7 +279,7 @@ pub struct ForceReleaseBody {
     tag = "leases",
     summary = "Force-release a term (operator)",
     description = "Ends that term now, whoever holds it. A task lease's claim ends with it: the task is taken over at once and its old processor's writes are refused. Recorded in `lease_events` as an `operator` event.",
-    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)")),
+    params(LeaseIdPath),
     request_body = ForceReleaseBody,
     security((), ("admin_token" = [])),
     responses(
@@ -308,7 +309,7 @@ async fn force_release(
     tag = "leases",
     summary = "A lease's history",
     description = "`acquired`, `renewed`, `released`, `taken_over`, `deleted`, `stale_write_refused` and `operator` events of the lease's resource, newest first.",
-    params(("id" = i32, Path, minimum = 1, description = "The lease's row id (a positive integer)"), CursorQuery),
+    params(LeaseIdPath, CursorQuery),
     responses(
         (status = 200, description = "A page of events, newest first", body = [LeaseEvent],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),

@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod origin;
 pub mod overview;
 pub mod paging;
+pub mod params;
 pub mod responses;
 pub mod server_fns;
 pub mod tasks;

@@ -3,6 +3,7 @@
 use super::Message;
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
+use super::params::TaskIdPath;
 use super::responses::{
     BadId, BadTaskQuery, StaleWrite, TaskNotFound, TaskPage, TooLarge, Unauthorized,
 };
@@ -107,7 +108,7 @@ super::paging::list_routes! {
     path = "/api/tasks/{id}",
     tag = "tasks",
     summary = "One task",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    params(TaskIdPath),
     responses(
         (status = 200, description = "The task", body = Task),
         BadId,
@@ -247,7 +248,7 @@ async fn claim_next(
     path = "/api/tasks/{id}/heartbeat",
     tag = "tasks",
     summary = "Extend a claim",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    params(TaskIdPath),
     request_body = HeartbeatBody,
     responses(
         (status = 202, description = "Extended: the task with its new `must_heartbeat_before`", body = Task),
@@ -278,7 +279,7 @@ async fn heartbeat(
     path = "/api/tasks/{id}/complete",
     tag = "tasks",
     summary = "Complete a claimed task",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    params(TaskIdPath),
     request_body = CompleteBody,
     responses(
         (status = 202, description = "Processed: the task", body = Task),
@@ -315,7 +316,7 @@ async fn complete(
     tag = "tasks",
     summary = "Fail an attempt",
     description = "Back to pending after an exponential backoff (1 s, 2 s, 4 s ... up to 60 s), or failed after `max_attempts`.",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    params(TaskIdPath),
     request_body = FailBody,
     responses(
         (status = 200, description = "The task, pending again or failed", body = Task),
@@ -362,7 +363,7 @@ async fn fail(
     tag = "tasks",
     summary = "Cancel a task (operator)",
     description = "A pending task is never claimed; a started one's claim ends with it (its processor's later writes are refused). Audited in the same transaction.",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    params(TaskIdPath),
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The task, now cancelled", body = Task),
@@ -390,7 +391,7 @@ async fn cancel_one(
     tag = "tasks",
     summary = "Retry a task (operator)",
     description = "A failed or cancelled task goes back to pending, runnable now, `attempts` 0. Audited in the same transaction.",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)")),
+    params(TaskIdPath),
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "The task, pending again", body = Task),
@@ -504,7 +505,7 @@ async fn retry_matching(
     path = "/api/tasks/{id}/events",
     tag = "tasks",
     summary = "A task lease's history",
-    params(("id" = i32, Path, minimum = 1, description = "The task's row id (a positive integer)"), CursorQuery),
+    params(TaskIdPath, CursorQuery),
     responses(
         (status = 200, description = "A page of the events of lease `task:<id>`, newest first", body = [LeaseEvent],
             headers(("Link" = String, description = "The next (older) page, when older rows remain"))),

@@ -4,6 +4,7 @@
 
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
+use super::params::WorkerIdPath;
 use super::responses::{BadId, BadQuery, TooLarge, Unauthorized, WorkerNotFound};
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, Operator, WorkerAction};
@@ -61,7 +62,7 @@ async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
     path = "/api/workers/{id}",
     tag = "workers",
     summary = "One worker",
-    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    params(WorkerIdPath),
     responses(
         (status = 200, description = "The worker", body = WorkerInfo),
         BadId,
@@ -112,7 +113,7 @@ pub struct Done {
     tag = "workers",
     summary = "Pause a simulated worker (operator)",
     description = "Frozen for TTL + 2 s (no ticks, no heartbeats), then it tries to complete its task, which the fencing token refuses if another worker took it over. A worker of another instance is paused through that instance.",
-    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    params(WorkerIdPath),
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "Paused", body = Done),
@@ -136,7 +137,7 @@ async fn pause(
     tag = "workers",
     summary = "Kill a simulated worker (operator)",
     description = "Aborted on the spot, nothing completed or released: its task is taken over once the lease runs out. A worker of another instance is killed through that instance.",
-    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    params(WorkerIdPath),
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "Killed", body = Done),
@@ -168,7 +169,7 @@ async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json
     path = "/api/workers/{id}",
     tag = "workers",
     summary = "A worker process reports itself",
-    params(("id" = String, Path, min_length = 1, max_length = 256, description = "The worker's id (1 to 256 characters, no control characters)")),
+    params(WorkerIdPath),
     request_body = Report,
     responses(
         (status = 200, description = "Recorded", body = WorkerInfo),
