@@ -338,7 +338,7 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
             .unwrap();
         for status in &filters {
             for newest_first in [true, false] {
-                let sql = store::list_sql(*status, newest_first);
+                let sql = store::sql::list(*status, newest_first);
                 prepared += 1;
                 sqlx::query(&format!("PREPARE q{prepared} AS {sql}"))
                     .execute(&mut *conn)

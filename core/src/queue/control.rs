@@ -361,7 +361,7 @@ pub async fn force_release(
         return Ok(None);
     };
     // A task lease's claim ends with it, in the same transaction.
-    let freed_a_task = super::store::end_claim_of(&mut tx, &lease).await?;
+    let freed_a_task = end_claim_of(&mut tx, &lease).await?;
     lease_store::record_operator_action(
         &mut tx,
         &lease.resource,
@@ -377,4 +377,37 @@ pub async fn force_release(
         live::announce(Topics::WORK);
     }
     Ok(Some(lease))
+}
+
+/// When `lease` guards a task (resource `task:<id>`), makes that task's
+/// claim under the lease's fencing token late now, so another worker may
+/// take the task over at once and the old processor's heartbeat and
+/// completion are refused. Call it in the transaction that ended the lease
+/// early ([`leases::force_release`]), whose caller announces
+/// [`Topics::TASKS`](crate::live::Topics::TASKS) after the commit. Answers
+/// whether a claim was ended.
+async fn end_claim_of(
+    conn: &mut PgConnection,
+    lease: &crate::lease::Lease,
+) -> Result<bool, sqlx::Error> {
+    let Some(task_id) = lease
+        .resource
+        .strip_prefix("task:")
+        .and_then(|n| n.parse::<i32>().ok())
+    else {
+        return Ok(false);
+    };
+    // Race prevented: the processor heartbeating its claim while the
+    // operator ends it. The token check (re-checked on the newest row
+    // version) ends only the claim of the term the lease ended; after this
+    // commits the claim is late, so its heartbeat and completion are refused.
+    let ended = sqlx::query(
+        "UPDATE tasks SET must_heartbeat_before = now() - interval '1 millisecond'
+          WHERE id = $1 AND status = 'started' AND fencing_token = $2",
+    )
+    .bind(task_id)
+    .bind(lease.fencing_token)
+    .execute(&mut *conn)
+    .await?;
+    Ok(ended.rows_affected() == 1)
 }

@@ -403,7 +403,7 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
                     .iter()
                     .map(|t| (t.id, t.fencing_token.unwrap()))
                     .collect();
-                let done = store::complete_batch(&mut conn, &me, &claims, None)
+                let done = store::complete_all_of(&mut conn, &me, &claims, None)
                     .await
                     .unwrap();
                 assert_eq!(done.len(), claims.len(), "every current claim completes");
@@ -449,7 +449,7 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
         .unwrap()
         .unwrap();
     assert_eq!((new.id, new.fencing_token), (b.id, Some(2)));
-    let done = store::complete_batch(
+    let done = store::complete_all_of(
         &mut conn,
         &old,
         &[(a.id, a.fencing_token.unwrap()), (b.id, 1)],

@@ -2,7 +2,7 @@
 //! pgbench (16 clients, prepared statements, no application code):
 //!
 //! - the **raw SQL ceiling**: the store's own claim and complete
-//!   statements ([`tasks::claim_sql`], [`tasks::complete_sql`]), so what
+//!   statements ([`tasks::sql::claim`], [`tasks::sql::complete`]), so what
 //!   our SQL can do at best on this machine;
 //! - the **minimal ceiling**: a bare `SKIP LOCKED` queue in a table of its
 //!   own (no lease, no token, no history, no counters), claimed with one
@@ -20,15 +20,15 @@ use std::path::PathBuf;
 /// [`minimal_ceiling`]).
 const MINIMAL_TABLE: &str = "bench_minimal_queue";
 
-/// The raw ceiling's script: [`tasks::claim_sql`] for one task, then
-/// [`tasks::complete_sql`] for it, with pgbench variables for the binds.
+/// The raw ceiling's script: [`tasks::sql::claim`] for one task, then
+/// [`tasks::sql::complete`] for it, with pgbench variables for the binds.
 fn raw_script() -> String {
     let processor = "('raw-' || :client_id)";
-    let claim = tasks::claim_sql(1, false)
+    let claim = tasks::sql::claim(1, false)
         .replace("$1::text[]", &format!("ARRAY[{processor}]"))
         .replace("$2", "30000")
         .replace("$3", "'default'");
-    let complete = tasks::complete_sql()
+    let complete = tasks::sql::complete()
         .replace("$1::int4[]", "ARRAY[:id]::int4[]")
         .replace("$2::int8[]", "ARRAY[:fencing_token]::int8[]")
         .replace("$3::text[]", &format!("ARRAY[{processor}]"))

@@ -6,7 +6,7 @@
 //!    64 workers (each a loop on its own connection calling
 //!    [`tasks::claim_next`] then [`tasks::complete`], the worker loop's own
 //!    calls), one task per claim; and with the batch API
-//!    ([`tasks::claim_batch`] / [`tasks::complete_batch`]).
+//!    ([`tasks::claim_batch`] / [`tasks::complete_all_of`]).
 //! 2. **Claim latency** at 16 workers (each `claim_next` call under that
 //!    load), and **wake-up latency**: from an enqueue's commit (the task is
 //!    visible) to the moment an idle worker, waiting on a [`WorkSignal`]
@@ -27,8 +27,8 @@
 //!    database (scale-out); and once more with millions of rows already in
 //!    `lease_events` (history must not slow claims).
 //! 7. **Baselines**: (a) the raw SQL ceiling: pgbench driving the very same
-//!    claim and complete statements ([`tasks::claim_sql`],
-//!    [`tasks::complete_sql`]) with no application code; (b) the minimal
+//!    claim and complete statements ([`tasks::sql::claim`],
+//!    [`tasks::sql::complete`]) with no application code; (b) the minimal
 //!    ceiling: pgbench on a bare SKIP LOCKED queue table, the physical
 //!    reference; (c) the original design's algorithm (`ORDER BY
 //!    scheduled_at LIMIT 1 OFFSET n FOR UPDATE`, then a separate lease
@@ -48,9 +48,9 @@
 //! [`tasks::claim_next`]: leasekeeper_core::queue::store::claim_next
 //! [`tasks::complete`]: leasekeeper_core::queue::store::complete
 //! [`tasks::claim_batch`]: leasekeeper_core::queue::store::claim_batch
-//! [`tasks::complete_batch`]: leasekeeper_core::queue::store::complete_batch
-//! [`tasks::claim_sql`]: leasekeeper_core::queue::store::claim_sql
-//! [`tasks::complete_sql`]: leasekeeper_core::queue::store::complete_sql
+//! [`tasks::complete_all_of`]: leasekeeper_core::queue::store::complete_all_of
+//! [`tasks::sql::claim`]: leasekeeper_core::queue::store::sql::claim
+//! [`tasks::sql::complete`]: leasekeeper_core::queue::store::sql::complete
 //! [`WorkSignal`]: leasekeeper_core::queue::wake::WorkSignal
 //! [`Runtime`]: leasekeeper_core::Runtime
 

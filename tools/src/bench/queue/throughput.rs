@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 pub(super) enum Algo {
     /// `claim_next` + `complete`.
     Ours,
-    /// `claim_batch` + `complete_batch`.
+    /// `claim_batch` + `complete_all_of`.
     Batched,
     /// The original design (see the module docs).
     Original,
@@ -76,7 +76,7 @@ pub(super) async fn drive(
                             .iter()
                             .map(|t| (t.id, t.fencing_token.unwrap_or_default()))
                             .collect();
-                        let completed = tasks::complete_batch(&mut conn, &me, &ids, None).await?;
+                        let completed = tasks::complete_all_of(&mut conn, &me, &ids, None).await?;
                         if completed.len() != ids.len() {
                             bail!("a batch completion was refused");
                         }

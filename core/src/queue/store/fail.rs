@@ -1,0 +1,79 @@
+//! Failure: an attempt reported failed, the task back to pending after the
+//! retry policy's backoff or failed for good, the claim released.
+
+use super::guard::update_claim;
+use super::{RetryPolicy, TaskError, millis, task_resource};
+use crate::lease::Holder;
+use crate::lease::store::{self as leases, LeaseError};
+use crate::queue::Task;
+use sqlx::PgConnection;
+use std::borrow::Cow;
+
+/// The longest `last_error` kept, in characters; the tasks table's CHECK
+/// holds the same limit.
+pub const MAX_ERROR_CHARS: usize = 4096;
+
+/// `error` cut to [`MAX_ERROR_CHARS`], ending in `…` when cut.
+pub fn bounded_error(error: &str) -> Cow<'_, str> {
+    if error.chars().nth(MAX_ERROR_CHARS).is_none() {
+        return Cow::Borrowed(error);
+    }
+    let mut cut: String = error.chars().take(MAX_ERROR_CHARS - 1).collect();
+    cut.push('…');
+    Cow::Owned(cut)
+}
+
+/// Reports that an attempt at task `id` failed with `error`. The task goes
+/// back to pending after the policy's backoff, or to failed once it has
+/// used `max_attempts`. Accepted only from the current claim's holder.
+/// An `error` past [`MAX_ERROR_CHARS`] is kept cut (a simulated worker's
+/// message quotes the bad task data it got, which may be long).
+pub async fn fail(
+    conn: &mut PgConnection,
+    id: i32,
+    processor: &Holder,
+    token: i64,
+    error: &str,
+    policy: RetryPolicy,
+) -> Result<Task, TaskError> {
+    let _announced =
+        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+    // Race prevented: a late failure report from a processor that lost the
+    // claim, which would otherwise reset a task another worker now holds.
+    // Same guard as complete, re-checked on the locked row (see
+    // `update_claim`).
+    let (base, max) = (millis(policy.base), millis(policy.max));
+    let error = bounded_error(error).into_owned();
+    let (mut tx, task) = update_claim(
+        conn,
+        id,
+        processor,
+        token,
+        "fail",
+        "status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
+         failed_at = CASE WHEN attempts >= max_attempts THEN now() END,
+         scheduled_at = CASE WHEN attempts >= max_attempts THEN scheduled_at
+             ELSE now() + make_interval(secs =>
+                 LEAST($5::float8, $4::float8 * power(2, GREATEST(attempts - 1, 0))) / 1000) END,
+         must_heartbeat_before = NULL,
+         last_error = $6",
+        |q| q.bind(base).bind(max).bind(error),
+    )
+    .await?;
+    release_claim(&mut tx, id, processor, token).await?;
+    tx.commit().await?;
+    Ok(task)
+}
+
+async fn release_claim(
+    conn: &mut PgConnection,
+    id: i32,
+    processor: &Holder,
+    token: i64,
+) -> Result<(), TaskError> {
+    match leases::release(conn, &task_resource(id)?, processor, Some(token)).await {
+        // Already gone (released by hand): the task row decided; fine.
+        Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

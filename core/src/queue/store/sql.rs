@@ -1,0 +1,136 @@
+//! The queue's hot statements as text: what a claim, a completion and a
+//! list run, for a DBA to `EXPLAIN` against their own data or load-test
+//! with pgbench (the benchmark's raw ceilings do exactly that, and a test
+//! checks the lists' plans), without reading this crate's source. The store
+//! runs these very strings.
+
+use super::TASK_COLUMNS;
+use crate::queue::TaskStatus;
+
+/// The one statement that claims up to `limit` tasks of queue `$3`, the
+/// n-th task claimed for the n-th holder of the array `$1` (which has
+/// `limit` names; one name repeated for a batch of one holder), with a
+/// lease of `$2` milliseconds each (see [`claim_batch`](super::claim_batch) and
+/// [`claim_for`](super::claim_for)); with `by_kind`, only tasks whose kind
+/// is in the array `$4`.
+///
+/// The limit is written into the statement, not bound: with a bound limit
+/// PostgreSQL cannot tell a one-task claim from a thousand-task one when it
+/// plans the prepared statement, finds its generic plan too dear, and plans
+/// the statement anew on every claim (measured: 1,400 claims/s instead of
+/// 2,600). One cached statement per batch size instead.
+///
+/// The kind filter is written in or left out, not bound as `($4 IS NULL OR
+/// kind = ANY($4))`, for the same reason: a generic plan could not tell.
+pub fn claim(limit: usize, by_kind: bool) -> String {
+    let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
+    format!(
+        "WITH late AS (
+            SELECT id, attempts, max_attempts, true AS late, last_heartbeat_at AS last_seen FROM tasks
+             WHERE status = 'started' AND must_heartbeat_before <= now()
+               AND queue = $3 {kinds}
+             ORDER BY must_heartbeat_before, id
+             LIMIT {limit} FOR UPDATE SKIP LOCKED
+         ), fresh AS (
+            SELECT id, attempts, max_attempts, false AS late, NULL::timestamptz AS last_seen FROM tasks
+             WHERE status = 'pending' AND scheduled_at <= now()
+               AND queue = $3 {kinds}
+               AND NOT EXISTS (SELECT 1 FROM late)
+             ORDER BY priority, scheduled_at, id
+             LIMIT {limit} FOR UPDATE SKIP LOCKED
+         ), candidate AS (
+            SELECT c.*, row_number() OVER () AS n
+              FROM (SELECT * FROM late UNION ALL SELECT * FROM fresh) c
+         ), holder AS (
+            SELECT h.name, h.n FROM unnest($1::text[]) WITH ORDINALITY AS h(name, n)
+         ), lease AS (
+            INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
+            SELECT 'task:' || c.id, h.name, now(), now() + make_interval(secs => $2::float8 / 1000), $2,
+                   COALESCE((SELECT f.last_token FROM lease_fencing f
+                              WHERE f.resource = 'task:' || c.id), 0) + 1
+              FROM candidate c JOIN holder h ON h.n = c.n
+             WHERE NOT c.late OR c.attempts < c.max_attempts
+             ORDER BY c.id
+            ON CONFLICT (resource) DO UPDATE
+               SET holder = EXCLUDED.holder, acquired_at = now(), renewed_at = NULL,
+                   released_at = NULL, expires_at = EXCLUDED.expires_at,
+                   ttl_ms = EXCLUDED.ttl_ms, renew_count = 0,
+                   fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
+             WHERE l.expires_at <= now()
+            RETURNING resource, holder, fencing_token, expires_at
+         ), claimed AS (
+            UPDATE tasks t
+               SET status = 'started', processor = lease.holder, fencing_token = lease.fencing_token,
+                   started_at = now(), last_heartbeat_at = now(),
+                   must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
+              FROM candidate c JOIN lease ON lease.resource = 'task:' || c.id
+             WHERE t.id = c.id
+            RETURNING t.*, c.late AS took_over,
+                      (EXTRACT(EPOCH FROM (now() - c.last_seen)) * 1000)::bigint AS silent_ms
+         )
+         SELECT n.candidates, claimed.*
+           FROM (SELECT count(*) AS candidates FROM candidate) n
+           LEFT JOIN (SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed) claimed ON true
+          ORDER BY claimed.must_heartbeat_before, claimed.id"
+    )
+}
+
+/// The one statement that completes the claims `($1 ids, $2 tokens, $3
+/// processors)` with outputs `$4` (see [`complete_each`](super::complete_each)).
+pub fn complete() -> String {
+    complete_at("now()")
+}
+
+/// [`complete`] judging the deadline by `clock`: `now()` (the
+/// transaction's start, which for a one-statement transaction is the
+/// statement's) or `statement_timestamp()` for a transaction that began
+/// earlier (see [`FencedTransaction`](super::FencedTransaction)).
+pub(super) fn complete_at(clock: &str) -> String {
+    format!(
+        "WITH claim AS (
+            SELECT * FROM unnest($1::int4[], $2::int8[], $3::text[], $4::jsonb[])
+                       AS c(id, token, processor, output)
+         ), done AS (
+            UPDATE tasks t
+               SET status = 'processed', processed_at = {clock}, task_output = claim.output,
+                   must_heartbeat_before = NULL
+              FROM claim
+             WHERE t.id = claim.id AND t.fencing_token = claim.token AND t.processor = claim.processor
+               AND t.status = 'started' AND t.must_heartbeat_before > {clock}
+            RETURNING t.*
+         ), released AS (
+            UPDATE leases l
+               SET released_at = {clock}, expires_at = date_trunc('milliseconds', {clock})
+              FROM done
+             WHERE l.resource = 'task:' || done.id AND l.holder = done.processor
+               AND l.fencing_token = done.fencing_token
+               AND l.released_at IS NULL AND l.expires_at > {clock}
+         )
+         SELECT {TASK_COLUMNS} FROM done ORDER BY id"
+    )
+}
+
+/// The SQL of [`list`](super::list) (`$1` after id, `$2` limit) and of [`list_page`](super::list_page)
+/// (`$1` before id, `$2` limit) for `status`.
+///
+/// The status is written into the statement as a literal (it comes from
+/// the enum, never from input), one statement per status, rather than
+/// bound as `($1 IS NULL OR status = $1)`: a prepared statement may get a
+/// generic plan, and a generic plan cannot know that failed or pending
+/// tasks are rare among a million processed ones; it walks the primary key
+/// and filters by status, reading the whole table to find a page. With the
+/// literal, the planner picks `tasks_status_id_idx (status, id)` when the
+/// status is rare (tested with a million rows in `tests/it/overview.rs`).
+pub fn list(status: Option<TaskStatus>, newest_first: bool) -> String {
+    let and_status = match status {
+        Some(s) => format!("AND status = '{}'", s.as_str()),
+        None => String::new(),
+    };
+    if newest_first {
+        format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id < $1 {and_status} ORDER BY id DESC LIMIT $2"
+        )
+    } else {
+        format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 {and_status} ORDER BY id LIMIT $2")
+    }
+}
