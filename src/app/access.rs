@@ -18,7 +18,7 @@ pub struct Access {
 /// This browser's access.
 #[server(prefix = "/sfn")]
 pub async fn get_access() -> Result<Access, AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     let headers: axum::http::HeaderMap =
         leptos_axum::extract().await.map_err(AppError::internal)?;
     Ok(Access {
@@ -30,12 +30,12 @@ pub async fn get_access() -> Result<Access, AppError> {
 /// Checks `token` and, when right, keeps it in this browser's cookie.
 #[server(prefix = "/sfn")]
 pub async fn sign_in(token: String) -> Result<(), AppError> {
-    check_and_remember(token).map_err(super::common::refused)
+    check_and_remember(token).map_err(super::context::refused)
 }
 
 #[cfg(feature = "ssr")]
 fn check_and_remember(token: String) -> Result<(), AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     if state.settings.admin_token.is_none() {
         return Err(AppError::BadRequest(
             "no admin token is set on this server: the controls are open".into(),
@@ -122,7 +122,7 @@ pub fn SignInPage() -> impl IntoView {
                 </button>
             </ActionForm>
             {move || action.value().get().and_then(|r| r.err()).map(|e| view! {
-                <super::common::Notice kind="error" testid="sign-in-error" text=e.to_string()/>
+                <super::widgets::Notice kind="error" testid="sign-in-error" text=e.to_string()/>
             })}
         </section>
     }

@@ -1,7 +1,9 @@
 //! The audit page (`/audit`): every operator action, newest first, a page
 //! at a time: what was done, to what, and through which instance.
 
-use super::common::{LocalTime, Notice, Pager, before_param, operator_text, refresh_tick};
+use super::live::refresh_tick;
+use super::time::LocalTime;
+use super::widgets::{Notice, Pager, before_param, operator_text};
 use crate::error::AppError;
 use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::paging::Paged;
@@ -11,7 +13,7 @@ use leptos::prelude::*;
 /// A page of the audit log, newest first, below `before`.
 #[server(prefix = "/sfn")]
 pub async fn get_audit(before: Option<i64>) -> Result<Paged<LeaseEvent>, AppError> {
-    let mut conn = super::common::pool()?.acquire().await?;
+    let mut conn = super::context::pool()?.acquire().await?;
     Ok(leasekeeper_core::lease::store::audit(
         &mut conn,
         leasekeeper_core::paging::Cursor::new(before, None),
@@ -62,7 +64,7 @@ pub fn AuditPage() -> impl IntoView {
 #[component]
 fn AuditTable(page: Paged<LeaseEvent>, before: Option<i64>) -> impl IntoView {
     view! {
-        <super::common::DataTable testid="audit-table" headers=vec!["when", "action", "on"]>
+        <super::widgets::DataTable testid="audit-table" headers=vec!["when", "action", "on"]>
             {page
                 .items
                 .into_iter()
@@ -84,7 +86,7 @@ fn AuditTable(page: Paged<LeaseEvent>, before: Option<i64>) -> impl IntoView {
                     }
                 })
                 .collect_view()}
-        </super::common::DataTable>
+        </super::widgets::DataTable>
         <Pager base="/audit".to_string() before next=page.next testid="audit-pager"/>
     }
 }

@@ -1,7 +1,9 @@
 //! The two pictures that explain a failover without reading logs: a
 //! resource's ownership timeline, and the failover stopwatch.
 
-use super::common::{Notice, refresh_tick, remaining};
+use super::live::refresh_tick;
+use super::time::remaining;
+use super::widgets::Notice;
 use crate::error::AppError;
 use leasekeeper_core::lease::Failover;
 use leasekeeper_core::lease::timeline::{TermEnd, Timeline};
@@ -32,7 +34,7 @@ pub struct TimelineView {
 pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppError> {
     // The most events one timeline reads (newest first).
     const TIMELINE_EVENTS: i64 = 400;
-    let mut conn = super::common::pool()?.acquire().await?;
+    let mut conn = super::context::pool()?.acquire().await?;
     let resource = match of {
         // The lease store's own rules: a NUL reaching PostgreSQL fails the
         // query (500) rather than finding nothing.
@@ -41,7 +43,7 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
             .as_str()
             .to_owned(),
         TimelineOf::Lease(id) => {
-            super::common::check_id(id)?;
+            crate::error::check_id(id)?;
             match leasekeeper_core::lease::store::get(&mut conn, id).await? {
                 Some(lease) => lease.resource,
                 None => return Ok(None),
@@ -262,7 +264,7 @@ pub struct StopwatchView {
 /// The newest failovers.
 #[server(prefix = "/sfn")]
 pub async fn get_failovers() -> Result<StopwatchView, AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     let rows =
         leasekeeper_core::lease::stopwatch::recent(&mut *state.pool.acquire().await?, 10).await?;
     let bound = state.settings.lease_ttl + state.settings.renew_interval;

@@ -2,10 +2,9 @@
 //! fencing token, time to expiry, start and stop buttons that work from any
 //! instance) and every instance with whether it is alive.
 
-use super::common::{
-    ActionOutcome, DataTable, Live, LocalTime, Notice, controls_class, refresh_tick, relative,
-    remaining,
-};
+use super::live::{Live, refresh_tick};
+use super::time::{LocalTime, relative, remaining};
+use super::widgets::{ActionOutcome, DataTable, Notice, controls_class};
 use crate::error::AppError;
 use leasekeeper_core::generator::GeneratorStatus;
 use leasekeeper_core::instance::Instance;
@@ -16,7 +15,7 @@ use leptos_router::hooks::use_query_map;
 /// The generator's status as this instance sees it.
 #[server(prefix = "/sfn")]
 pub async fn get_generator_status() -> Result<GeneratorStatus, AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     let mut conn = state.pool.acquire().await?;
     Ok(leasekeeper_core::generator::runtime::report(
         &mut conn,
@@ -39,7 +38,7 @@ pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> 
             )));
         }
     };
-    let state = super::common::operator_state().await?;
+    let state = super::context::operator_state().await?;
     let mut conn = state.pool.acquire().await?;
     Ok(leasekeeper_core::generator::runtime::request(
         &mut conn,
@@ -64,7 +63,7 @@ pub struct InstancesView {
 /// A page of the instances, newest first, below `before`.
 #[server(prefix = "/sfn")]
 pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
     let cursor = leasekeeper_core::paging::Cursor::new(before, None);
     let page = leasekeeper_core::instance::store::list_page(
@@ -85,11 +84,11 @@ pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppErro
 #[server(prefix = "/sfn")]
 pub async fn kill_instance(id: String) -> Result<String, AppError> {
     let id = leasekeeper_core::lease::Holder::parse(id)
-        .map_err(|e| super::common::refused(AppError::BadRequest(format!("instance id: {e}"))))?;
-    let state = super::common::operator_state().await?;
+        .map_err(|e| super::context::refused(AppError::BadRequest(format!("instance id: {e}"))))?;
+    let state = super::context::operator_state().await?;
     crate::ops::kill_instance(&state, &id)
         .await
-        .map_err(super::common::refused)
+        .map_err(super::context::refused)
 }
 
 /// The instances page.
@@ -101,7 +100,7 @@ pub fn InstancesPage() -> impl IntoView {
     // the page asks first (before hydration too: it is a link).
     let query = use_query_map();
     let confirm = Memo::new(move |_| query.read().get("confirm"));
-    let before = super::common::before_param();
+    let before = super::widgets::before_param();
     let instances = Resource::new(
         move || {
             (
@@ -149,7 +148,7 @@ pub fn InstancesPage() -> impl IntoView {
                         Either::Right(Either::Left(view! {
                             {confirming.map(|id| view! { <ConfirmSelfKill id others=others.clone() kill=self_kill/> })}
                             <InstanceTable view=v kill/>
-                            <super::common::Pager base="/instances".to_string() before=before.get_untracked() next testid="instances-pager"/>
+                            <super::widgets::Pager base="/instances".to_string() before=before.get_untracked() next testid="instances-pager"/>
                         }))
                     }
                     Err(e) => Either::Right(Either::Right(view! {
@@ -171,7 +170,7 @@ fn ConfirmSelfKill(
     kill: ServerAction<KillInstance>,
 ) -> impl IntoView {
     let instead = view! {
-        <super::common::LiveInstanceLinks
+        <super::live::LiveInstanceLinks
             others
             lead="Afterwards, open a live instance: "
             none="No other instance is alive: nothing will serve this dashboard until you start one."
@@ -258,7 +257,7 @@ pub fn GeneratorPanel() -> impl IntoView {
                     <p class="text-sm text-slate-600">
                         "Inserts a task every interval, on exactly one instance: the holder of the singleton:generator lease."
                     </p>
-                    <super::common::FencingTokenNote/>
+                    <super::widgets::FencingTokenNote/>
                 </div>
                 <div class="flex gap-2">
                     <ActionForm action=action>

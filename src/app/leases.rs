@@ -5,11 +5,11 @@
 //! works before hydration (plain links and a GET form) and a view can be
 //! shared. Once hydrated it refreshes itself every second.
 
-use super::common::{
-    ActionOutcome, DataTable, FilterPills, HistoryList, LookupForm, Notice, parse_id, refresh_tick,
-    relative, remaining,
-};
+use super::live::refresh_tick;
+use super::time::{relative, remaining};
+use super::widgets::{ActionOutcome, DataTable, FilterPills, HistoryList, LookupForm, Notice};
 use crate::error::AppError;
+use crate::error::parse_id;
 use leasekeeper_core::lease::{Lease, LeaseDetail, LeaseFilter, LeaseState};
 use leptos::either::EitherOf3;
 use leptos::prelude::*;
@@ -24,7 +24,7 @@ pub async fn get_leases(
 ) -> Result<leasekeeper_core::paging::Paged<Lease>, AppError> {
     use leasekeeper_core::lease::store;
     Ok(store::list_page(
-        &mut *super::common::pool()?.acquire().await?,
+        &mut *super::context::pool()?.acquire().await?,
         filter,
         leasekeeper_core::paging::Cursor::new(before, None),
     )
@@ -35,19 +35,19 @@ pub async fn get_leases(
 #[server(prefix = "/sfn")]
 pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> {
     use leasekeeper_core::lease::store;
-    super::common::check_id(id)?;
-    Ok(store::detail(&mut *super::common::pool()?.acquire().await?, id).await?)
+    crate::error::check_id(id)?;
+    Ok(store::detail(&mut *super::context::pool()?.acquire().await?, id).await?)
 }
 
 /// Ends term `token` of lease `id` now, whoever holds it (an operator action).
 #[server(prefix = "/sfn")]
 pub async fn force_release_lease(id: i32, token: i64) -> Result<String, AppError> {
-    super::common::check_id(id)?;
-    let state = super::common::operator_state().await?;
+    crate::error::check_id(id)?;
+    let state = super::context::operator_state().await?;
     let mut conn = state.pool.acquire().await?;
     let lease = crate::ops::force_release(&mut conn, id, token, &state.instance_id)
         .await
-        .map_err(super::common::refused)?;
+        .map_err(super::context::refused)?;
     Ok(format!(
         "released term #{token} of {} (held by {}); the next holder gets a higher token",
         lease.resource,
@@ -95,7 +95,7 @@ pub fn LeasesPage() -> impl IntoView {
     let tick = refresh_tick();
     let release = ServerAction::<ForceReleaseLease>::new();
 
-    let before = super::common::before_param();
+    let before = super::widgets::before_param();
     let leases = Resource::new(
         move || {
             (
@@ -123,7 +123,7 @@ pub fn LeasesPage() -> impl IntoView {
                 <p class="text-sm text-slate-600">
                     "Who owns what, until when, with which fencing token. Judged by the database clock; updated live as leases change."
                 </p>
-                <super::common::FencingTokenNote/>
+                <super::widgets::FencingTokenNote/>
             </div>
             <LookupForm path="/leases" param="state" keep=Signal::derive(move || filter.get().as_str()) prefix="lease" placeholder="Lease id"/>
         </div>
@@ -171,7 +171,7 @@ pub fn LeasesPage() -> impl IntoView {
                         };
                         EitherOf3::B(view! {
                             <LeaseTable leases=page.items/>
-                            <super::common::Pager base before=before.get_untracked() next=page.next testid="leases-pager"/>
+                            <super::widgets::Pager base before=before.get_untracked() next=page.next testid="leases-pager"/>
                         })
                     }
                     Err(e) => EitherOf3::C(view! {

@@ -3,12 +3,15 @@
 
 mod access;
 mod audit;
-pub mod common;
+pub mod context;
 mod failover;
 mod instances;
 mod leases;
+pub mod live;
 mod overview;
 mod tasks;
+pub mod time;
+pub mod widgets;
 mod workers;
 
 pub use access::{Access, get_access, sign_in, sign_out};
@@ -85,7 +88,7 @@ fn bundle_mismatch() -> Option<impl IntoView> {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    common::provide_live();
+    live::provide_live();
     view! {
         <Stylesheet id="leptos" href="/pkg/leasekeeper.css"/>
         <Title text="leasekeeper"/>
@@ -106,11 +109,11 @@ pub fn App() -> impl IntoView {
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
                         <a href="/audit" class="hover:text-slate-900" data-testid="nav-audit">"Audit"</a>
                     </nav>
-                    <span class="ml-auto flex items-center gap-3"><access::AccessBadge/><common::LiveBadge/></span>
+                    <span class="ml-auto flex items-center gap-3"><access::AccessBadge/><live::LiveBadge/></span>
                 </div>
             </header>
             <main class="mx-auto max-w-6xl px-4 py-6">
-                <common::ServerGone/>
+                <live::ServerGone/>
                 <Routes fallback=|| view! { <NotFound/> }>
                     // Async: the server waits for the data and sends whole
                     // HTML, so pages work before (and without) hydration.

@@ -2,8 +2,9 @@
 //! minutes, the split-brain banner, the generator panel, and instances and
 //! workers at a glance. Every live value has a `data-testid`.
 
-use super::common::{Notice, refresh_tick};
 use super::instances::GeneratorPanel;
+use super::live::refresh_tick;
+use super::widgets::Notice;
 use crate::error::AppError;
 use crate::overview::{Overview, SplitBrain, Throughput};
 use leasekeeper_core::instance::Instance;
@@ -14,7 +15,7 @@ use leptos::prelude::*;
 /// Everything the overview shows, as this instance sees it.
 #[server(prefix = "/sfn")]
 pub async fn get_overview() -> Result<Overview, AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     Ok(crate::overview::store::read(state.viewpoint()).await?)
 }
 
@@ -28,7 +29,7 @@ pub fn OverviewPage() -> impl IntoView {
         <p class="text-sm text-slate-600">
             "The whole system at a glance: tasks by state, throughput, who is alive, and whether any resource ever had two live holders."
         </p>
-        <super::common::FencingTokenNote/>
+        <super::widgets::FencingTokenNote/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading the overview…"</p> }>
             {move || Suspend::new(async move {
                 match overview.await {

@@ -3,11 +3,13 @@
 //! deadline nears (late tasks are flagged); a status filter; and lookup by
 //! id with attempts, last error and the task lease's history.
 
-use super::common::{
-    ActionOutcome, DataTable, FilterPills, HistoryList, LocalTime, LookupForm, Notice, Pager,
-    controls_class, parse_id, refresh_tick, remaining,
+use super::live::refresh_tick;
+use super::time::{LocalTime, remaining};
+use super::widgets::{
+    ActionOutcome, DataTable, FilterPills, HistoryList, LookupForm, Notice, Pager, controls_class,
 };
 use crate::error::AppError;
+use crate::error::parse_id;
 use leasekeeper_core::queue::{TaskAction, TaskDetail, TaskPage, TaskStatus};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
@@ -21,8 +23,8 @@ pub async fn get_tasks(
     before: Option<i64>,
 ) -> Result<TaskPage, AppError> {
     use leasekeeper_core::queue::store;
-    let settings = super::common::settings()?;
-    let mut conn = super::common::pool()?.acquire().await?;
+    let settings = super::context::settings()?;
+    let mut conn = super::context::pool()?.acquire().await?;
     let page = store::list_page(
         &mut conn,
         status,
@@ -41,8 +43,8 @@ pub async fn get_tasks(
 pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
     use leasekeeper_core::lease::store as leases;
     use leasekeeper_core::queue::store;
-    super::common::check_id(id)?;
-    let mut conn = super::common::pool()?.acquire().await?;
+    crate::error::check_id(id)?;
+    let mut conn = super::context::pool()?.acquire().await?;
     let Some(task) = store::get(&mut conn, id).await? else {
         return Ok(None);
     };
@@ -59,13 +61,13 @@ pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
 /// operator action, audited in the same transaction.
 #[server(prefix = "/sfn")]
 pub async fn control_task(id: i32, action: String) -> Result<String, AppError> {
-    super::common::check_id(id)?;
-    let state = super::common::operator_state().await?;
+    crate::error::check_id(id)?;
+    let state = super::context::operator_state().await?;
     let action = parse_action(&action)?;
     let mut conn = state.pool.acquire().await?;
     let task = leasekeeper_core::queue::control::apply(&mut conn, action, id, &state.instance_id)
         .await
-        .map_err(|e| super::common::refused(e.into()))?;
+        .map_err(|e| super::context::refused(e.into()))?;
     Ok(match task.status {
         TaskStatus::Cancelled => format!(
             "task {id} cancelled; a worker that still runs it has its next heartbeat or completion refused"
@@ -82,9 +84,9 @@ pub async fn control_task(id: i32, action: String) -> Result<String, AppError> {
 #[server(prefix = "/sfn")]
 pub async fn control_tasks(status: String, action: String) -> Result<String, AppError> {
     use leasekeeper_core::queue::control::{self, TaskFilter};
-    let state = super::common::operator_state().await?;
+    let state = super::context::operator_state().await?;
     let status = TaskStatus::parse(&status).ok_or_else(|| {
-        super::common::refused(AppError::BadRequest(format!("no task status {status:?}")))
+        super::context::refused(AppError::BadRequest(format!("no task status {status:?}")))
     })?;
     let filter = TaskFilter {
         status,
@@ -94,7 +96,7 @@ pub async fn control_tasks(status: String, action: String) -> Result<String, App
     let action = parse_action(&action)?;
     let count = control::apply_matching(&state.pool, action, &filter, &state.instance_id)
         .await
-        .map_err(|e| super::common::refused(e.into()))?;
+        .map_err(|e| super::context::refused(e.into()))?;
     let done = match action {
         TaskAction::Cancel => "cancelled",
         TaskAction::Retry => "retried",
@@ -106,7 +108,7 @@ pub async fn control_tasks(status: String, action: String) -> Result<String, App
 /// names a [`TaskAction`].
 #[cfg(feature = "ssr")]
 fn parse_action(raw: &str) -> Result<TaskAction, AppError> {
-    TaskAction::parse(raw).map_err(|e| super::common::refused(AppError::BadRequest(e)))
+    TaskAction::parse(raw).map_err(|e| super::context::refused(AppError::BadRequest(e)))
 }
 
 /// How near a started task's heartbeat deadline is: the countdown's colour.
@@ -201,7 +203,7 @@ pub fn TasksPage() -> impl IntoView {
     let tick = refresh_tick();
     let one = ServerAction::<ControlTask>::new();
     let all = ServerAction::<ControlTasks>::new();
-    let before = super::common::before_param();
+    let before = super::widgets::before_param();
     let tasks = Resource::new(
         move || {
             (
@@ -237,7 +239,7 @@ pub fn TasksPage() -> impl IntoView {
                 <p class="text-sm text-slate-600">
                     "The queue, newest first. Every claim is a lease: the countdown is the time left before the claim's lease runs out and any worker may take the task over."
                 </p>
-                <super::common::FencingTokenNote/>
+                <super::widgets::FencingTokenNote/>
             </div>
             <LookupForm path="/tasks" param="status" keep=Signal::derive(move || filter.get()) prefix="task" placeholder="Task id"/>
         </div>

@@ -2,7 +2,8 @@
 //! token and heartbeat age, and buttons to spawn, pause and kill this
 //! instance's simulated workers (plain forms before hydration).
 
-use super::common::{ActionOutcome, DataTable, FilterPills, Notice, controls_class, refresh_tick};
+use super::live::refresh_tick;
+use super::widgets::{ActionOutcome, DataTable, FilterPills, Notice, controls_class};
 use crate::error::AppError;
 use leasekeeper_core::worker::{WorkerInfo, WorkerKind, WorkerState};
 use leptos::either::Either;
@@ -76,7 +77,7 @@ pub async fn get_workers(
     filter: WorkerFilter,
     before: Option<i64>,
 ) -> Result<WorkersView, AppError> {
-    let state = super::common::state()?;
+    let state = super::context::state()?;
     let mut conn = state.pool.acquire().await?;
     let page = leasekeeper_core::worker::registry::list_page(
         &mut conn,
@@ -115,7 +116,7 @@ pub async fn get_workers(
 /// Spawns a simulated worker on this instance.
 #[server(prefix = "/sfn")]
 pub async fn spawn_worker() -> Result<String, AppError> {
-    let state = super::common::operator_state().await?;
+    let state = super::context::operator_state().await?;
     let worker = crate::ops::spawn_worker(&state).await?;
     Ok(format!("spawned {}", worker.id))
 }
@@ -124,13 +125,13 @@ pub async fn spawn_worker() -> Result<String, AppError> {
 /// instance or (through it) of another.
 #[server(prefix = "/sfn")]
 pub async fn control_worker(id: String, action: String) -> Result<String, AppError> {
-    let action = crate::ops::WorkerAction::parse(&action).map_err(super::common::refused)?;
+    let action = crate::ops::WorkerAction::parse(&action).map_err(super::context::refused)?;
     let id = leasekeeper_core::lease::Holder::parse(id)
-        .map_err(|e| super::common::refused(AppError::BadRequest(format!("worker id: {e}"))))?;
-    let state = super::common::operator_state().await?;
+        .map_err(|e| super::context::refused(AppError::BadRequest(format!("worker id: {e}"))))?;
+    let state = super::context::operator_state().await?;
     crate::ops::control_worker(&state, &id, action)
         .await
-        .map_err(super::common::refused)
+        .map_err(super::context::refused)
 }
 
 /// What the page calls a worker's state: its own report while it is alive;
@@ -167,7 +168,7 @@ pub fn WorkersPage() -> impl IntoView {
             .and_then(|s| WorkerFilter::parse(&s))
             .unwrap_or_default()
     });
-    let before = super::common::before_param();
+    let before = super::widgets::before_param();
     let workers = Resource::new(
         move || {
             (
@@ -194,7 +195,7 @@ pub fn WorkersPage() -> impl IntoView {
                 </button>
             </ActionForm>
         </div>
-        <super::common::FencingTokenNote/>
+        <super::widgets::FencingTokenNote/>
         <FilterPills
             path="/workers"
             param="show"
@@ -216,11 +217,11 @@ pub fn WorkersPage() -> impl IntoView {
                         let base = format!("/workers?show={}", filter.get_untracked().as_str());
                         Either::Left(view! {
                             <Notice kind="empty" testid="workers-empty" text/>
-                            <super::common::Pager base before=before.get_untracked() next=v.next testid="workers-pager"/>
+                            <super::widgets::Pager base before=before.get_untracked() next=v.next testid="workers-pager"/>
                         })
                     }
                     Ok(v) => Either::Right(Either::Left(view! {
-                        <super::common::Pager base=format!("/workers?show={}", filter.get_untracked().as_str()) before=before.get_untracked() next=v.next testid="workers-pager"/>
+                        <super::widgets::Pager base=format!("/workers?show={}", filter.get_untracked().as_str()) before=before.get_untracked() next=v.next testid="workers-pager"/>
                         {(v.hidden > 0).then(|| view! {
                             <p class="mt-2 text-xs text-slate-500" data-testid="workers-hidden">
                                 {format!("{} other workers not shown by this filter.", v.hidden)}
