@@ -78,6 +78,7 @@
 
 #![deny(missing_docs)]
 
+pub mod counts;
 pub mod generator;
 pub mod instance;
 pub mod lease;

@@ -6,7 +6,7 @@ use super::time::remaining;
 use super::widgets::Notice;
 use crate::error::AppError;
 use leasekeeper_core::lease::Failover;
-use leasekeeper_core::lease::timeline::{TermEnd, Timeline};
+use leasekeeper_core::lease::history::timeline::{TermEnd, Timeline};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -56,7 +56,7 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
         .fetch_one(&mut *conn)
         .await?;
     Ok(Some(TimelineView {
-        timeline: leasekeeper_core::lease::timeline::build(&events, now),
+        timeline: leasekeeper_core::lease::history::timeline::build(&events, now),
         resource,
     }))
 }

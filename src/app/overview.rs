@@ -6,8 +6,9 @@ use super::instances::GeneratorPanel;
 use super::live::refresh_tick;
 use super::widgets::Notice;
 use crate::error::AppError;
-use crate::overview::{Overview, SplitBrain, Throughput};
+use crate::overview::{Overview, Throughput};
 use leasekeeper_core::instance::Instance;
+use leasekeeper_core::lease::history::split_brain::SplitBrain;
 use leasekeeper_core::worker::{WorkerInfo, WorkerState};
 use leptos::either::Either;
 use leptos::prelude::*;
@@ -50,7 +51,7 @@ pub fn OverviewPage() -> impl IntoView {
 #[component]
 fn OverviewBody(overview: Overview) -> impl IntoView {
     let c = &overview.counts;
-    let late = if c.tasks_late >= crate::overview::LATE_CAP {
+    let late = if c.tasks_late >= leasekeeper_core::counts::LATE_CAP {
         format!("{}+", c.tasks_late)
     } else {
         c.tasks_late.to_string()

@@ -21,12 +21,11 @@
 #[cfg(feature = "ssr")]
 pub mod sampler;
 #[cfg(feature = "ssr")]
-pub mod split_brain;
-#[cfg(feature = "ssr")]
 pub mod store;
 
-use chrono::{DateTime, Utc};
+use leasekeeper_core::counts::Counts;
 use leasekeeper_core::instance::Instance;
+use leasekeeper_core::lease::history::split_brain::SplitBrain;
 use leasekeeper_core::worker::WorkerInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -35,41 +34,6 @@ use std::collections::VecDeque;
 pub const BUCKET_SECS: i64 = 10;
 /// How far back the throughput chart reaches, in seconds.
 pub const THROUGHPUT_SECS: i64 = 300;
-/// "late" is counted up to this many (a larger number only says "a lot").
-pub const LATE_CAP: i64 = 10_000;
-
-/// How many things are in each state, right now.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
-pub struct Counts {
-    /// Tasks waiting to be claimed.
-    pub tasks_pending: i64,
-    /// Tasks claimed (late ones included).
-    pub tasks_started: i64,
-    /// Started tasks past their heartbeat deadline, up to [`LATE_CAP`].
-    pub tasks_late: i64,
-    /// Tasks completed.
-    pub tasks_processed: i64,
-    /// Tasks given up after their last attempt.
-    pub tasks_failed: i64,
-    /// Tasks an operator cancelled.
-    pub tasks_cancelled: i64,
-    /// Leases not released and not expired.
-    pub leases_active: i64,
-}
-
-impl Counts {
-    /// Every task, whatever its status.
-    pub fn tasks_total(&self) -> i64 {
-        self.tasks_pending
-            + self.tasks_started
-            + self.tasks_processed
-            + self.tasks_failed
-            + self.tasks_cancelled
-    }
-}
-
 /// Completions and failures in one time bucket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
@@ -94,46 +58,6 @@ pub struct Throughput {
     /// Whether this instance has taken two samples yet (before that, no bar
     /// can show anything).
     pub sampling: bool,
-}
-
-/// Two live holders of one resource at the same moment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(sqlx::FromRow))]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
-pub struct Overlap {
-    /// The resource held twice.
-    pub resource: String,
-    /// The holder whose term began while the other's was live.
-    pub holder: Option<String>,
-    /// That term's fencing token.
-    pub fencing_token: Option<i64>,
-    /// The holder whose term was still live.
-    pub other_holder: Option<String>,
-    /// That term's token.
-    pub other_token: Option<i64>,
-    /// When the two terms overlapped (the newer term's start).
-    pub at: DateTime<Utc>,
-    /// Until when the older term was still valid.
-    pub other_expires_at: Option<DateTime<Utc>>,
-    /// What saw it: `lease_events` or `tasks`.
-    pub source: String,
-}
-
-/// The result of the split-brain check.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
-pub struct SplitBrain {
-    /// Every overlap found (empty: none seen).
-    pub overlaps: Vec<Overlap>,
-    /// The window checked, in seconds.
-    pub window_secs: i64,
-    /// How many events the check read (it reads at most a fixed number).
-    pub events_checked: i64,
-    /// How far back the check really reached, in seconds: the whole window,
-    /// unless more events happened in it than one check reads.
-    pub covered_secs: i64,
-    /// Database time of the check.
-    pub checked_at: Option<DateTime<Utc>>,
 }
 
 /// Everything the overview page and `GET /api/overview` show.

@@ -8,9 +8,11 @@
 //! Overlaps found stay reported for the check's whole window, even after
 //! the bounded check no longer reaches back to them.
 
-use super::split_brain::{self, MAX_EVENTS, WINDOW};
-use super::{SplitBrain, Throughput, ThroughputRing};
-use sqlx::{PgConnection, PgPool};
+use super::{Throughput, ThroughputRing};
+use leasekeeper_core::counts::finished_totals;
+use leasekeeper_core::lease::history::split_brain::SplitBrain;
+use leasekeeper_core::lease::history::split_brain::{self, MAX_EVENTS, WINDOW};
+use sqlx::PgPool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -119,19 +121,4 @@ fn merge(previous: Option<SplitBrain>, mut found: SplitBrain) -> SplitBrain {
         }
     }
     found
-}
-
-/// The totals of processed and failed tasks ever (those still there and
-/// those the maintenance job pruned, so the totals only grow), with the
-/// database time in milliseconds: what the throughput sampler reads every
-/// second.
-async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
-    sqlx::query_as(
-        "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
-                coalesce(sum(processed + pruned_processed), 0)::bigint,
-                coalesce(sum(failed + pruned_failed), 0)::bigint
-           FROM task_counts",
-    )
-    .fetch_one(&mut *conn)
-    .await
 }

@@ -1,34 +1,12 @@
 //! The overview's reads: counts that stay cheap with a million tasks, and
 //! the whole [`Overview`] assembled for the page and the REST route.
 
+use super::Overview;
 use super::sampler::Sampler;
-use super::{Counts, LATE_CAP, Overview};
+use leasekeeper_core::counts::counts;
 use leasekeeper_core::worker::WorkerState;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use std::time::Duration;
-
-/// Counts by state. Task counts are sums over `task_counts` (16 rows); "late" is counted over the partial index of started tasks and
-/// stops at [`LATE_CAP`]; active leases are a range scan of
-/// `leases_expires_at_idx` (released and expired leases lie before now()).
-/// One statement, so all counts come from one snapshot.
-pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
-    sqlx::query_as(
-        "SELECT coalesce(sum(pending), 0)::bigint   AS tasks_pending,
-                coalesce(sum(started), 0)::bigint   AS tasks_started,
-                coalesce(sum(processed), 0)::bigint AS tasks_processed,
-                coalesce(sum(failed), 0)::bigint    AS tasks_failed,
-                coalesce(sum(cancelled), 0)::bigint AS tasks_cancelled,
-                (SELECT count(*) FROM (SELECT 1 FROM tasks
-                                        WHERE status = 'started' AND must_heartbeat_before <= now()
-                                        LIMIT $1) late) AS tasks_late,
-                (SELECT count(*) FROM leases
-                  WHERE expires_at > now() AND released_at IS NULL) AS leases_active
-           FROM task_counts",
-    )
-    .bind(LATE_CAP)
-    .fetch_one(&mut *conn)
-    .await
-}
 
 /// Whose overview [`read`] assembles: the answering instance, its sampler,
 /// and how it judges who is alive.
@@ -52,7 +30,7 @@ pub struct Viewpoint<'a> {
 /// from the instance's sampler (the check runs here when the sampler has
 /// none yet). The REST route and the page's server function both call this.
 pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
-    use super::split_brain::{MAX_EVENTS, WINDOW, check};
+    use leasekeeper_core::lease::history::split_brain::{MAX_EVENTS, WINDOW, check};
     let mut conn = at.pool.acquire().await?;
     let counts = counts(&mut conn).await?;
     let alive_window = leasekeeper_core::instance::alive_window(at.renew_interval);

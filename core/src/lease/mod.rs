@@ -6,8 +6,8 @@
 //! client with automatic renewal ([`client`]) and the singleton state machine
 //! ([`singleton`]).
 
+pub mod history;
 pub mod names;
-pub mod timeline;
 
 #[cfg(feature = "postgres")]
 pub mod client;

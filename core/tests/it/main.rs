@@ -11,6 +11,7 @@ mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
+mod overview;
 mod retention;
 mod singleton;
 mod task_store;

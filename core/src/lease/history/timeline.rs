@@ -3,7 +3,7 @@
 //! the unowned gaps between terms, and marks for refused stale writes and
 //! operator actions. Pure, so the dashboard draws it and the tests check it.
 
-use super::LeaseEvent;
+use crate::lease::LeaseEvent;
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

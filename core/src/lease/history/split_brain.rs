@@ -21,19 +21,62 @@
 //! `UPDATE leases SET expires_at = ...` made by hand (which records no
 //! event) followed by a takeover is reported as an overlap.
 
-use super::{Overlap, SplitBrain};
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+#[cfg(feature = "postgres")]
 use sqlx::PgConnection;
 use std::time::Duration;
+
+/// Two live holders of one resource at the same moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Overlap {
+    /// The resource held twice.
+    pub resource: String,
+    /// The holder whose term began while the other's was live.
+    pub holder: Option<String>,
+    /// That term's fencing token.
+    pub fencing_token: Option<i64>,
+    /// The holder whose term was still live.
+    pub other_holder: Option<String>,
+    /// That term's token.
+    pub other_token: Option<i64>,
+    /// When the two terms overlapped (the newer term's start).
+    pub at: DateTime<Utc>,
+    /// Until when the older term was still valid.
+    pub other_expires_at: Option<DateTime<Utc>>,
+    /// What saw it: `lease_events` or `tasks`.
+    pub source: String,
+}
+
+/// The result of the split-brain check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SplitBrain {
+    /// Every overlap found (empty: none seen).
+    pub overlaps: Vec<Overlap>,
+    /// The window checked, in seconds.
+    pub window_secs: i64,
+    /// How many events the check read (it reads at most a fixed number).
+    pub events_checked: i64,
+    /// How far back the check really reached, in seconds: the whole window,
+    /// unless more events happened in it than one check reads.
+    pub covered_secs: i64,
+    /// Database time of the check.
+    pub checked_at: Option<DateTime<Utc>>,
+}
 
 /// How far back the check looks.
 pub const WINDOW: Duration = Duration::from_secs(10 * 60);
 /// The most events one check reads (the newest ones).
 pub const MAX_EVENTS: i64 = 50_000;
 /// The most overlaps one check reports.
+#[cfg(feature = "postgres")]
 const MAX_OVERLAPS: i64 = 100;
 
 /// Runs the check over the newest `max_events` events within `window`.
+#[cfg(feature = "postgres")]
 pub async fn check(
     conn: &mut PgConnection,
     window: Duration,
