@@ -10,7 +10,8 @@ use leasekeeper_core::lease::client::LeaseTiming;
 
 /// The generator's configuration from the program's settings: the lease of
 /// every other singleton here (TTL, renew interval, a tenth of the TTL as
-/// safety margin), the interval and the generated tasks' limits.
+/// safety margin), the interval and the generated tasks' limits; the tasks
+/// are the simulated workers' kind.
 #[cfg(feature = "ssr")]
 pub fn config(settings: &Settings) -> GeneratorConfig {
     let timing = LeaseTiming {
@@ -23,5 +24,6 @@ pub fn config(settings: &Settings) -> GeneratorConfig {
         settings.generator_interval,
         settings.max_attempts,
         settings.generator_max_sleep,
+        leasekeeper_core::worker::simulated::KIND,
     )
 }

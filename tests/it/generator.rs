@@ -35,6 +35,7 @@ fn config() -> GeneratorConfig {
         retry: RETRY,
         max_attempts: 5,
         max_sleep: 60,
+        kind: leasekeeper_core::worker::simulated::KIND,
     }
 }
 

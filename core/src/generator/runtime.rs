@@ -32,6 +32,9 @@ pub struct GeneratorConfig {
     pub max_attempts: i32,
     /// Generated tasks sleep 1 to this many seconds.
     pub max_sleep: u32,
+    /// The kind of the generated tasks: work that sleeps
+    /// `sleep_duration_seconds` (the demo's simulated work).
+    pub kind: &'static str,
 }
 
 impl GeneratorConfig {
@@ -41,7 +44,13 @@ impl GeneratorConfig {
     /// interval; a non-holder retries once per renew interval, so it takes
     /// over at most one renew interval after the lease runs out.
     /// `max_attempts` is clamped to 1..=1000, `max_sleep` to at least 1.
-    pub fn new(timing: LeaseTiming, interval: Duration, max_attempts: u32, max_sleep: u32) -> Self {
+    pub fn new(
+        timing: LeaseTiming,
+        interval: Duration,
+        max_attempts: u32,
+        max_sleep: u32,
+        kind: &'static str,
+    ) -> Self {
         GeneratorConfig {
             timing,
             interval,
@@ -49,6 +58,7 @@ impl GeneratorConfig {
             retry: timing.renew_interval,
             max_attempts: i32::try_from(max_attempts).unwrap_or(1000).clamp(1, 1000),
             max_sleep: max_sleep.max(1),
+            kind,
         }
     }
 }
@@ -218,11 +228,8 @@ async fn generate(
             continue;
         }
         let sleep = rand::rng().random_range(1..=config.max_sleep.max(1));
-        let task = NewTask::new(
-            crate::worker::simulated::KIND,
-            json!({ "sleep_duration_seconds": sleep }),
-        )
-        .max_attempts(config.max_attempts);
+        let task = NewTask::new(config.kind, json!({ "sleep_duration_seconds": sleep }))
+            .max_attempts(config.max_attempts);
         // Not raced against `stop`: a stop waits for the insert in flight,
         // so the lease is released only after it committed.
         let inserted = async {
