@@ -48,17 +48,17 @@ pub struct ErrorBody {
 }
 
 /// Parses a row id from a path or a lookup box: a positive integer that
-/// fits a `serial` column.
-pub fn parse_id(raw: &str) -> Result<i32, AppError> {
+/// fits a `bigint` id column.
+pub fn parse_id(raw: &str) -> Result<i64, AppError> {
     raw.trim()
-        .parse::<i32>()
+        .parse::<i64>()
         .ok()
         .filter(|id| *id > 0)
         .ok_or_else(|| AppError::BadRequest(format!("id must be a positive integer, got {raw:?}")))
 }
 
 /// Refuses ids that no row can have (server functions get them already typed).
-pub fn check_id(id: i32) -> Result<i32, AppError> {
+pub fn check_id(id: i64) -> Result<i64, AppError> {
     parse_id(&id.to_string())
 }
 

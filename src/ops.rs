@@ -93,11 +93,12 @@ impl FromRequestParts<AppState> for Operator {
 /// with a term that is not live any more answered as a conflict.
 pub async fn force_release(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &leasekeeper_core::db::Schema,
+    id: i64,
     token: i64,
     by: &str,
 ) -> Result<Lease, AppError> {
-    leasekeeper_core::queue::control::force_release(conn, id, token, by)
+    leasekeeper_core::queue::control::force_release(conn, schema, id, token, by)
         .await?
         .ok_or_else(|| {
             AppError::Conflict(format!(
@@ -155,6 +156,7 @@ pub async fn control_worker(
     if !state.fleet.running().iter().any(|w| w == id) {
         let worker = leasekeeper_core::worker::registry::get(
             &mut *state.pool.acquire().await?,
+            state.schema(),
             id,
             state.settings.lease_ttl,
         )
@@ -201,6 +203,7 @@ pub async fn control_worker(
             let mut tx = conn.begin().await?;
             record_operator_action(
                 &mut tx,
+                state.schema(),
                 &format!("worker:{id}"),
                 &state.instance_id,
                 "pause_worker",
@@ -251,8 +254,12 @@ async fn gone(
         return Ok(None);
     }
     let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
-    let instances =
-        leasekeeper_core::instance::store::list(&mut *state.pool.acquire().await?, window).await?;
+    let instances = leasekeeper_core::instance::store::list(
+        &mut *state.pool.acquire().await?,
+        state.schema(),
+        window,
+    )
+    .await?;
     Ok(instances
         .into_iter()
         .find(|i| i.id == owner && !i.alive)
@@ -272,7 +279,9 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     let id = id.as_str();
     if id != &*state.instance_id {
         let mut conn = state.pool.acquire().await?;
-        return match leasekeeper_core::instance::store::is_running(&mut conn, id).await? {
+        return match leasekeeper_core::instance::store::is_running(&mut conn, state.schema(), id)
+            .await?
+        {
             None => Err(AppError::NotFound(format!("no instance with id {id}"))),
             Some(false) => Err(AppError::Conflict(format!(
                 "instance {id} has already stopped"
@@ -285,11 +294,20 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
     // this instance's workers; the audit row commits with it, before the
     // process dies.
     let mut tx = conn.begin().await?;
-    let mut holders = leasekeeper_core::worker::registry::running_ids(&mut tx, id).await?;
+    let mut holders =
+        leasekeeper_core::worker::registry::running_ids(&mut tx, state.schema(), id).await?;
     holders.push(id.to_string());
-    leasekeeper_core::lease::stopwatch::record_kill(&mut tx, "instance", id, &holders).await?;
+    leasekeeper_core::lease::stopwatch::record_kill(
+        &mut tx,
+        state.schema(),
+        "instance",
+        id,
+        &holders,
+    )
+    .await?;
     record_operator_action(
         &mut tx,
+        state.schema(),
         &format!("instance:{id}"),
         id,
         "kill_instance",
@@ -315,6 +333,7 @@ pub async fn kill_instance(state: &AppState, id: &Holder) -> Result<String, AppE
 async fn forward(state: &AppState, owner: &str, segments: &[&str]) -> Result<String, AppError> {
     let address = leasekeeper_core::instance::store::address_if_running(
         &mut *state.pool.acquire().await?,
+        state.schema(),
         owner,
     )
     .await?

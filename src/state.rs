@@ -34,10 +34,16 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The schema of leasekeeper's tables, which every statement names.
+    pub fn schema(&self) -> &leasekeeper_core::db::Schema {
+        &self.settings.schema
+    }
+
     /// This instance's view for [`crate::overview::store::read`].
     pub fn viewpoint(&self) -> crate::overview::store::Viewpoint<'_> {
         crate::overview::store::Viewpoint {
             pool: &self.pool,
+            schema: self.schema(),
             instance_id: &self.instance_id,
             sampler: &self.overview,
             renew_interval: self.settings.renew_interval,

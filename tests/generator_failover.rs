@@ -392,11 +392,11 @@ async fn the_generator_fails_over_between_processes() {
     // The history: three terms, never overlapping, and tasks in term order.
     let holders = terms::assert_terms_do_not_overlap(&pool).await;
     assert_eq!(holders.len(), 3, "{holders:?}");
-    let rows: Vec<(i32, Value)> = sqlx::query_as("SELECT id, task_data FROM tasks ORDER BY id")
+    let rows: Vec<(i64, Value)> = sqlx::query_as("SELECT id, task_data FROM tasks ORDER BY id")
         .fetch_all(&pool)
         .await
         .unwrap();
-    let tasks: Vec<(i32, String, i64)> = rows
+    let tasks: Vec<(i64, String, i64)> = rows
         .into_iter()
         .map(|(id, d)| {
             (

@@ -199,7 +199,7 @@ async fn killed_worker_processes_lose_their_tasks_to_others_and_every_task_is_pr
 
     // Kill two workers, each just after it claimed a one-second task, so
     // the kill lands mid-task.
-    let mut killed: BTreeMap<String, (i32, i64)> = BTreeMap::new();
+    let mut killed: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let hunt = Instant::now();
     while killed.len() < 2 {
         assert!(
@@ -261,7 +261,7 @@ async fn killed_worker_processes_lose_their_tasks_to_others_and_every_task_is_pr
     // Exactly once: each task's history has one release, by the holder
     // and token that completed it; a refused write never carries the
     // winning token.
-    let tasks: Vec<(i32, String, i64)> =
+    let tasks: Vec<(i64, String, i64)> =
         sqlx::query_as("SELECT id, processor, fencing_token FROM tasks ORDER BY id")
             .fetch_all(&pool)
             .await

@@ -197,7 +197,7 @@ async fn main() -> Result<(), Error> {
                 )
                 .queue("mail")
             };
-            tasks::enqueue(&mut conn, &task).await?;
+            tasks::enqueue(&mut conn, &schema, &task).await?;
         }
         println!("{replica}: enqueued {}", args.enqueue);
     }

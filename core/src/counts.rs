@@ -5,6 +5,8 @@
 //! index of started tasks; live leases by a range scan. And the totals of
 //! finished tasks ever, which a throughput sampler differences.
 
+#[cfg(feature = "postgres")]
+use crate::db::Schema;
 use serde::{Deserialize, Serialize};
 #[cfg(feature = "postgres")]
 use sqlx::PgConnection;
@@ -49,23 +51,27 @@ impl Counts {
 /// `leases_expires_at_idx` (released and expired leases lie before now()).
 /// One statement, so all counts come from one snapshot.
 #[cfg(feature = "postgres")]
-pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
-    sqlx::query_as(
-        "SELECT coalesce(sum(pending), 0)::bigint   AS tasks_pending,
-                coalesce(sum(started), 0)::bigint   AS tasks_started,
-                coalesce(sum(processed), 0)::bigint AS tasks_processed,
-                coalesce(sum(failed), 0)::bigint    AS tasks_failed,
-                coalesce(sum(cancelled), 0)::bigint AS tasks_cancelled,
-                (SELECT count(*) FROM (SELECT 1 FROM tasks
-                                        WHERE status = 'started' AND must_heartbeat_before <= now()
-                                        LIMIT $1) late) AS tasks_late,
-                (SELECT count(*) FROM leases
-                  WHERE expires_at > now() AND released_at IS NULL) AS leases_active
-           FROM task_counts",
-    )
-    .bind(LATE_CAP)
-    .fetch_one(&mut *conn)
-    .await
+pub async fn counts(conn: &mut PgConnection, schema: &Schema) -> sqlx::Result<Counts> {
+    crate::db::atomically!(conn, schema, sqlx::Result<Counts>, async {
+        schema
+            .query_as(
+                "SELECT coalesce(sum(pending), 0)::bigint   AS tasks_pending,
+                    coalesce(sum(started), 0)::bigint   AS tasks_started,
+                    coalesce(sum(processed), 0)::bigint AS tasks_processed,
+                    coalesce(sum(failed), 0)::bigint    AS tasks_failed,
+                    coalesce(sum(cancelled), 0)::bigint AS tasks_cancelled,
+                    (SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
+                                            WHERE status = 'started' AND must_heartbeat_before <= now()
+                                            LIMIT $1) late) AS tasks_late,
+                    (SELECT count(*) FROM $schema.leases
+                      WHERE expires_at > now() AND released_at IS NULL) AS leases_active
+               FROM $schema.task_counts",
+            )
+            .bind(LATE_CAP)
+            .fetch_one(&mut *conn)
+            .await
+    }
+    .await)
 }
 
 /// The totals of processed and failed tasks ever (those still there and
@@ -73,13 +79,25 @@ pub async fn counts(conn: &mut PgConnection) -> sqlx::Result<Counts> {
 /// database time in milliseconds: what the throughput sampler reads every
 /// second.
 #[cfg(feature = "postgres")]
-pub async fn finished_totals(conn: &mut PgConnection) -> sqlx::Result<(i64, i64, i64)> {
-    sqlx::query_as(
-        "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
-                coalesce(sum(processed + pruned_processed), 0)::bigint,
-                coalesce(sum(failed + pruned_failed), 0)::bigint
-           FROM task_counts",
+pub async fn finished_totals(
+    conn: &mut PgConnection,
+    schema: &Schema,
+) -> sqlx::Result<(i64, i64, i64)> {
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<(i64, i64, i64)>,
+        async {
+            schema
+                .query_as(
+                    "SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint,
+                    coalesce(sum(processed + pruned_processed), 0)::bigint,
+                    coalesce(sum(failed + pruned_failed), 0)::bigint
+               FROM $schema.task_counts",
+                )
+                .fetch_one(&mut *conn)
+                .await
+        }
+        .await
     )
-    .fetch_one(&mut *conn)
-    .await
 }

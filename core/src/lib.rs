@@ -81,6 +81,7 @@
 pub mod counts;
 pub mod generator;
 pub mod instance;
+pub mod json;
 pub mod lease;
 pub mod live;
 pub mod paging;
@@ -98,7 +99,11 @@ pub mod metrics;
 
 // The items a service uses most, at the crate's root.
 #[cfg(feature = "postgres")]
-pub use queue::store::{FencedTransaction, enqueue};
+pub use db::Schema;
+#[cfg(feature = "postgres")]
+pub use lease::client::LeaseTiming;
+#[cfg(feature = "postgres")]
+pub use queue::store::{FencedTransaction, RetryPolicy, enqueue};
 pub use queue::{NewTask, Task};
 #[cfg(feature = "postgres")]
 pub use worker::batch::Batching;

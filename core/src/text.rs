@@ -22,18 +22,20 @@ macro_rules! text_enum {
     ) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ::serde::Serialize, ::serde::Deserialize)]
-        #[cfg_attr(feature = "postgres", derive(::sqlx::Type))]
-        #[cfg_attr(feature = "postgres", sqlx(type_name = "text"))]
         #[cfg_attr(feature = "openapi", derive(::utoipa::ToSchema))]
+        // The texts are the variants' names in snake_case (a test checks):
+        // said once more for the OpenAPI document, which does not read the
+        // per-variant renames a macro writes.
+        #[serde(rename_all = "snake_case")]
         $vis enum $name {
             $(
                 $(#[$vmeta])*
                 #[serde(rename = $text)]
-                #[cfg_attr(feature = "postgres", sqlx(rename = $text))]
                 $variant,
             )+
         }
         $crate::text::text_enum!(@impl $name { $($variant = $text,)+ });
+        $crate::text::text_enum!(@sql $name);
     };
     (
         $(#[$meta:meta])*
@@ -47,6 +49,51 @@ macro_rules! text_enum {
             $( $(#[$vmeta])* $variant, )+
         }
         $crate::text::text_enum!(@impl $name { $($variant = $text,)+ });
+    };
+    // As `text` by its OID, like `&str`: sqlx's derive names the type
+    // `text` and looks its OID up by name once per connection, with a
+    // statement it prepares by name (which a pooler in transaction mode
+    // leaves behind on a server connection another client then collides
+    // with).
+    (@sql $name:ident) => {
+        #[cfg(feature = "postgres")]
+        impl ::sqlx::Type<::sqlx::Postgres> for $name {
+            fn type_info() -> ::sqlx::postgres::PgTypeInfo {
+                <&str as ::sqlx::Type<::sqlx::Postgres>>::type_info()
+            }
+            fn compatible(ty: &::sqlx::postgres::PgTypeInfo) -> bool {
+                <&str as ::sqlx::Type<::sqlx::Postgres>>::compatible(ty)
+            }
+        }
+
+        #[cfg(feature = "postgres")]
+        impl ::sqlx::postgres::PgHasArrayType for $name {
+            fn array_type_info() -> ::sqlx::postgres::PgTypeInfo {
+                <&str as ::sqlx::postgres::PgHasArrayType>::array_type_info()
+            }
+        }
+
+        #[cfg(feature = "postgres")]
+        impl<'q> ::sqlx::Encode<'q, ::sqlx::Postgres> for $name {
+            fn encode_by_ref(
+                &self,
+                buf: &mut ::sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<::sqlx::encode::IsNull, ::sqlx::error::BoxDynError> {
+                <&str as ::sqlx::Encode<'q, ::sqlx::Postgres>>::encode_by_ref(&self.as_str(), buf)
+            }
+        }
+
+        #[cfg(feature = "postgres")]
+        impl<'r> ::sqlx::Decode<'r, ::sqlx::Postgres> for $name {
+            fn decode(
+                value: ::sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<Self, ::sqlx::error::BoxDynError> {
+                let text = <&str as ::sqlx::Decode<'r, ::sqlx::Postgres>>::decode(value)?;
+                $name::parse(text).ok_or_else(|| {
+                    format!("{:?} is not a {}", text, stringify!($name)).into()
+                })
+            }
+        }
     };
     (@impl $name:ident { $($variant:ident = $text:literal,)+ }) => {
         impl $name {

@@ -16,6 +16,7 @@ pub async fn get_audit(before: Option<i64>) -> Result<Paged<LeaseEvent>, AppErro
     let mut conn = super::context::pool()?.acquire().await?;
     Ok(leasekeeper_core::lease::store::audit(
         &mut conn,
+        &super::context::schema()?,
         leasekeeper_core::paging::Cursor::new(before, None),
     )
     .await?)

@@ -19,6 +19,12 @@ pub fn pool() -> Result<sqlx::PgPool, AppError> {
     state().map(|state| state.pool)
 }
 
+/// The schema of leasekeeper's tables, inside a server function.
+#[cfg(feature = "ssr")]
+pub fn schema() -> Result<leasekeeper_core::db::Schema, AppError> {
+    state().map(|state| state.schema().clone())
+}
+
 /// The server's state, inside a server function that changes something:
 /// 401 unless the request may take operator actions (see [`crate::ops`]).
 #[cfg(feature = "ssr")]

@@ -16,7 +16,7 @@ pub enum TimelineOf {
     /// A resource by name (`task:7`, `singleton:generator`).
     Resource(String),
     /// The resource of lease row `id`.
-    Lease(i32),
+    Lease(i64),
 }
 
 /// A timeline and the resource it is about.
@@ -44,14 +44,21 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
             .to_owned(),
         TimelineOf::Lease(id) => {
             crate::error::check_id(id)?;
-            match leasekeeper_core::lease::store::get(&mut conn, id).await? {
+            match leasekeeper_core::lease::store::get(&mut conn, &super::context::schema()?, id)
+                .await?
+            {
                 Some(lease) => lease.resource,
                 None => return Ok(None),
             }
         }
     };
-    let events =
-        leasekeeper_core::lease::store::history(&mut conn, &resource, TIMELINE_EVENTS).await?;
+    let events = leasekeeper_core::lease::store::history(
+        &mut conn,
+        &super::context::schema()?,
+        &resource,
+        TIMELINE_EVENTS,
+    )
+    .await?;
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)
         .await?;
@@ -265,8 +272,12 @@ pub struct StopwatchView {
 #[server(prefix = "/sfn")]
 pub async fn get_failovers() -> Result<StopwatchView, AppError> {
     let state = super::context::state()?;
-    let rows =
-        leasekeeper_core::lease::stopwatch::recent(&mut *state.pool.acquire().await?, 10).await?;
+    let rows = leasekeeper_core::lease::stopwatch::recent(
+        &mut *state.pool.acquire().await?,
+        state.schema(),
+        10,
+    )
+    .await?;
     let bound = state.settings.lease_ttl + state.settings.renew_interval;
     Ok(StopwatchView {
         rows,

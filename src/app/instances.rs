@@ -19,6 +19,7 @@ pub async fn get_generator_status() -> Result<GeneratorStatus, AppError> {
     let mut conn = state.pool.acquire().await?;
     Ok(leasekeeper_core::generator::runtime::report(
         &mut conn,
+        state.schema(),
         &state.instance_id,
         state.generator.as_ref(),
     )
@@ -42,6 +43,7 @@ pub async fn set_generator(action: String) -> Result<GeneratorStatus, AppError> 
     let mut conn = state.pool.acquire().await?;
     Ok(leasekeeper_core::generator::runtime::request(
         &mut conn,
+        state.schema(),
         desired,
         &state.instance_id,
         state.generator.as_ref(),
@@ -68,6 +70,7 @@ pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppErro
     let cursor = leasekeeper_core::paging::Cursor::new(before, None);
     let page = leasekeeper_core::instance::store::list_page(
         &mut *state.pool.acquire().await?,
+        state.schema(),
         window,
         cursor,
     )

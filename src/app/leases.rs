@@ -25,6 +25,7 @@ pub async fn get_leases(
     use leasekeeper_core::lease::store;
     Ok(store::list_page(
         &mut *super::context::pool()?.acquire().await?,
+        &super::context::schema()?,
         filter,
         leasekeeper_core::paging::Cursor::new(before, None),
     )
@@ -33,19 +34,24 @@ pub async fn get_leases(
 
 /// Lease `id` with its recent history; `None` when there is no such lease.
 #[server(prefix = "/sfn")]
-pub async fn get_lease_detail(id: i32) -> Result<Option<LeaseDetail>, AppError> {
+pub async fn get_lease_detail(id: i64) -> Result<Option<LeaseDetail>, AppError> {
     use leasekeeper_core::lease::store;
     crate::error::check_id(id)?;
-    Ok(store::detail(&mut *super::context::pool()?.acquire().await?, id).await?)
+    Ok(store::detail(
+        &mut *super::context::pool()?.acquire().await?,
+        &super::context::schema()?,
+        id,
+    )
+    .await?)
 }
 
 /// Ends term `token` of lease `id` now, whoever holds it (an operator action).
 #[server(prefix = "/sfn")]
-pub async fn force_release_lease(id: i32, token: i64) -> Result<String, AppError> {
+pub async fn force_release_lease(id: i64, token: i64) -> Result<String, AppError> {
     crate::error::check_id(id)?;
     let state = super::context::operator_state().await?;
     let mut conn = state.pool.acquire().await?;
-    let lease = crate::ops::force_release(&mut conn, id, token, &state.instance_id)
+    let lease = crate::ops::force_release(&mut conn, state.schema(), id, token, &state.instance_id)
         .await
         .map_err(super::context::refused)?;
     Ok(format!(

@@ -27,6 +27,7 @@ pub async fn get_tasks(
     let mut conn = super::context::pool()?.acquire().await?;
     let page = store::list_page(
         &mut conn,
+        &super::context::schema()?,
         status,
         leasekeeper_core::paging::Cursor::new(before, None),
     )
@@ -40,16 +41,17 @@ pub async fn get_tasks(
 
 /// Task `id` with its lease history; `None` when there is no such task.
 #[server(prefix = "/sfn")]
-pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
+pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
     use leasekeeper_core::lease::store as leases;
     use leasekeeper_core::queue::store;
     crate::error::check_id(id)?;
     let mut conn = super::context::pool()?.acquire().await?;
-    let Some(task) = store::get(&mut conn, id).await? else {
+    let Some(task) = store::get(&mut conn, &super::context::schema()?, id).await? else {
         return Ok(None);
     };
     let history = leases::history(
         &mut conn,
+        &super::context::schema()?,
         &leasekeeper_core::queue::Task::resource_name(id),
         50,
     )
@@ -60,14 +62,20 @@ pub async fn get_task_detail(id: i32) -> Result<Option<TaskDetail>, AppError> {
 /// Cancels (`action` = `cancel`) or retries (`retry`) task `id`: an
 /// operator action, audited in the same transaction.
 #[server(prefix = "/sfn")]
-pub async fn control_task(id: i32, action: String) -> Result<String, AppError> {
+pub async fn control_task(id: i64, action: String) -> Result<String, AppError> {
     crate::error::check_id(id)?;
     let state = super::context::operator_state().await?;
     let action = parse_action(&action)?;
     let mut conn = state.pool.acquire().await?;
-    let task = leasekeeper_core::queue::control::apply(&mut conn, action, id, &state.instance_id)
-        .await
-        .map_err(|e| super::context::refused(e.into()))?;
+    let task = leasekeeper_core::queue::control::apply(
+        &mut conn,
+        state.schema(),
+        action,
+        id,
+        &state.instance_id,
+    )
+    .await
+    .map_err(|e| super::context::refused(e.into()))?;
     Ok(match task.status {
         TaskStatus::Cancelled => format!(
             "task {id} cancelled; a worker that still runs it has its next heartbeat or completion refused"
@@ -94,9 +102,15 @@ pub async fn control_tasks(status: String, action: String) -> Result<String, App
         queue: None,
     };
     let action = parse_action(&action)?;
-    let count = control::apply_matching(&state.pool, action, &filter, &state.instance_id)
-        .await
-        .map_err(|e| super::context::refused(e.into()))?;
+    let count = control::apply_matching(
+        &state.pool,
+        state.schema(),
+        action,
+        &filter,
+        &state.instance_id,
+    )
+    .await
+    .map_err(|e| super::context::refused(e.into()))?;
     let done = match action {
         TaskAction::Cancel => "cancelled",
         TaskAction::Retry => "retried",
@@ -363,7 +377,7 @@ fn capitalized(word: &str) -> String {
 
 /// The cancel or retry button of one task (none for a processed task).
 #[component]
-fn TaskControl(id: i32, status: TaskStatus, one: ServerAction<ControlTask>) -> impl IntoView {
+fn TaskControl(id: i64, status: TaskStatus, one: ServerAction<ControlTask>) -> impl IntoView {
     TaskAction::for_status(status).map(TaskAction::as_str).map(|action| {
         view! {
             <ActionForm action=one>

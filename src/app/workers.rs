@@ -81,6 +81,7 @@ pub async fn get_workers(
     let mut conn = state.pool.acquire().await?;
     let page = leasekeeper_core::worker::registry::list_page(
         &mut conn,
+        state.schema(),
         state.settings.lease_ttl,
         leasekeeper_core::paging::Cursor::new(before, None),
     )
@@ -88,7 +89,7 @@ pub async fn get_workers(
     let (all, next) = (page.items, page.next);
     let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
     let dead_instances = leasekeeper_core::instance::dead_ids(
-        &leasekeeper_core::instance::store::list(&mut conn, window).await?,
+        &leasekeeper_core::instance::store::list(&mut conn, state.schema(), window).await?,
     );
     // How long a gone worker stays in the `current` list.
     const RECENTLY_GONE_MS: i64 = 120_000;

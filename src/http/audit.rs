@@ -34,6 +34,8 @@ async fn audit(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<Response, AppError> {
     let cursor = q.cursor();
-    let page = leasekeeper_core::lease::store::audit(&mut *s.pool.acquire().await?, cursor).await?;
+    let page =
+        leasekeeper_core::lease::store::audit(&mut *s.pool.acquire().await?, s.schema(), cursor)
+            .await?;
     Ok(answer("/api/audit", cursor, page))
 }

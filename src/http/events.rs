@@ -26,6 +26,18 @@ struct EventsQuery {
     topics: Option<String>,
 }
 
+/// One event of the stream, as the OpenAPI document describes it (the
+/// stream itself is written by axum's `Sse`).
+#[derive(utoipa::ToSchema)]
+#[expect(dead_code, reason = "a schema for the document, never built")]
+pub struct StreamEvent {
+    /// `ready` first, then `change`.
+    #[schema(pattern = "^(ready|change)$")]
+    event: String,
+    /// The topics followed (`ready`) or changed (`change`), comma-separated.
+    data: String,
+}
+
 /// `GET /api/events`: a server-sent events stream with one `change` event
 /// (data: the changed topics, comma-separated) per batch of changes, at most
 /// one per [`BROWSER_MIN_GAP`]; `ready` first, so a client knows it is
@@ -37,7 +49,7 @@ struct EventsQuery {
     summary = "Live updates (server-sent events)",
     description = "`ready` on (re)connection (data: the topics followed), then `change` events whose data lists the changed topics, comma-separated, at most one per 100 ms; a keep-alive comment every 15 s.",
     params(EventsQuery),
-    responses((status = 200, description = "An endless `text/event-stream`", content_type = "text/event-stream", body = String))
+    responses((status = 200, description = "An endless `text/event-stream`", content_type = "text/event-stream", body = StreamEvent))
 )]
 async fn events(
     State(state): State<AppState>,

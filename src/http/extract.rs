@@ -66,7 +66,7 @@ async fn path_segment<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<St
 }
 
 /// A positive 32-bit row id from the path.
-pub struct Id(pub i32);
+pub struct Id(pub i64);
 
 impl<S> FromRequestParts<S> for Id
 where

@@ -31,14 +31,20 @@ pub fn routes() -> Router<AppState> {
 async fn status(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
     let mut conn = s.pool.acquire().await?;
     Ok(Json(
-        generator::report(&mut conn, &s.instance_id, s.generator.as_ref()).await?,
+        generator::report(&mut conn, s.schema(), &s.instance_id, s.generator.as_ref()).await?,
     ))
 }
 
 async fn set(s: &AppState, desired: Desired) -> Result<Json<GeneratorStatus>, AppError> {
     let mut conn = s.pool.acquire().await?;
-    let status =
-        generator::request(&mut conn, desired, &s.instance_id, s.generator.as_ref()).await?;
+    let status = generator::request(
+        &mut conn,
+        s.schema(),
+        desired,
+        &s.instance_id,
+        s.generator.as_ref(),
+    )
+    .await?;
     Ok(Json(status))
 }
 

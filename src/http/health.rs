@@ -85,7 +85,7 @@ async fn healthz(State(s): State<AppState>) -> Json<Health> {
 async fn readyz(State(s): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let check = async {
         let mut conn = s.pool.acquire().await?;
-        migration_state(&mut conn).await
+        migration_state(&mut conn, s.schema()).await
     };
     let answer = |status: StatusCode, migrations: Option<usize>, reason: Option<String>| {
         (

@@ -44,8 +44,9 @@ pub struct ListQuery {
     /// `Link: rel="next"` header).
     before: Option<i64>,
     /// Oldest first instead, leases with an id above this, for a client
-    /// that follows new leases (no `Link` header). Not with `before`.
-    after: Option<i32>,
+    /// that follows new leases (no `Link` header); with `before` too, only
+    /// leases between the two.
+    after: Option<i64>,
     /// At most this many (default 100, 1 to 1000).
     limit: Option<i64>,
 }
@@ -56,16 +57,17 @@ async fn list(
     uri: Uri,
     q: ListQuery,
 ) -> Result<Response, AppError> {
-    let direction = Direction::of(q.before, q.after, q.limit)?;
+    let direction = Direction::of(q.before, q.after, q.limit);
     let mut conn = state.pool.acquire().await?;
     Ok(match direction {
-        Direction::Oldest(page) => {
-            Json(store::list(&mut conn, filter, page).await?).into_response()
+        Direction::Oldest(page, before) => {
+            let rows = store::list(&mut conn, state.schema(), filter, page).await?;
+            Json(super::paging::below(rows, before, |r| r.id)).into_response()
         }
         Direction::Newest(cursor) => answer_to(
             &uri,
             cursor,
-            store::list_page(&mut conn, filter, cursor).await?,
+            store::list_page(&mut conn, state.schema(), filter, cursor).await?,
         ),
     })
 }
@@ -100,6 +102,7 @@ pub struct HolderBody {
     /// Its holder.
     holder: Holder,
     /// The term meant: refused unless the live term has this token.
+    #[serde(default, deserialize_with = "leasekeeper_core::json::opt_int")]
     fencing_token: Option<i64>,
     /// Renew only: the new TTL in seconds, more than 0, at most 86400 (the
     /// term's own when absent).
@@ -118,7 +121,9 @@ fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
             store::MAX_TTL.as_secs()
         )));
     }
-    Ok(Duration::from_secs_f64(secs))
+    // A positive TTL below the column's millisecond is one millisecond, as
+    // the store rounds it.
+    Ok(Duration::from_secs_f64(secs).max(Duration::from_millis(1)))
 }
 
 #[utoipa::path(
@@ -142,6 +147,7 @@ async fn acquire(
     let ttl = ttl(body.ttl_seconds, s.settings.lease_ttl)?;
     match store::acquire(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         &body.resource,
         &body.holder,
         ttl,
@@ -176,6 +182,7 @@ async fn renew(
         .transpose()?;
     let lease = store::renew(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         &body.resource,
         &body.holder,
         body.fencing_token,
@@ -205,6 +212,7 @@ async fn release(
 ) -> Result<Json<Lease>, AppError> {
     let lease = store::release(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         &body.resource,
         &body.holder,
         body.fencing_token,
@@ -226,7 +234,7 @@ async fn release(
     )
 )]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, AppError> {
-    store::get(&mut *s.pool.acquire().await?, id)
+    store::get(&mut *s.pool.acquire().await?, s.schema(), id)
         .await?
         .map(Json)
         .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))
@@ -254,6 +262,7 @@ async fn delete_one(
 ) -> Result<Json<Lease>, AppError> {
     let lease = store::delete(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         id,
         &body.resource,
         &body.holder,
@@ -268,6 +277,7 @@ async fn delete_one(
 #[serde(deny_unknown_fields)]
 pub struct ForceReleaseBody {
     /// The token of the term to end.
+    #[serde(deserialize_with = "leasekeeper_core::json::int")]
     fencing_token: i64,
 }
 
@@ -298,7 +308,14 @@ async fn force_release(
 ) -> Result<Json<Lease>, AppError> {
     let mut conn = s.pool.acquire().await?;
     Ok(Json(
-        crate::ops::force_release(&mut conn, id, body.fencing_token, &s.instance_id).await?,
+        crate::ops::force_release(
+            &mut conn,
+            s.schema(),
+            id,
+            body.fencing_token,
+            &s.instance_id,
+        )
+        .await?,
     ))
 }
 
@@ -323,11 +340,11 @@ async fn events(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<axum::response::Response, AppError> {
     let mut conn = s.pool.acquire().await?;
-    let lease = store::get(&mut conn, id)
+    let lease = store::get(&mut conn, s.schema(), id)
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))?;
     let cursor = q.cursor();
-    let page = store::events(&mut conn, &lease.resource, cursor).await?;
+    let page = store::events(&mut conn, s.schema(), &lease.resource, cursor).await?;
     Ok(super::paging::answer(
         &format!("/api/leases/{id}/events"),
         cursor,

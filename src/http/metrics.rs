@@ -77,7 +77,7 @@ async fn render(State(s): State<AppState>) -> Response {
     // values).
     let counted = async {
         let mut conn = s.pool.acquire().await?;
-        leasekeeper_core::counts::counts(&mut conn).await
+        leasekeeper_core::counts::counts(&mut conn, s.schema()).await
     };
     match counted.await {
         Ok(c) => {

@@ -59,27 +59,32 @@ pub fn answer_to<T: Serialize>(uri: &Uri, cursor: Cursor, page: Paged<T>) -> Res
 pub enum Direction {
     /// Newest first, below a cursor (the default).
     Newest(Cursor),
-    /// Oldest first, above an id (`?after=`), for a client following new rows.
-    Oldest(leasekeeper_core::lease::store::Page),
+    /// Oldest first, above an id (`?after=`), for a client following new
+    /// rows; with `?before=` too, only rows below that (a window).
+    Oldest(leasekeeper_core::lease::store::Page, Option<i64>),
 }
 
 impl Direction {
-    /// The direction `?before=`, `?after=` and `?limit=` ask for; both
-    /// cursors at once are refused.
-    pub fn of(
-        before: Option<i64>,
-        after: Option<i32>,
-        limit: Option<i64>,
-    ) -> Result<Direction, crate::error::AppError> {
-        match (before, after) {
-            (Some(_), Some(_)) => Err(crate::error::AppError::BadRequest(
-                "give before (newest first) or after (oldest first), not both".into(),
-            )),
-            (_, Some(after)) => Ok(Direction::Oldest(
+    /// The direction `?before=`, `?after=` and `?limit=` ask for: `after`
+    /// reads oldest first, bounded by `before` when both are given.
+    pub fn of(before: Option<i64>, after: Option<i64>, limit: Option<i64>) -> Direction {
+        match after {
+            Some(after) => Direction::Oldest(
                 leasekeeper_core::lease::store::Page::new(Some(after), limit),
-            )),
-            (before, None) => Ok(Direction::Newest(Cursor::new(before, limit))),
+                before,
+            ),
+            None => Direction::Newest(Cursor::new(before, limit)),
         }
+    }
+}
+
+/// `rows` read oldest first above some id, without those at or above
+/// `before`: the first rows of the window (after, before), since every row
+/// below `before` comes before every row at or above it.
+pub fn below<T>(rows: Vec<T>, before: Option<i64>, id: impl Fn(&T) -> i64) -> Vec<T> {
+    match before {
+        Some(before) => rows.into_iter().take_while(|r| id(r) < before).collect(),
+        None => rows,
     }
 }
 

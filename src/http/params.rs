@@ -11,7 +11,7 @@ use utoipa::IntoParams;
 pub struct TaskIdPath {
     /// The task's row id (a positive integer)
     #[param(minimum = 1)]
-    pub id: i32,
+    pub id: i64,
 }
 
 /// `{id}` of a lease route.
@@ -20,7 +20,7 @@ pub struct TaskIdPath {
 pub struct LeaseIdPath {
     /// The lease's row id (a positive integer)
     #[param(minimum = 1)]
-    pub id: i32,
+    pub id: i64,
 }
 
 /// `{id}` of a worker route.
@@ -28,6 +28,6 @@ pub struct LeaseIdPath {
 #[into_params(parameter_in = Path)]
 pub struct WorkerIdPath {
     /// The worker's id (1 to 256 characters, no control characters)
-    #[param(min_length = 1, max_length = 256)]
+    #[param(value_type = leasekeeper_core::lease::Holder)]
     pub id: String,
 }

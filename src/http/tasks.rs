@@ -54,13 +54,15 @@ pub fn routes() -> Router<AppState> {
 pub struct ListQuery {
     /// `all` (the default), `pending`, `started`, `processed`, `failed` or
     /// `cancelled`; ignored by the routes that name a status in their path.
+    #[param(pattern = "^(all|pending|started|processed|failed|cancelled)$")]
     status: Option<String>,
     /// Newest first, tasks with an id below this (the cursor of the
     /// `Link: rel="next"` header).
     before: Option<i64>,
     /// Oldest first instead, tasks with an id above this, for a client that
-    /// follows new tasks (no `Link` header). Not with `before`.
-    after: Option<i32>,
+    /// follows new tasks (no `Link` header); with `before` too, only tasks
+    /// between the two.
+    after: Option<i64>,
     /// At most this many (default 100, 1 to 1000).
     limit: Option<i64>,
 }
@@ -71,25 +73,28 @@ async fn list(
     uri: Uri,
     q: ListQuery,
 ) -> Result<Response, AppError> {
-    let status = match (status, q.status.as_deref()) {
-        (Some(s), _) => Some(s),
-        (None, None | Some("all")) => None,
-        (None, Some(name)) => Some(TaskStatus::parse(name).ok_or_else(|| {
+    // A bad `status` is refused even where the path names the status and
+    // the parameter is ignored: the document allows only these words.
+    let asked = match q.status.as_deref() {
+        None | Some("all") => None,
+        Some(name) => Some(TaskStatus::parse(name).ok_or_else(|| {
             AppError::BadRequest(format!(
                 "status must be one of all, pending, started, processed, failed, cancelled; got {name:?}"
             ))
         })?),
     };
-    let direction = Direction::of(q.before, q.after, q.limit)?;
+    let status = status.or(asked);
+    let direction = Direction::of(q.before, q.after, q.limit);
     let mut conn = s.pool.acquire().await?;
     Ok(match direction {
-        Direction::Oldest(page) => {
-            Json(store::list(&mut conn, status, page).await?).into_response()
+        Direction::Oldest(page, before) => {
+            let rows = store::list(&mut conn, s.schema(), status, page).await?;
+            Json(super::paging::below(rows, before, |r| r.id)).into_response()
         }
         Direction::Newest(cursor) => answer_to(
             &uri,
             cursor,
-            store::list_page(&mut conn, status, cursor).await?,
+            store::list_page(&mut conn, s.schema(), status, cursor).await?,
         ),
     })
 }
@@ -116,21 +121,35 @@ super::paging::list_routes! {
     )
 )]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Task>, AppError> {
-    store::get(&mut *s.pool.acquire().await?, id)
+    store::get(&mut *s.pool.acquire().await?, s.schema(), id)
         .await?
         .map(Json)
         .ok_or_else(|| AppError::NotFound(format!("no task with id {id}")))
 }
 
-/// PostgreSQL cannot store the NUL character in `text` or `jsonb`; refuse
-/// it here as bad input rather than fail in the database.
-fn no_nul(value: &Value, field: &str) -> Result<(), AppError> {
-    if value.to_string().contains("\\u0000") {
-        return Err(AppError::BadRequest(format!(
-            "{field} must not contain the NUL character"
-        )));
-    }
-    Ok(())
+/// A JSON value PostgreSQL can store and give back ([`leasekeeper_core::json::storable`]),
+/// refused here as bad input rather than failing in the database or on the
+/// way back.
+fn storable(value: &Value, field: &str) -> Result<(), AppError> {
+    leasekeeper_core::json::storable(value, field).map_err(AppError::BadRequest)
+}
+
+/// Any JSON value but `null`, for the document.
+fn any_but_null() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, Schema, Type};
+    let any = [
+        Type::Object,
+        Type::Array,
+        Type::String,
+        Type::Number,
+        Type::Boolean,
+    ]
+    .into_iter()
+    .fold(AnyOfBuilder::new(), |any, ty| {
+        any.item(ObjectBuilder::new().schema_type(ty))
+    })
+    .build();
+    utoipa::openapi::RefOr::T(Schema::AnyOf(any))
 }
 
 /// Body of `POST /api/tasks`. `kind` defaults to the simulated work
@@ -139,21 +158,33 @@ fn no_nul(value: &Value, field: &str) -> Result<(), AppError> {
 pub struct EnqueueBody {
     /// What to do (any JSON but null), e.g. `{"sleep_duration_seconds": 5}`
     /// for the simulated work.
+    #[schema(schema_with = any_but_null)]
     task_data: Value,
     /// Claims allowed before the task is marked failed (the server's
     /// `max_attempts` setting when absent).
     #[schema(minimum = 1, maximum = 1000)]
+    #[serde(default, deserialize_with = "leasekeeper_core::json::opt_int")]
     max_attempts: Option<i32>,
     /// Not claimed before this many seconds from now (0 to 86400).
     #[schema(minimum = 0, maximum = 86400)]
     delay_seconds: Option<f64>,
     /// Which handler runs it, 1 to 128 characters (`sleep` when absent).
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     kind: Option<String>,
     /// The queue it waits in, 1 to 128 characters (`default` when absent).
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     queue: Option<String>,
     /// Lower runs first (0 when absent).
+    #[serde(default, deserialize_with = "leasekeeper_core::json::opt_int")]
+    #[schema(minimum = -32768, maximum = 32767)]
     priority: Option<i16>,
 }
 
@@ -176,7 +207,7 @@ async fn enqueue(
     if body.task_data.is_null() {
         return Err(AppError::BadRequest("task_data must not be null".into()));
     }
-    no_nul(&body.task_data, "task_data")?;
+    storable(&body.task_data, "task_data")?;
     let delay = match body.delay_seconds {
         None => None,
         Some(secs) if secs.is_finite() && (0.0..=86_400.0).contains(&secs) => {
@@ -201,7 +232,7 @@ async fn enqueue(
     if let Some(queue) = body.queue {
         task = task.queue(queue);
     }
-    let task = store::enqueue(&mut *s.pool.acquire().await?, &task).await?;
+    let task = store::enqueue(&mut *s.pool.acquire().await?, s.schema(), &task).await?;
     Ok((StatusCode::CREATED, Json(task)))
 }
 
@@ -226,6 +257,7 @@ async fn claim_next(
     let filter = body.filter().map_err(AppError::BadRequest)?;
     let claimed = store::claim_next_in(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         &body.processor,
         s.settings.lease_ttl,
         &filter,
@@ -265,6 +297,7 @@ async fn heartbeat(
 ) -> Result<(StatusCode, Json<Task>), AppError> {
     let task = store::heartbeat(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         id,
         &body.processor,
         body.fencing_token,
@@ -295,10 +328,11 @@ async fn complete(
     JsonBody(body): JsonBody<CompleteBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
     if let Some(output) = &body.task_output {
-        no_nul(output, "task_output")?;
+        storable(output, "task_output")?;
     }
     let task = store::complete(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         id,
         &body.processor,
         body.fencing_token,
@@ -344,6 +378,7 @@ async fn fail(
     }
     let task = store::fail(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         id,
         &body.processor,
         body.fencing_token,
@@ -379,7 +414,13 @@ async fn cancel_one(
     Id(id): Id,
 ) -> Result<Json<Task>, AppError> {
     Ok(Json(
-        control::cancel(&mut *s.pool.acquire().await?, id, &s.instance_id).await?,
+        control::cancel(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            id,
+            &s.instance_id,
+        )
+        .await?,
     ))
 }
 
@@ -407,38 +448,105 @@ async fn retry_one(
     Id(id): Id,
 ) -> Result<Json<Task>, AppError> {
     Ok(Json(
-        control::retry(&mut *s.pool.acquire().await?, id, &s.instance_id).await?,
+        control::retry(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            id,
+            &s.instance_id,
+        )
+        .await?,
     ))
 }
 
-/// Body of the bulk `POST /api/tasks/cancel` and `POST /api/tasks/retry`:
-/// the tasks list's filters. `status` is required (one the action applies
-/// to), so a bulk action never means "everything" by omission.
+/// The statuses `POST /api/tasks/cancel` applies to.
+#[derive(Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelStatus {
+    /// Not yet claimed.
+    Pending,
+    /// Claimed: the claim ends too.
+    Started,
+}
+
+/// The statuses `POST /api/tasks/retry` applies to.
+#[derive(Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryStatus {
+    /// Out of attempts.
+    Failed,
+    /// Cancelled by an operator.
+    Cancelled,
+}
+
+/// Body of the bulk `POST /api/tasks/cancel`: the tasks list's filters.
+/// `status` is required, so a bulk action never means "everything" by
+/// omission.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BulkBody {
-    /// Tasks in this status: `pending` or `started` to cancel, `failed` or
-    /// `cancelled` to retry.
-    status: String,
+pub struct CancelBody {
+    /// Tasks in this status.
+    status: CancelStatus,
     /// Only tasks of this kind.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     kind: Option<String>,
     /// Only tasks in this queue.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     queue: Option<String>,
 }
 
-impl BulkBody {
-    fn filter(self) -> Result<TaskFilter, AppError> {
-        let status = TaskStatus::parse(&self.status).ok_or_else(|| {
-            AppError::BadRequest(format!(
-                "status must be one of pending, started, failed, cancelled; got {:?}",
-                self.status
-            ))
-        })?;
-        Ok(TaskFilter {
-            status,
+/// Body of the bulk `POST /api/tasks/retry`, as [`CancelBody`].
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBody {
+    /// Tasks in this status.
+    status: RetryStatus,
+    /// Only tasks of this kind.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
+    kind: Option<String>,
+    /// Only tasks in this queue.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
+    queue: Option<String>,
+}
+
+impl CancelBody {
+    fn filter(self) -> TaskFilter {
+        TaskFilter {
+            status: match self.status {
+                CancelStatus::Pending => TaskStatus::Pending,
+                CancelStatus::Started => TaskStatus::Started,
+            },
             kind: self.kind,
             queue: self.queue,
-        })
+        }
+    }
+}
+
+impl RetryBody {
+    fn filter(self) -> TaskFilter {
+        TaskFilter {
+            status: match self.status {
+                RetryStatus::Failed => TaskStatus::Failed,
+                RetryStatus::Cancelled => TaskStatus::Cancelled,
+            },
+            kind: self.kind,
+            queue: self.queue,
+        }
     }
 }
 
@@ -455,7 +563,7 @@ pub struct Count {
     tag = "tasks",
     summary = "Cancel every matching task (operator)",
     description = "Cancels every task matching the filter, in batches of 500, each its own transaction with one audit row per task.",
-    request_body = BulkBody,
+    request_body = CancelBody,
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "How many tasks changed", body = Count),
@@ -467,9 +575,10 @@ pub struct Count {
 async fn cancel_matching(
     State(s): State<AppState>,
     _: crate::ops::Operator,
-    JsonBody(body): JsonBody<BulkBody>,
+    JsonBody(body): JsonBody<CancelBody>,
 ) -> Result<Json<Count>, AppError> {
-    let count = control::cancel_matching(&s.pool, &body.filter()?, &s.instance_id).await?;
+    let count =
+        control::cancel_matching(&s.pool, s.schema(), &body.filter(), &s.instance_id).await?;
     Ok(Json(Count { count }))
 }
 
@@ -479,7 +588,7 @@ async fn cancel_matching(
     tag = "tasks",
     summary = "Retry every matching task (operator)",
     description = "Retries every task matching the filter, in batches of 500, each its own transaction with one audit row per task.",
-    request_body = BulkBody,
+    request_body = RetryBody,
     security((), ("admin_token" = [])),
     responses(
         (status = 200, description = "How many tasks changed", body = Count),
@@ -491,9 +600,10 @@ async fn cancel_matching(
 async fn retry_matching(
     State(s): State<AppState>,
     _: crate::ops::Operator,
-    JsonBody(body): JsonBody<BulkBody>,
+    JsonBody(body): JsonBody<RetryBody>,
 ) -> Result<Json<Count>, AppError> {
-    let count = control::retry_matching(&s.pool, &body.filter()?, &s.instance_id).await?;
+    let count =
+        control::retry_matching(&s.pool, s.schema(), &body.filter(), &s.instance_id).await?;
     Ok(Json(Count { count }))
 }
 
@@ -519,12 +629,17 @@ async fn events(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<Response, AppError> {
     let mut conn = s.pool.acquire().await?;
-    if store::get(&mut conn, id).await?.is_none() {
+    if store::get(&mut conn, s.schema(), id).await?.is_none() {
         return Err(AppError::NotFound(format!("no task with id {id}")));
     }
     let cursor = q.cursor();
-    let page =
-        leasekeeper_core::lease::store::events(&mut conn, &Task::resource_name(id), cursor).await?;
+    let page = leasekeeper_core::lease::store::events(
+        &mut conn,
+        s.schema(),
+        &Task::resource_name(id),
+        cursor,
+    )
+    .await?;
     Ok(super::paging::answer(
         &format!("/api/tasks/{id}/events"),
         cursor,

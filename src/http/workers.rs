@@ -46,15 +46,25 @@ async fn list(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<axum::response::Response, AppError> {
     let cursor = q.cursor();
-    let page =
-        registry::list_page(&mut *s.pool.acquire().await?, s.settings.lease_ttl, cursor).await?;
+    let page = registry::list_page(
+        &mut *s.pool.acquire().await?,
+        s.schema(),
+        s.settings.lease_ttl,
+        cursor,
+    )
+    .await?;
     Ok(super::paging::answer("/api/workers", cursor, page))
 }
 
 async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
-    registry::get(&mut *s.pool.acquire().await?, id, s.settings.lease_ttl)
-        .await?
-        .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))
+    registry::get(
+        &mut *s.pool.acquire().await?,
+        s.schema(),
+        id,
+        s.settings.lease_ttl,
+    )
+    .await?
+    .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))
 }
 
 #[utoipa::path(
@@ -190,6 +200,7 @@ async fn report(
     }
     registry::record(
         &mut *s.pool.acquire().await?,
+        s.schema(),
         &id,
         WorkerKind::Http,
         None,

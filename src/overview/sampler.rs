@@ -62,11 +62,12 @@ impl Sampler {
     }
 
     async fn sample(&self, pool: &PgPool, check: bool) -> sqlx::Result<()> {
+        let schema = leasekeeper_core::db::Schema::of(pool);
         let mut conn = pool.acquire().await?;
-        let (at_ms, processed, failed) = finished_totals(&mut conn).await?;
+        let (at_ms, processed, failed) = finished_totals(&mut conn, &schema).await?;
         self.memory().ring.record(at_ms, processed, failed);
         if check {
-            let found = split_brain::check(&mut conn, WINDOW, MAX_EVENTS).await?;
+            let found = split_brain::check(&mut conn, &schema, WINDOW, MAX_EVENTS).await?;
             let mut memory = self.memory();
             let merged = merge(memory.split_brain.take(), found);
             memory.split_brain = Some(merged);

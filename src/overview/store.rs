@@ -14,6 +14,8 @@ use std::time::Duration;
 pub struct Viewpoint<'a> {
     /// The database.
     pub pool: &'a PgPool,
+    /// The schema of leasekeeper's tables.
+    pub schema: &'a leasekeeper_core::db::Schema,
     /// The instance that answers (shown as `answered_by`).
     pub instance_id: &'a str,
     /// That instance's throughput sampler and split-brain check.
@@ -32,23 +34,25 @@ pub struct Viewpoint<'a> {
 pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
     use leasekeeper_core::lease::history::split_brain::{MAX_EVENTS, WINDOW, check};
     let mut conn = at.pool.acquire().await?;
-    let counts = counts(&mut conn).await?;
+    let counts = counts(&mut conn, at.schema).await?;
     let alive_window = leasekeeper_core::instance::alive_window(at.renew_interval);
-    let instances = leasekeeper_core::instance::store::list(&mut conn, alive_window).await?;
+    let instances =
+        leasekeeper_core::instance::store::list(&mut conn, at.schema, alive_window).await?;
     // A simulated worker dies with its instance: leave out those of dead
     // instances at once, not only when their own rows go stale.
     let dead = leasekeeper_core::instance::dead_ids(&instances);
-    let workers: Vec<_> = leasekeeper_core::worker::registry::list_alive(&mut conn, at.lease_ttl)
-        .await?
-        .into_iter()
-        .filter(|w| w.alive_given(&dead))
-        .collect();
+    let workers: Vec<_> =
+        leasekeeper_core::worker::registry::list_alive(&mut conn, at.schema, at.lease_ttl)
+            .await?
+            .into_iter()
+            .filter(|w| w.alive_given(&dead))
+            .collect();
     let now_ms: i64 = sqlx::query_scalar("SELECT (EXTRACT(EPOCH FROM now()) * 1000)::bigint")
         .fetch_one(&mut *conn)
         .await?;
     let split_brain = match at.sampler.split_brain() {
         Some(known) => known,
-        None => check(&mut conn, WINDOW, MAX_EVENTS).await?,
+        None => check(&mut conn, at.schema, WINDOW, MAX_EVENTS).await?,
     };
     let busy = workers
         .iter()

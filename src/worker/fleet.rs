@@ -10,6 +10,7 @@
 //! process supervisor would; an operator's kill is not replaced.
 
 use crate::settings::Settings;
+use leasekeeper_core::db::Schema;
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::lease::store::record_operator_action;
 use leasekeeper_core::live::LiveHub;
@@ -96,6 +97,8 @@ struct Slot {
 
 struct Inner {
     pool: PgPool,
+    /// The pool's schema.
+    schema: Schema,
     live: Option<LiveHub>,
     instance_id: Arc<str>,
     config: FleetConfig,
@@ -137,6 +140,7 @@ impl Fleet {
             .serving(ClaimFilter::default().kinds(kinds));
         Fleet {
             inner: Arc::new(Inner {
+                schema: Schema::of(&pool),
                 pool,
                 live,
                 instance_id,
@@ -210,6 +214,7 @@ impl Fleet {
         let mut tx = conn.begin().await?;
         let info = registry::record(
             &mut tx,
+            &self.inner.schema,
             &id,
             WorkerKind::Simulated,
             Some(&self.inner.instance_id),
@@ -221,6 +226,7 @@ impl Fleet {
         if let Some(by) = by {
             record_operator_action(
                 &mut tx,
+                &self.inner.schema,
                 &format!("worker:{name}"),
                 by,
                 "spawn_worker",
@@ -289,7 +295,13 @@ impl Fleet {
     }
 
     async fn mark(&self, name: &str, state: WorkerState) -> Result<(), sqlx::Error> {
-        registry::mark(&mut *self.inner.pool.acquire().await?, name, state).await
+        registry::mark(
+            &mut *self.inner.pool.acquire().await?,
+            &self.inner.schema,
+            name,
+            state,
+        )
+        .await
     }
 
     fn not_here(&self, id: &str) -> FleetError {
@@ -331,6 +343,7 @@ impl Fleet {
         let mut tx = conn.begin().await?;
         record_operator_action(
             &mut tx,
+            &self.inner.schema,
             &format!("worker:{id}"),
             by,
             "kill_worker",
@@ -338,11 +351,17 @@ impl Fleet {
         )
         .await?;
         self.abort(id).await?;
-        registry::mark(&mut tx, id, WorkerState::Crashed).await?;
+        registry::mark(&mut tx, &self.inner.schema, id, WorkerState::Crashed).await?;
         // Its leases stay live (a kill releases nothing): the stopwatch
         // runs until another worker takes them over.
-        leasekeeper_core::lease::stopwatch::record_kill(&mut tx, "worker", id, &[id.to_string()])
-            .await?;
+        leasekeeper_core::lease::stopwatch::record_kill(
+            &mut tx,
+            &self.inner.schema,
+            "worker",
+            id,
+            &[id.to_string()],
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }

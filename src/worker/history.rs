@@ -51,7 +51,7 @@ pub struct Op {
     pub worker: String,
     pub op: OpKind,
     /// The task (unknown for a claim that got no usable answer).
-    pub task: Option<i32>,
+    pub task: Option<i64>,
     pub token: Option<i64>,
     pub outcome: Outcome,
     /// When the call was sent and when it returned, by this machine's wall
@@ -91,7 +91,7 @@ impl<T: Transport> Recorded<T> {
         &self,
         worker: &Holder,
         op: OpKind,
-        task: Option<i32>,
+        task: Option<i64>,
         token: Option<i64>,
         sent_ms: i64,
         result: &Result<R, TransportError>,

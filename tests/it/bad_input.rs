@@ -40,13 +40,15 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/instances/{id}/kill"),
 ];
 
-/// Ids that are not ids of anything: negative, zero, past i32 and i64,
+/// Ids that are not ids of anything: negative, zero, past i64 (and one
+/// that fits but names no row),
 /// not numbers, NUL, very long.
 fn bad_ids() -> Vec<String> {
     vec![
         "0".into(),
         "-1".into(),
         "2147483648".into(),
+        "9223372036854775808".into(),
         "99999999999999999999".into(),
         "abc".into(),
         "1.5".into(),

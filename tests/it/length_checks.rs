@@ -182,6 +182,7 @@ async fn the_task_store_cuts_a_long_failure_message_to_the_limit() {
     let mut conn = db.pool.acquire().await.unwrap();
     store::enqueue(
         &mut conn,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({}),
@@ -191,13 +192,14 @@ async fn the_task_store_cuts_a_long_failure_message_to_the_limit() {
     .await
     .unwrap();
     let w = holder("w");
-    let task = store::claim_next(&mut conn, &w, Duration::from_secs(30))
+    let task = store::claim_next(&mut conn, &Default::default(), &w, Duration::from_secs(30))
         .await
         .unwrap()
         .expect("a task");
     let long = "é".repeat(3 * MAX_ERROR_CHARS);
     let failed = store::fail(
         &mut conn,
+        &Default::default(),
         task.id,
         &w,
         task.fencing_token.unwrap(),

@@ -45,6 +45,7 @@ async fn a_task_enqueued_through_one_instance_reaches_the_other() {
     let mut conn = db.pool.acquire().await.unwrap();
     tasks::enqueue(
         &mut conn,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({"sleep_duration_seconds": 1}),
@@ -72,9 +73,15 @@ async fn generator_changes_are_announced_by_the_trigger_even_without_an_announce
     expect_topic(&mut rx, Topics::GENERATOR, Duration::from_secs(1)).await;
     let mut conn = db.pool.acquire().await.unwrap();
     let me = holder("i-live");
-    generator::request(&mut conn, Desired::Stopped, me.as_str(), None)
-        .await
-        .unwrap();
+    generator::request(
+        &mut conn,
+        &Default::default(),
+        Desired::Stopped,
+        me.as_str(),
+        None,
+    )
+    .await
+    .unwrap();
     expect_topic(&mut rx, Topics::GENERATOR, Duration::from_secs(1)).await;
     b.shutdown();
 }

@@ -6,6 +6,7 @@ mod abandoned;
 mod api;
 mod audit;
 mod bad_input;
+mod big_ids;
 mod common;
 mod generator;
 mod health;

@@ -39,31 +39,46 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
     let holder = |n: &str| leasekeeper_core::lease::Holder::parse(n).unwrap();
     let resource = |n: &str| leasekeeper_core::lease::Resource::parse(n).unwrap();
     for i in 0..5 {
-        tasks::enqueue(&mut conn, &NewTask::new("sleep", json!({ "i": i })))
-            .await
-            .unwrap();
+        tasks::enqueue(
+            &mut conn,
+            &Default::default(),
+            &NewTask::new("sleep", json!({ "i": i })),
+        )
+        .await
+        .unwrap();
     }
     // Three claims; one runs out and is taken over; its old holder's
     // completion is refused.
     let short = Duration::from_millis(150);
-    let first = tasks::claim_next(&mut conn, &holder("m-a"), short)
+    let first = tasks::claim_next(&mut conn, &Default::default(), &holder("m-a"), short)
         .await
         .unwrap()
         .unwrap();
     for _ in 0..2 {
-        tasks::claim_next(&mut conn, &holder("m-b"), Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let taken = tasks::claim_next(&mut conn, &holder("m-c"), Duration::from_secs(60))
+        tasks::claim_next(
+            &mut conn,
+            &Default::default(),
+            &holder("m-b"),
+            Duration::from_secs(60),
+        )
         .await
         .unwrap()
         .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taken = tasks::claim_next(
+        &mut conn,
+        &Default::default(),
+        &holder("m-c"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(taken.id, first.id, "the late task first");
     let stale = tasks::complete(
         &mut conn,
+        &Default::default(),
         first.id,
         &holder("m-a"),
         first.fencing_token.unwrap(),
@@ -74,6 +89,7 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
     // A lease renewed twice; another runs out and is taken over.
     leases::acquire(
         &mut conn,
+        &Default::default(),
         &resource("m-lease"),
         &holder("m-a"),
         Duration::from_secs(60),
@@ -81,16 +97,30 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
     .await
     .unwrap();
     for _ in 0..2 {
-        leases::renew(&mut conn, &resource("m-lease"), &holder("m-a"), None, None)
-            .await
-            .unwrap();
-    }
-    leases::acquire(&mut conn, &resource("m-single"), &holder("m-a"), short)
+        leases::renew(
+            &mut conn,
+            &Default::default(),
+            &resource("m-lease"),
+            &holder("m-a"),
+            None,
+            None,
+        )
         .await
         .unwrap();
+    }
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource("m-single"),
+        &holder("m-a"),
+        short,
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     leases::acquire(
         &mut conn,
+        &Default::default(),
         &resource("m-single"),
         &holder("m-b"),
         Duration::from_secs(60),

@@ -413,3 +413,42 @@ async fn the_document_is_well_formed_openapi_3_1() {
         serde_json::json!(["error"])
     );
 }
+
+/// The document's enums list exactly the texts the API sends and accepts.
+#[tokio::test]
+async fn every_enum_in_the_document_lists_the_texts_on_the_wire() {
+    use leasekeeper_core::generator::Desired;
+    use leasekeeper_core::lease::LeaseState;
+    use leasekeeper_core::queue::TaskStatus;
+    use leasekeeper_core::worker::{WorkerKind, WorkerState};
+    let api = Api::new().await;
+    let doc = served(&api).await;
+    let wire: [(&str, Vec<&str>); 5] = [
+        ("Desired", Desired::ALL.map(Desired::as_str).to_vec()),
+        (
+            "LeaseState",
+            LeaseState::ALL.map(LeaseState::as_str).to_vec(),
+        ),
+        (
+            "TaskStatus",
+            TaskStatus::ALL.map(TaskStatus::as_str).to_vec(),
+        ),
+        (
+            "WorkerKind",
+            WorkerKind::ALL.map(WorkerKind::as_str).to_vec(),
+        ),
+        (
+            "WorkerState",
+            WorkerState::ALL.map(WorkerState::as_str).to_vec(),
+        ),
+    ];
+    for (name, texts) in wire {
+        let listed: Vec<&str> = doc["components"]["schemas"][name]["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} has no enum in the document"))
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(listed, texts, "{name}");
+    }
+}

@@ -231,7 +231,7 @@ async fn force_releasing_a_task_lease_ends_the_claim_too() {
     assert!(s.is_success(), "{claim}");
     let task_id = claim["id"].as_i64().unwrap();
     let token = claim["fencing_token"].as_i64().unwrap();
-    let lease_id: i32 = sqlx::query_scalar("SELECT id FROM leases WHERE resource = $1")
+    let lease_id: i64 = sqlx::query_scalar("SELECT id FROM leases WHERE resource = $1")
         .bind(format!("task:{task_id}"))
         .fetch_one(&api.db.pool)
         .await
@@ -313,7 +313,7 @@ async fn force_release_racing_the_holders_renewal_never_leaves_it_live() {
         let state: (bool, bool) = sqlx::query_as(
             "SELECT released_at IS NOT NULL, expires_at > now() FROM leases WHERE id = $1",
         )
-        .bind(id as i32)
+        .bind(id)
         .fetch_one(&api.db.pool)
         .await
         .unwrap();

@@ -12,16 +12,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 async fn enqueue(db: &TestDb, task: NewTask) -> Task {
-    store::enqueue(&mut db.pool.acquire().await.unwrap(), &task)
-        .await
-        .unwrap()
+    store::enqueue(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &task,
+    )
+    .await
+    .unwrap()
 }
 
-async fn task(db: &TestDb, id: i32) -> Task {
-    store::get(&mut db.pool.acquire().await.unwrap(), id)
-        .await
-        .unwrap()
-        .unwrap()
+async fn task(db: &TestDb, id: i64) -> Task {
+    store::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        id,
+    )
+    .await
+    .unwrap()
+    .unwrap()
 }
 
 /// Waits up to `within` for `check` to hold.
@@ -386,4 +394,52 @@ async fn shutdown_finishes_the_tasks_at_hand_within_its_grace_and_gives_back_the
             .contains("stopped before finishing"),
         "{slow:?}"
     );
+}
+
+/// A handler that answers what `jsonb` would store but never give back (a
+/// number at `f64`'s edge) fails its attempt with the reason, and its
+/// fenced writes roll back; nothing unreadable is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_could_not_be_read_back_is_a_failed_attempt() {
+    let db = TestDb::new().await;
+    sqlx::query("CREATE TABLE public.effects (n int)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let t = enqueue(&db, NewTask::new("edge", json!({})).max_attempts(1)).await;
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("rt-edge")
+        .handler("edge", |_: Job, ctx: TaskContext| async move {
+            let mut tx = ctx.transaction().await?;
+            sqlx::query("INSERT INTO effects VALUES (1)")
+                .execute(&mut *tx)
+                .await?;
+            let output: serde_json::Value =
+                serde_json::from_str(r#"{"x": -1.7976931348623157e308}"#)?;
+            HandlerResult::Ok(Done::in_transaction(output, tx))
+        })
+        .start()
+        .await
+        .unwrap();
+    until("the attempt failed", Duration::from_secs(10), || async {
+        task(&db, t.id).await.status == TaskStatus::Failed
+    })
+    .await;
+    runtime.shutdown().await;
+    let failed = task(&db, t.id).await;
+    assert!(
+        failed
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cannot be stored"),
+        "{:?}",
+        failed.last_error
+    );
+    assert_eq!(failed.task_output, None);
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM public.effects")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, 0, "the handler's write rolled back");
 }

@@ -184,6 +184,7 @@ async fn two_schemas_in_one_database_are_independent() {
 
     let first_a = tasks::enqueue(
         &mut a,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({"in": "default"}),
@@ -194,6 +195,7 @@ async fn two_schemas_in_one_database_are_independent() {
     .unwrap();
     tasks::enqueue(
         &mut a,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({"in": "default"}),
@@ -204,6 +206,7 @@ async fn two_schemas_in_one_database_are_independent() {
     .unwrap();
     let first_b = tasks::enqueue(
         &mut b,
+        &schema("svc_a"),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({"in": "svc_a"}),
@@ -216,32 +219,48 @@ async fn two_schemas_in_one_database_are_independent() {
     assert_eq!((first_a.id, first_b.id), (1, 1));
     assert_eq!(count(&mut a, "SELECT count(*) FROM tasks").await, 2);
     assert_eq!(count(&mut b, "SELECT count(*) FROM tasks").await, 1);
-    let seen_by_b = tasks::claim_next(&mut b, &holder("w-b"), Duration::from_secs(30))
-        .await
-        .unwrap()
-        .expect("svc_a's task");
+    let seen_by_b = tasks::claim_next(
+        &mut b,
+        &schema("svc_a"),
+        &holder("w-b"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+    .expect("svc_a's task");
     assert_eq!(seen_by_b.task_data, json!({"in": "svc_a"}));
     assert!(
-        tasks::claim_next(&mut b, &holder("w-b"), Duration::from_secs(30))
-            .await
-            .unwrap()
-            .is_none(),
+        tasks::claim_next(
+            &mut b,
+            &schema("svc_a"),
+            &holder("w-b"),
+            Duration::from_secs(30)
+        )
+        .await
+        .unwrap()
+        .is_none(),
         "svc_a's worker sees no task of the default schema"
     );
 
     // Fencing tokens are per schema: the same resource name starts afresh.
     let r = resource("shared:r");
     let ttl = Duration::from_secs(30);
-    let t1 = leases::acquire(&mut a, &r, &holder("h"), ttl)
+    let t1 = leases::acquire(&mut a, &Default::default(), &r, &holder("h"), ttl)
         .await
         .unwrap();
-    leases::release(&mut a, &r, &holder("h"), Some(t1.lease().fencing_token))
+    leases::release(
+        &mut a,
+        &Default::default(),
+        &r,
+        &holder("h"),
+        Some(t1.lease().fencing_token),
+    )
+    .await
+    .unwrap();
+    let t2 = leases::acquire(&mut a, &Default::default(), &r, &holder("h"), ttl)
         .await
         .unwrap();
-    let t2 = leases::acquire(&mut a, &r, &holder("h"), ttl)
-        .await
-        .unwrap();
-    let other = leases::acquire(&mut b, &r, &holder("other"), ttl)
+    let other = leases::acquire(&mut b, &schema("svc_a"), &r, &holder("other"), ttl)
         .await
         .expect("the resource is free in svc_a");
     assert_eq!(
@@ -404,6 +423,7 @@ async fn the_dashboard_on_a_hosts_database_shows_its_schema() {
         enqueued.push(
             tasks::enqueue(
                 &mut conn,
+                &svc,
                 &leasekeeper_core::queue::NewTask::new(
                     leasekeeper_core::worker::simulated::KIND,
                     json!({"order": order}),
@@ -417,12 +437,13 @@ async fn the_dashboard_on_a_hosts_database_shows_its_schema() {
     }
     let ttl = Duration::from_secs(60);
     let worker = holder("svc-worker-1");
-    let claimed = tasks::claim_next(&mut conn, &worker, ttl)
+    let claimed = tasks::claim_next(&mut conn, &svc, &worker, ttl)
         .await
         .unwrap()
         .expect("a task");
     registry::record(
         &mut conn,
+        &svc,
         &worker,
         WorkerKind::Http,
         Some("svc-replica-1"),
@@ -440,11 +461,12 @@ async fn the_dashboard_on_a_hosts_database_shows_its_schema() {
     .await
     .unwrap()
     .expect("the worker's row");
-    instance::store::register(&mut conn, "svc-replica-1", "10.0.0.7:8080")
+    instance::store::register(&mut conn, &svc, "svc-replica-1", "10.0.0.7:8080")
         .await
         .unwrap();
     leases::acquire(
         &mut conn,
+        &svc,
         &resource("singleton:nightly-report"),
         &holder("svc-replica-1"),
         ttl,
@@ -497,10 +519,7 @@ async fn the_dashboard_on_a_hosts_database_shows_its_schema() {
         .filter_map(Value::as_i64)
         .collect();
     listed_ids.sort();
-    assert_eq!(
-        listed_ids,
-        enqueued.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()
-    );
+    assert_eq!(listed_ids, enqueued.clone());
     let (_, started) = api.get("/api/tasks/started").await;
     assert_eq!(ids(&started, "processor"), vec![json!("svc-worker-1")]);
     let (s, listed) = api.get("/api/leases").await;

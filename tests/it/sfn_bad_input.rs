@@ -2,7 +2,7 @@
 //! endpoints), taken from the server function registry so a new one is
 //! covered without being listed here: empty, garbage, invalid UTF-8,
 //! oversized and JSON bodies; for the functions listed in [`KNOWN`], every
-//! argument missing or of the wrong type (ids that are not positive `i32`s,
+//! argument missing or of the wrong type (ids that are not positive `i64`s,
 //! NUL, 3000-character and 70 KiB strings, unknown enum variants); then a
 //! few hundred random bodies from a seeded generator.
 //!
@@ -33,7 +33,7 @@ const MIN_FUNCTIONS: usize = 18;
 /// The kind of one argument, which decides its bad values.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
-    /// A row id: a positive `i32`.
+    /// A row id: a positive `i64`.
     Id,
     /// A fencing token: an `i64`.
     Token,
@@ -226,9 +226,9 @@ fn bad_values(kind: Kind) -> Vec<String> {
         ],
     };
     if matches!(kind, Kind::Id) {
-        // Valid i64s, but no row id.
-        values.push("2147483648".into());
-        values.push("-2147483649".into());
+        // Past i64 either way: no row id.
+        values.push("9223372036854775808".into());
+        values.push("-9223372036854775809".into());
     }
     if matches!(kind, Kind::Choice) {
         values.push("".into());

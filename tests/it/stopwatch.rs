@@ -24,19 +24,37 @@ async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     for name in ["task:1", "task:2"] {
-        leases::acquire(&mut conn, &resource(name), &holder("w-dead"), TTL)
-            .await
-            .unwrap();
+        leases::acquire(
+            &mut conn,
+            &Default::default(),
+            &resource(name),
+            &holder("w-dead"),
+            TTL,
+        )
+        .await
+        .unwrap();
     }
-    leases::acquire(&mut conn, &resource("task:3"), &holder("w-alive"), TTL)
-        .await
-        .unwrap();
-    let held = record_kill(&mut conn, "worker", "w-dead", &["w-dead".to_string()])
-        .await
-        .unwrap();
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource("task:3"),
+        &holder("w-alive"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let held = record_kill(
+        &mut conn,
+        &Default::default(),
+        "worker",
+        "w-dead",
+        &["w-dead".to_string()],
+    )
+    .await
+    .unwrap();
     assert_eq!(held, 2, "only the victim's live leases");
 
-    let waiting = recent(&mut conn, 10).await.unwrap();
+    let waiting = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(waiting.len(), 2);
     assert!(
         waiting
@@ -46,10 +64,16 @@ async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
 
     tokio::time::sleep(Duration::from_millis(50)).await;
     expire(&db, "task:1").await;
-    let taken = leases::acquire(&mut conn, &resource("task:1"), &holder("w-next"), TTL)
-        .await
-        .unwrap();
-    let rows = recent(&mut conn, 10).await.unwrap();
+    let taken = leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource("task:1"),
+        &holder("w-next"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     let one = rows.iter().find(|f| f.resource == "task:1").unwrap();
     assert_eq!(one.new_holder.as_deref(), Some("w-next"));
     assert_eq!(one.new_token, Some(taken.lease().fencing_token));
@@ -69,18 +93,25 @@ async fn a_silent_death_is_timed_from_the_last_renewal() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     let r = resource("singleton:generator");
-    leases::acquire(&mut conn, &r, &holder("i-a"), TTL)
+    leases::acquire(&mut conn, &Default::default(), &r, &holder("i-a"), TTL)
         .await
         .unwrap();
-    leases::renew(&mut conn, &r, &holder("i-a"), None, Some(TTL))
-        .await
-        .unwrap();
+    leases::renew(
+        &mut conn,
+        &Default::default(),
+        &r,
+        &holder("i-a"),
+        None,
+        Some(TTL),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
     expire(&db, "singleton:generator").await;
-    leases::acquire(&mut conn, &r, &holder("i-b"), TTL)
+    leases::acquire(&mut conn, &Default::default(), &r, &holder("i-b"), TTL)
         .await
         .unwrap();
-    let rows = recent(&mut conn, 10).await.unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     let f = &rows[0];
     assert_eq!(f.cause, "found_dead");
@@ -120,7 +151,7 @@ async fn killing_a_busy_worker_through_the_api_starts_the_stopwatch() {
         .await;
     assert!(s.is_success(), "{body}");
     let mut conn = api.db.pool.acquire().await.unwrap();
-    let rows = recent(&mut conn, 10).await.unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].resource, format!("task:{}", task["id"]));
     assert_eq!(rows[0].subject.as_deref(), Some(id.as_str()));
@@ -131,24 +162,48 @@ async fn killing_a_busy_worker_through_the_api_starts_the_stopwatch() {
 async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
-    leases::acquire(&mut conn, &resource("task:77"), &holder("w-killed"), TTL)
-        .await
-        .unwrap();
-    record_kill(&mut conn, "worker", "w-killed", &["w-killed".to_string()])
-        .await
-        .unwrap();
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource("task:77"),
+        &holder("w-killed"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    record_kill(
+        &mut conn,
+        &Default::default(),
+        "worker",
+        "w-killed",
+        &["w-killed".to_string()],
+    )
+    .await
+    .unwrap();
     // Twelve silent deaths after the kill, each newer than it.
     for i in 0..12 {
         let name = format!("singleton:s{i}");
-        leases::acquire(&mut conn, &resource(&name), &holder("i-silent"), TTL)
-            .await
-            .unwrap();
+        leases::acquire(
+            &mut conn,
+            &Default::default(),
+            &resource(&name),
+            &holder("i-silent"),
+            TTL,
+        )
+        .await
+        .unwrap();
         expire(&db, &name).await;
-        leases::acquire(&mut conn, &resource(&name), &holder("i-next"), TTL)
-            .await
-            .unwrap();
+        leases::acquire(
+            &mut conn,
+            &Default::default(),
+            &resource(&name),
+            &holder("i-next"),
+            TTL,
+        )
+        .await
+        .unwrap();
     }
-    let rows = recent(&mut conn, 10).await.unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(rows.iter().filter(|f| f.cause == "found_dead").count(), 10);
     let kill = rows.iter().find(|f| f.resource == "task:77");
     assert!(
@@ -160,10 +215,16 @@ async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
 
     // Resolved by a takeover: still listed (for a few minutes), with its time.
     expire(&db, "task:77").await;
-    leases::acquire(&mut conn, &resource("task:77"), &holder("w-next"), TTL)
-        .await
-        .unwrap();
-    let rows = recent(&mut conn, 10).await.unwrap();
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource("task:77"),
+        &holder("w-next"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     let kill = rows.iter().find(|f| f.resource == "task:77").unwrap();
     assert_eq!(kill.new_holder.as_deref(), Some("w-next"));
     assert!(kill.elapsed_ms.is_some() && kill.ended.is_none());
@@ -175,7 +236,7 @@ async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let rows = recent(&mut conn, 10).await.unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert!(rows.iter().all(|f| f.resource != "task:77"), "{rows:?}");
 }
 
@@ -186,20 +247,27 @@ async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
     let mut conn = db.pool.acquire().await.unwrap();
     let task = tasks::enqueue(
         &mut conn,
+        &Default::default(),
         &NewTask::new(leasekeeper_core::worker::simulated::KIND, json!({})).max_attempts(1),
     )
     .await
     .unwrap();
-    let claimed = tasks::claim_next(&mut conn, &holder("w-killed"), TTL)
+    let claimed = tasks::claim_next(&mut conn, &Default::default(), &holder("w-killed"), TTL)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(claimed.id, task.id);
-    record_kill(&mut conn, "worker", "w-killed", &["w-killed".to_string()])
-        .await
-        .unwrap();
+    record_kill(
+        &mut conn,
+        &Default::default(),
+        "worker",
+        "w-killed",
+        &["w-killed".to_string()],
+    )
+    .await
+    .unwrap();
     let name = format!("task:{}", task.id);
-    let waiting = recent(&mut conn, 10).await.unwrap();
+    let waiting = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(waiting[0].resource, name);
     assert_eq!(waiting[0].ended, None);
     // Its claim runs out; the next claimer finds it out of attempts and
@@ -211,20 +279,20 @@ async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
         .unwrap();
     expire(&db, &name).await;
     assert!(
-        tasks::claim_next(&mut conn, &holder("w-next"), TTL)
+        tasks::claim_next(&mut conn, &Default::default(), &holder("w-next"), TTL)
             .await
             .unwrap()
             .is_none()
     );
     assert_eq!(
-        tasks::get(&mut conn, task.id)
+        tasks::get(&mut conn, &Default::default(), task.id)
             .await
             .unwrap()
             .unwrap()
             .status,
         TaskStatus::Failed
     );
-    let rows = recent(&mut conn, 10).await.unwrap();
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     let row = rows.iter().find(|f| f.resource == name).unwrap();
     assert_eq!(row.ended.as_deref(), Some("task failed"), "{row:?}");
     assert!(row.taken_at.is_none());

@@ -227,17 +227,17 @@ async fn bulk_cancel_and_retry_take_every_matching_task_in_batches() {
         (
             "/api/tasks/cancel",
             json!({"status": "processed"}),
-            "cancel applies to pending or started",
+            "expected `pending` or `started`",
         ),
         (
             "/api/tasks/retry",
             json!({"status": "pending"}),
-            "retry applies to failed or cancelled",
+            "expected `failed` or `cancelled`",
         ),
         (
             "/api/tasks/retry",
             json!({"status": "bogus"}),
-            "status must be one of",
+            "unknown variant `bogus`",
         ),
         ("/api/tasks/cancel", json!({}), "status"),
         (

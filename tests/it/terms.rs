@@ -73,7 +73,7 @@ pub async fn assert_terms_do_not_overlap(pool: &PgPool) -> BTreeMap<i64, String>
 
 /// Checks that the tasks' terms never interleave: by id, tokens never go
 /// down, and each task names the holder of its token.
-pub fn assert_tasks_follow_terms(tasks: &[(i32, String, i64)], holders: &BTreeMap<i64, String>) {
+pub fn assert_tasks_follow_terms(tasks: &[(i64, String, i64)], holders: &BTreeMap<i64, String>) {
     for pair in tasks.windows(2) {
         assert!(
             pair[0].2 <= pair[1].2,

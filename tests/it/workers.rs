@@ -50,12 +50,13 @@ where
     }
 }
 
-async fn enqueue(db: &TestDb, sleep_secs: u64, n: usize) -> Vec<i32> {
+async fn enqueue(db: &TestDb, sleep_secs: u64, n: usize) -> Vec<i64> {
     let mut conn = db.pool.acquire().await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..n {
         let task = store::enqueue(
             &mut conn,
+            &Default::default(),
             &leasekeeper_core::queue::NewTask::new(
                 leasekeeper_core::worker::simulated::KIND,
                 json!({ "sleep_duration_seconds": sleep_secs }),
@@ -69,11 +70,15 @@ async fn enqueue(db: &TestDb, sleep_secs: u64, n: usize) -> Vec<i32> {
     ids
 }
 
-async fn task(db: &TestDb, id: i32) -> Task {
-    store::get(&mut db.pool.acquire().await.unwrap(), id)
-        .await
-        .unwrap()
-        .expect("task exists")
+async fn task(db: &TestDb, id: i64) -> Task {
+    store::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        id,
+    )
+    .await
+    .unwrap()
+    .expect("task exists")
 }
 
 async fn count_status(db: &TestDb, status: TaskStatus) -> i64 {
@@ -84,7 +89,7 @@ async fn count_status(db: &TestDb, status: TaskStatus) -> i64 {
         .unwrap()
 }
 
-async fn events(db: &TestDb, task_id: i32) -> Vec<LeaseEvent> {
+async fn events(db: &TestDb, task_id: i64) -> Vec<LeaseEvent> {
     sqlx::query_as("SELECT * FROM lease_events WHERE resource = $1 ORDER BY id")
         .bind(Task::resource_name(task_id))
         .fetch_all(&db.pool)
@@ -93,10 +98,15 @@ async fn events(db: &TestDb, task_id: i32) -> Vec<LeaseEvent> {
 }
 
 async fn worker(db: &TestDb, id: &str) -> WorkerInfo {
-    registry::get(&mut db.pool.acquire().await.unwrap(), id, TTL)
-        .await
-        .unwrap()
-        .expect("worker row exists")
+    registry::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        id,
+        TTL,
+    )
+    .await
+    .unwrap()
+    .expect("worker row exists")
 }
 
 fn of_kind<'a>(events: &'a [LeaseEvent], kind: &str) -> Vec<&'a LeaseEvent> {
@@ -288,7 +298,7 @@ async fn thirty_two_workers_share_a_hundred_tasks_without_overlap() {
         Duration::from_secs(10),
         || async {
             let done: i64 = sqlx::query_scalar(
-                "SELECT COALESCE(sum(tasks_done), 0) FROM workers WHERE instance_id = 'inst-m'",
+                "SELECT COALESCE(sum(tasks_done), 0)::bigint FROM workers WHERE instance_id = 'inst-m'",
             )
             .fetch_one(&db.pool)
             .await
@@ -325,7 +335,7 @@ fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper_core::
 async fn idle(db: &TestDb, id: &str) {
     eventually("the worker idle", Duration::from_secs(10), || async {
         let mut conn = db.pool.acquire().await.unwrap();
-        registry::get(&mut conn, id, Duration::from_secs(60))
+        registry::get(&mut conn, &Default::default(), id, Duration::from_secs(60))
             .await
             .unwrap()
             .is_some_and(|w| w.state == WorkerState::Idle)
@@ -366,6 +376,7 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     let ids = enqueue(&db, 0, 1).await;
     let held = store::claim_next(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &leasekeeper_core::lease::Holder::parse("by-hand").unwrap(),
         Duration::from_secs(600),
     )
@@ -378,6 +389,7 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lease = leasekeeper_core::lease::store::get_by_resource(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &leasekeeper_core::lease::Resource::parse(Task::resource_name(held.id)).unwrap(),
     )
     .await
@@ -386,6 +398,7 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     let started = Instant::now();
     leasekeeper::ops::force_release(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         lease.id,
         lease.fencing_token,
         "inst-f",

@@ -4,16 +4,47 @@
 //! Everything leasekeeper creates lives in one PostgreSQL [`Schema`]
 //! (`leasekeeper` unless configured), never in `public`, so it can share a
 //! database with a host service's own tables and its own `_sqlx_migrations`.
-//! Every connection leasekeeper opens sees that schema only: build pools with
-//! [`connect`] or [`connect_options`], and create or update the tables with
+//! Every statement of the library names that schema ([`Schema::sql`]), so it
+//! works on any connection, a host's own included, whatever its
+//! `search_path`. A pool built with [`connect`] or [`connect_options`]
+//! remembers its schema ([`Schema::of`]), and its sessions see that schema
+//! first (handy for hand-written SQL); create or update the tables with
 //! [`migrate`].
 
 pub mod embedded;
 mod schema;
+mod statements;
 #[doc(hidden)]
 pub mod testing;
 
 pub use schema::{DEFAULT_SCHEMA, MAX_SCHEMA_CHARS, Schema, SchemaError};
+pub use statements::SCHEMA_MARKER;
+
+/// Runs `$body` (an expression that may `.await` and use `?`) with `$conn`
+/// (a `&mut PgConnection` variable); for a schema behind a transaction
+/// pooler, inside a transaction of its own (a savepoint when `$conn` is
+/// already in one) that commits when the body answers `Ok` and rolls back
+/// otherwise, so the pooler keeps every round trip of it on one server
+/// connection. Directly connected, it is just `$body`.
+macro_rules! atomically {
+    ($conn:ident, $schema:expr, $answer:ty, $body:expr) => {
+        if $schema.is_behind_transaction_pooler() {
+            let mut tx = sqlx::Connection::begin(&mut *$conn).await?;
+            let answer: $answer = {
+                let $conn: &mut sqlx::PgConnection = &mut tx;
+                $body
+            };
+            if answer.is_ok() {
+                tx.commit().await?;
+            }
+            answer
+        } else {
+            let answer: $answer = $body;
+            answer
+        }
+    };
+}
+pub(crate) use atomically;
 
 use anyhow::Context;
 use embedded::EmbeddedPostgres;
@@ -21,12 +52,20 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use std::path::Path;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-/// The schema migrations in `migrations/`, embedded in the binary. Run them
-/// with [`migrate`], which puts them (and sqlx's record of them) in the
-/// schema, never with `MIGRATOR.run` directly.
-pub static MIGRATOR: Migrator = sqlx::migrate!();
+/// The schema migrations in the crate's `migrations/`, embedded in the
+/// binary. Run them with [`migrate`], which puts them (and sqlx's record of
+/// them) in the schema, in one transaction, never with `MIGRATOR.run`
+/// directly. sqlx's own session lock is off: [`migrate`] serialises
+/// migrators with a transaction-scoped lock instead, which a pooler in
+/// transaction mode keeps.
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut migrator = sqlx::migrate!();
+    migrator.set_locking(false);
+    migrator
+});
 
 /// The database name used inside the embedded cluster.
 pub const EMBEDDED_DATABASE: &str = "leasekeeper";
@@ -87,18 +126,31 @@ pub fn pool_options() -> PgPoolOptions {
         .acquire_timeout(Duration::from_secs(10))
 }
 
-/// `options` with every session's `search_path` set to `schema` alone, so
-/// leasekeeper's unqualified table names mean its own tables and nothing it
-/// creates lands in `public`. Every pool leasekeeper uses is built on it.
+/// `options` for a pool of `schema`: the pool remembers the schema
+/// ([`Schema::of`]), which the library's handles built on the pool work in,
+/// and its sessions see `schema` alone on their `search_path`, so
+/// hand-written SQL on them finds leasekeeper's tables by their bare names.
+/// The library itself never depends on that `search_path` (its statements
+/// name their schema): a pooler may drop the startup parameter.
 ///
-/// A host's own tables are then not visible by their bare names on these
+/// A host's own tables are not visible by their bare names on these
 /// connections, except in a handler's fenced transaction
 /// ([`crate::queue::store::FencedTransaction`]), which switches to the
 /// host's `search_path` for the handler's statements.
+///
+/// For a schema [behind a transaction pooler](Schema::behind_transaction_pooler)
+/// the options also say so (for [`Schema::of`]) and keep no statement cache.
 pub fn connect_options(options: PgConnectOptions, schema: &Schema) -> PgConnectOptions {
     // `-c search_path="name"` in the startup packet: applied before the
     // first statement, and again on every new connection of a pool.
-    options.options([("search_path", schema.quoted())])
+    let options = options.options([("search_path", schema.quoted())]);
+    if schema.is_behind_transaction_pooler() {
+        options
+            .options([(statements::POOLER_OPTION, statements::POOLER_TRANSACTION)])
+            .statement_cache_capacity(0)
+    } else {
+        options
+    }
 }
 
 /// A pool on the database at `url` (a PostgreSQL URL) whose connections see
@@ -113,36 +165,46 @@ pub async fn connect(url: &str, schema: &Schema) -> anyhow::Result<PgPool> {
 }
 
 /// Creates `schema` if it does not exist and applies the pending
-/// [`MIGRATOR`] migrations inside it, on a connection of its own to `pool`'s
-/// database. sqlx records them in `<schema>._sqlx_migrations`, apart from a
-/// host's `public._sqlx_migrations`. Safe to call from every replica at
-/// once: one migrates, the others wait and then find nothing to do.
+/// [`MIGRATOR`] migrations inside it, all in one transaction on a connection
+/// of its own to `pool`'s database. sqlx records them in
+/// `<schema>._sqlx_migrations`, apart from a host's
+/// `public._sqlx_migrations`. Safe to call from every replica at once (one
+/// migrates, the others wait and then find nothing to do), and through a
+/// pooler in transaction mode: it uses no session state.
 pub async fn migrate(pool: &PgPool, schema: &Schema) -> anyhow::Result<()> {
     let options = connect_options((*pool.connect_options()).clone(), schema);
     let mut conn = PgConnection::connect_with(&options)
         .await
         .context("connecting to migrate")?;
     let migrated = migrate_on(&mut conn, schema).await;
-    // Ending the session releases its advisory locks, ours and sqlx's,
-    // whatever happened (sqlx leaves its own held when a migration fails).
     let closed = conn.close().await;
     migrated?;
     closed.context("closing the migration connection")
 }
 
 async fn migrate_on(conn: &mut PgConnection, schema: &Schema) -> anyhow::Result<()> {
+    let mut tx = conn.begin().await.context("beginning the migration")?;
+    // Behind a pooler in transaction mode this transaction may run on a
+    // server connection where another client left statements prepared by
+    // name; sqlx's migrator prepares its own by the same names. Our own
+    // statements are unnamed, and both ends of the transaction clear the
+    // names (the server connection outlives this client).
+    deallocate_all(&mut tx).await?;
     // Race prevented: replicas starting together on a fresh database. Two
-    // `CREATE SCHEMA IF NOT EXISTS` at the same moment can both find no
-    // schema and one fails on the catalog's unique index; sqlx's own
-    // migration lock does not cover that step (it is taken inside
-    // `Migrator::run`, once the schema must already exist for its
-    // `_sqlx_migrations` table). So every migrator of this schema first
-    // waits for this session lock (a two-key advisory lock, a key space
-    // apart from sqlx's one-key lock on the database), and only the first
-    // creates the schema and applies migrations; the rest find them applied.
-    sqlx::query("SELECT pg_advisory_lock(hashtext('leasekeeper migrate'), hashtext($1))")
+    // `CREATE SCHEMA` at the same moment can both find no schema and one
+    // fails on the catalog's unique index, and two migrators could apply
+    // one migration twice. So every migrator of this schema first waits for
+    // this lock (a two-key advisory lock, a key space apart from sqlx's
+    // one-key lock on the database), held to the end of its transaction:
+    // only the first creates the schema and applies migrations; the rest
+    // then find them applied. Transaction-scoped, not a session lock: a
+    // pooler in transaction mode may hand the session's next statement to
+    // another server connection, and a session lock left behind by a failed
+    // migration would outlive this connection there.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('leasekeeper migrate'), hashtext($1))")
+        .persistent(false)
         .bind(schema.as_str())
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await
         .context("waiting for the migration lock")?;
     // Asked first, not `CREATE SCHEMA IF NOT EXISTS`: that needs the CREATE
@@ -150,34 +212,54 @@ async fn migrate_on(conn: &mut PgConnection, schema: &Schema) -> anyhow::Result<
     // have made the schema for a role that has no such privilege.
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .persistent(false)
             .bind(schema.as_str())
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut *tx)
             .await
             .context("looking for the schema")?;
     if !exists {
         sqlx::query(&format!("CREATE SCHEMA {}", schema.quoted()))
-            .execute(&mut *conn)
+            .persistent(false)
+            .execute(&mut *tx)
             .await
             .with_context(|| format!("creating schema {schema}"))?;
     }
+    // The migration files name no schema: they run with the schema alone on
+    // the transaction's search_path (whatever the session's), and the
+    // functions they create are pinned to it (`SET search_path FROM
+    // CURRENT`).
+    sqlx::query("SELECT set_config('search_path', $1, true)")
+        .persistent(false)
+        .bind(schema.quoted())
+        .execute(&mut *tx)
+        .await
+        .context("setting the migration's search_path")?;
     // `run_direct`, not `run`: `run(&mut PgConnection)` makes this future
     // not `Send` (sqlx's "`Acquire` is not general enough"), and a service
     // must be able to migrate from a spawned task; sqlx keeps `run_direct`
-    // public for exactly that.
+    // public for exactly that. Each migration runs in a savepoint of this
+    // transaction.
     MIGRATOR
-        .run_direct(&mut *conn)
+        .run_direct(&mut *tx)
         .await
         .with_context(|| format!("running database migrations in schema {schema}"))?;
-    sqlx::query("SELECT pg_advisory_unlock(hashtext('leasekeeper migrate'), hashtext($1))")
-        .bind(schema.as_str())
-        .execute(&mut *conn)
-        .await
-        .context("releasing the migration lock")?;
+    deallocate_all(&mut tx).await?;
+    tx.commit().await.context("committing the migrations")?;
     Ok(())
 }
 
-/// Whether the database's migrations (in the connection's schema, on its
-/// `search_path`) are those this build carries.
+/// Drops every statement prepared by name on this server connection.
+async fn deallocate_all(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::query("DEALLOCATE ALL")
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+        .context("deallocating prepared statements")?;
+    Ok(())
+}
+
+/// Whether the database's migrations (in `schema`) are those this build
+/// carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MigrationState {
     /// Every migration of this build is applied, and nothing else.
@@ -192,8 +274,13 @@ pub enum MigrationState {
 
 /// Compares the schema's `_sqlx_migrations` with [`MIGRATOR`]'s list, by
 /// version, success and checksum: what a readiness check asks.
-pub async fn migration_state(conn: &mut PgConnection) -> sqlx::Result<MigrationState> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+pub async fn migration_state(
+    conn: &mut PgConnection,
+    schema: &Schema,
+) -> sqlx::Result<MigrationState> {
+    let exists: bool = schema
+        .query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("{}._sqlx_migrations", schema.quoted()))
         .fetch_one(&mut *conn)
         .await?;
     if !exists {
@@ -201,10 +288,12 @@ pub async fn migration_state(conn: &mut PgConnection) -> sqlx::Result<MigrationS
             "no migrations applied in this schema".into(),
         ));
     }
-    let applied: Vec<(i64, bool, Vec<u8>)> =
-        sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations ORDER BY version")
-            .fetch_all(&mut *conn)
-            .await?;
+    let applied: Vec<(i64, bool, Vec<u8>)> = schema
+        .query_as(
+            "SELECT version, success, checksum FROM $schema._sqlx_migrations ORDER BY version",
+        )
+        .fetch_all(&mut *conn)
+        .await?;
     for (version, success, _) in &applied {
         if !success {
             return Ok(MigrationState::Behind(format!(

@@ -51,8 +51,16 @@ pub enum SchemaError {
 /// assert!(Schema::parse("public").is_err());
 /// assert!(Schema::parse("Jobs").is_err());
 /// ```
+///
+/// It also says how statements reach the server: prepared once per
+/// connection and reused (the default), or, for a schema reached
+/// [behind a transaction pooler](Schema::behind_transaction_pooler), as
+/// unnamed statements each inside a transaction.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Schema(String);
+pub struct Schema {
+    name: String,
+    pooled: bool,
+}
 
 impl Schema {
     /// Parses a schema name, refusing anything but a plain lowercase
@@ -80,32 +88,57 @@ impl Schema {
         if let Some(why) = reserved {
             return Err(SchemaError::Reserved(raw.to_string(), why));
         }
-        Ok(Schema(raw.to_string()))
+        Ok(Schema {
+            name: raw.to_string(),
+            pooled: false,
+        })
+    }
+
+    /// This schema reached through a pooler in transaction mode (PgBouncer
+    /// with `pool_mode = transaction`), which hands each transaction to
+    /// whichever server connection is free: no statement is prepared by
+    /// name (the next transaction may run on a connection that never saw
+    /// it, or that another client prepared the same name on), and every
+    /// statement runs inside a transaction (a statement's parse and its
+    /// execution are two round trips, and between two transactions the
+    /// pooler may switch connections). Pools built with
+    /// [`super::connect_options`] for it remember it ([`Schema::of`]).
+    pub fn behind_transaction_pooler(mut self) -> Self {
+        self.pooled = true;
+        self
+    }
+
+    /// Whether [`Schema::behind_transaction_pooler`] was asked for.
+    pub fn is_behind_transaction_pooler(&self) -> bool {
+        self.pooled
     }
 
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
     }
 
     /// The name as a quoted SQL identifier (`"leasekeeper"`), safe to splice
     /// into a statement: the name holds no quote, so none needs doubling,
     /// and quoting keeps a name that is also a keyword (`user`) usable.
     pub fn quoted(&self) -> String {
-        format!("\"{}\"", self.0)
+        format!("\"{}\"", self.name)
     }
 }
 
 impl Default for Schema {
     /// The `leasekeeper` schema.
     fn default() -> Self {
-        Schema(DEFAULT_SCHEMA.to_string())
+        Schema {
+            name: DEFAULT_SCHEMA.to_string(),
+            pooled: false,
+        }
     }
 }
 
 impl fmt::Display for Schema {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 
@@ -119,7 +152,7 @@ impl FromStr for Schema {
 
 impl AsRef<str> for Schema {
     fn as_ref(&self) -> &str {
-        &self.0
+        &self.name
     }
 }
 

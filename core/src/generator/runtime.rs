@@ -3,6 +3,7 @@
 //! that inserts a task every interval while this instance holds the lease.
 
 use super::{Desired, GeneratorStatus, RESOURCE, store};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::client::LeaseTiming;
 use crate::lease::singleton::{HeldTerm, Singleton, State, Switch, TermWork};
@@ -176,9 +177,10 @@ async fn follow_desired(
     nudge: Arc<Notify>,
     stop: CancellationToken,
 ) {
+    let schema = Schema::of(&pool);
     let mut last: Option<Desired> = None;
     loop {
-        let read = async { store::desired(&mut *pool.acquire().await?).await }.await;
+        let read = async { store::desired(&mut *pool.acquire().await?, &schema).await }.await;
         match read {
             Ok(desired) if Some(desired) != last => {
                 tracing::info!(desired = desired.as_str(), "generator desired state");
@@ -210,6 +212,7 @@ async fn generate(
     crashed: CancellationToken,
 ) {
     let token = term.token();
+    let schema = Schema::of(&pool);
     tracing::info!(instance = %me, token, "generator running on this instance");
     let mut ticks = tokio::time::interval_at(
         tokio::time::Instant::now() + config.interval,
@@ -234,7 +237,7 @@ async fn generate(
         // so the lease is released only after it committed.
         let inserted = async {
             let mut conn = pool.acquire().await?;
-            store::insert_task(&mut conn, &me, token, task).await
+            store::insert_task(&mut conn, &schema, &me, token, task).await
         }
         .await;
         match inserted {
@@ -257,10 +260,11 @@ async fn generate(
 /// state when it runs a generator: what the REST route and the dashboard show.
 pub async fn report(
     conn: &mut sqlx::PgConnection,
+    schema: &Schema,
     instance_id: &str,
     local: Option<&GeneratorHandle>,
 ) -> sqlx::Result<GeneratorStatus> {
-    let mut status = store::status(conn).await?;
+    let mut status = store::status(conn, schema).await?;
     status.answered_by = Some(instance_id.to_string());
     status.local_state = local.map(|g| g.state().as_str().to_string());
     Ok(status)
@@ -270,13 +274,14 @@ pub async fn report(
 /// generator so it acts at once, and reports the new status.
 pub async fn request(
     conn: &mut sqlx::PgConnection,
+    schema: &Schema,
     desired: Desired,
     instance_id: &str,
     local: Option<&GeneratorHandle>,
 ) -> sqlx::Result<GeneratorStatus> {
-    store::set_desired(&mut *conn, desired, instance_id).await?;
+    store::set_desired(&mut *conn, schema, desired, instance_id).await?;
     if let Some(generator) = local {
         generator.nudge();
     }
-    report(conn, instance_id, local).await
+    report(conn, schema, instance_id, local).await
 }

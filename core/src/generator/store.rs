@@ -2,6 +2,7 @@
 //! of generated tasks.
 
 use super::{Desired, GeneratorStatus, RESOURCE};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::store::{self as tasks, TaskError};
 use crate::queue::{NewTask, Task};
@@ -9,10 +10,19 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
 /// The desired state.
-pub async fn desired(conn: &mut PgConnection) -> sqlx::Result<Desired> {
-    sqlx::query_scalar("SELECT desired FROM generator_state WHERE id")
-        .fetch_one(&mut *conn)
+pub async fn desired(conn: &mut PgConnection, schema: &Schema) -> sqlx::Result<Desired> {
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Desired>,
+        async {
+            schema
+                .query_scalar("SELECT desired FROM $schema.generator_state WHERE id")
+                .fetch_one(&mut *conn)
+                .await
+        }
         .await
+    )
 }
 
 /// Sets the desired state on behalf of instance `by`, and records the
@@ -20,51 +30,65 @@ pub async fn desired(conn: &mut PgConnection) -> sqlx::Result<Desired> {
 /// previous desired state.
 pub async fn set_desired(
     conn: &mut PgConnection,
+    schema: &Schema,
     desired: Desired,
     by: &str,
 ) -> sqlx::Result<Desired> {
-    let mut tx = conn.begin().await?;
-    let previous: Desired =
-        sqlx::query_scalar("SELECT desired FROM generator_state WHERE id FOR UPDATE")
+    crate::db::atomically!(conn, schema, sqlx::Result<Desired>, async {
+        let mut tx = conn.begin().await?;
+        let previous: Desired = schema
+            .query_scalar("SELECT desired FROM $schema.generator_state WHERE id FOR UPDATE")
             .fetch_one(&mut *tx)
             .await?;
-    sqlx::query(
-        "UPDATE generator_state SET desired = $1, updated_at = now(), updated_by = $2 WHERE id",
-    )
-    .bind(desired)
-    .bind(by)
-    .execute(&mut *tx)
-    .await?;
-    let action = match desired {
-        Desired::Running => "generator_start",
-        Desired::Stopped => "generator_stop",
-    };
-    crate::lease::store::record_operator_action(
-        &mut tx,
-        RESOURCE,
-        by,
-        action,
-        json!({"previous": previous.as_str()}),
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(previous)
+        schema.query(
+            "UPDATE $schema.generator_state SET desired = $1, updated_at = now(), updated_by = $2 WHERE id",
+        )
+        .bind(desired)
+        .bind(by)
+        .execute(&mut *tx)
+        .await?;
+        let action = match desired {
+            Desired::Running => "generator_start",
+            Desired::Stopped => "generator_stop",
+        };
+        crate::lease::store::record_operator_action(
+            &mut tx,
+            schema,
+            RESOURCE,
+            by,
+            action,
+            json!({"previous": previous.as_str()}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(previous)
+    }
+    .await)
 }
 
 /// The desired state and the live lease, the same for every instance.
-pub async fn status(conn: &mut PgConnection) -> sqlx::Result<GeneratorStatus> {
-    sqlx::query_as(
-        "SELECT g.desired, g.updated_at, g.updated_by,
-                l.holder, l.fencing_token, l.expires_at,
-                (EXTRACT(EPOCH FROM (l.expires_at - now())) * 1000)::bigint AS expires_in_ms
-           FROM generator_state g
-           LEFT JOIN leases l
-             ON l.resource = $1 AND l.released_at IS NULL AND l.expires_at > now()
-          WHERE g.id",
+pub async fn status(conn: &mut PgConnection, schema: &Schema) -> sqlx::Result<GeneratorStatus> {
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<GeneratorStatus>,
+        async {
+            schema
+                .query_as(
+                    "SELECT g.desired, g.updated_at, g.updated_by,
+                    l.holder, l.fencing_token, l.expires_at,
+                    (EXTRACT(EPOCH FROM (l.expires_at - now())) * 1000)::bigint AS expires_in_ms
+               FROM $schema.generator_state g
+               LEFT JOIN $schema.leases l
+                 ON l.resource = $1 AND l.released_at IS NULL AND l.expires_at > now()
+              WHERE g.id",
+                )
+                .bind(RESOURCE)
+                .fetch_one(&mut *conn)
+                .await
+        }
+        .await
     )
-    .bind(RESOURCE)
-    .fetch_one(&mut *conn)
-    .await
 }
 
 /// Inserts one generated task, but only if `holder` still holds the live
@@ -76,69 +100,76 @@ pub async fn status(conn: &mut PgConnection) -> sqlx::Result<GeneratorStatus> {
 /// the term that produced it.
 pub async fn insert_task(
     conn: &mut PgConnection,
+    schema: &Schema,
     holder: &Holder,
     token: i64,
     mut task: NewTask,
 ) -> Result<Option<Task>, TaskError> {
-    let _announced = crate::live::announce_on_return(crate::live::Topics::TASKS);
-    if let Value::Object(map) = &mut task.data {
-        map.insert("generator".into(), json!(holder.as_str()));
-        map.insert("generator_token".into(), json!(token));
-    }
-    let mut tx = conn.begin().await?;
-    // Race prevented: two generators inserting at once around a failover.
-    // The old holder checked `is_held()` locally, then stalls (GC pause,
-    // overloaded host, slow network) past its lease's expiry; meanwhile
-    // another instance takes the lease over and starts inserting. Without
-    // this check the old holder's insert would land in the new term.
-    //
-    // The check and the insert share one transaction, and FOR SHARE locks
-    // the lease row until commit: a takeover (an UPDATE of that row) waits
-    // for this insert to commit, and if the takeover committed first, the
-    // row no longer matches holder and token (READ COMMITTED re-reads the
-    // newest version under the lock) and nothing is inserted. So every task
-    // of term N commits before term N+1 begins. clock_timestamp(), not
-    // now(): now() is the transaction's start, a little earlier.
-    let live: Option<i64> = sqlx::query_scalar(
-        "SELECT fencing_token FROM leases
-          WHERE resource = $1 AND holder = $2 AND fencing_token = $3
-            AND released_at IS NULL AND expires_at > clock_timestamp()
-          FOR SHARE",
-    )
-    .bind(RESOURCE)
-    .bind(holder.as_str())
-    .bind(token)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if live.is_none() {
-        let current: Option<(Option<String>, i64)> = sqlx::query_as(
-            "SELECT holder, fencing_token FROM leases
-              WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
-        )
-        .bind(RESOURCE)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let (current_holder, current_token) = current.unzip();
-        sqlx::query(
-            "INSERT INTO lease_events (resource, holder, fencing_token, kind, detail)
-             VALUES ($1, $2, $3, 'stale_write_refused', $4)",
-        )
-        .bind(RESOURCE)
-        .bind(holder.as_str())
-        .bind(token)
-        .bind(json!({
-            "op": "generator_insert",
-            "reason": "the generator lease is not held with this token",
-            "current_holder": current_holder.flatten(),
-            "current_token": current_token,
-        }))
-        .execute(&mut *tx)
-        .await?;
-        crate::metrics::refused();
+    crate::db::atomically!(conn, schema, Result<Option<Task>, TaskError>, async {
+        let _announced = crate::live::announce_on_return(crate::live::Topics::TASKS);
+        if let Value::Object(map) = &mut task.data {
+            map.insert("generator".into(), json!(holder.as_str()));
+            map.insert("generator_token".into(), json!(token));
+        }
+        let mut tx = conn.begin().await?;
+        // Race prevented: two generators inserting at once around a failover.
+        // The old holder checked `is_held()` locally, then stalls (GC pause,
+        // overloaded host, slow network) past its lease's expiry; meanwhile
+        // another instance takes the lease over and starts inserting. Without
+        // this check the old holder's insert would land in the new term.
+        //
+        // The check and the insert share one transaction, and FOR SHARE locks
+        // the lease row until commit: a takeover (an UPDATE of that row) waits
+        // for this insert to commit, and if the takeover committed first, the
+        // row no longer matches holder and token (READ COMMITTED re-reads the
+        // newest version under the lock) and nothing is inserted. So every task
+        // of term N commits before term N+1 begins. clock_timestamp(), not
+        // now(): now() is the transaction's start, a little earlier.
+        let live: Option<i64> = schema
+            .query_scalar(
+                "SELECT fencing_token FROM $schema.leases
+              WHERE resource = $1 AND holder = $2 AND fencing_token = $3
+                AND released_at IS NULL AND expires_at > clock_timestamp()
+              FOR SHARE",
+            )
+            .bind(RESOURCE)
+            .bind(holder.as_str())
+            .bind(token)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if live.is_none() {
+            let current: Option<(Option<String>, i64)> = schema
+                .query_as(
+                    "SELECT holder, fencing_token FROM $schema.leases
+                  WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
+                )
+                .bind(RESOURCE)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let (current_holder, current_token) = current.unzip();
+            schema
+                .query(
+                    "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
+                 VALUES ($1, $2, $3, 'stale_write_refused', $4)",
+                )
+                .bind(RESOURCE)
+                .bind(holder.as_str())
+                .bind(token)
+                .bind(json!({
+                    "op": "generator_insert",
+                    "reason": "the generator lease is not held with this token",
+                    "current_holder": current_holder.flatten(),
+                    "current_token": current_token,
+                }))
+                .execute(&mut *tx)
+                .await?;
+            crate::metrics::refused();
+            tx.commit().await?;
+            return Ok(None);
+        }
+        let task = tasks::enqueue(&mut tx, schema, &task).await?;
         tx.commit().await?;
-        return Ok(None);
+        Ok(Some(task))
     }
-    let task = tasks::enqueue(&mut tx, &task).await?;
-    tx.commit().await?;
-    Ok(Some(task))
+    .await)
 }

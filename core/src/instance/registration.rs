@@ -1,6 +1,7 @@
 //! This process's own row in `instances`, kept fresh by a heartbeat task.
 
 use super::store;
+use crate::db::Schema;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,13 @@ impl Registration {
         address: &str,
         interval: Duration,
     ) -> sqlx::Result<Self> {
-        store::register(&mut *pool.acquire().await?, &id, address).await?;
+        store::register(
+            &mut *pool.acquire().await?,
+            &Schema::of(&pool),
+            &id,
+            address,
+        )
+        .await?;
         let stop = CancellationToken::new();
         let task = tokio::spawn(heartbeat_loop(
             pool.clone(),
@@ -54,7 +61,12 @@ impl Registration {
         // checks stopped_at, but the order keeps the story simple).
         self.stop.cancel();
         let _ = self.task.await;
-        store::mark_stopped(&mut *self.pool.acquire().await?, &self.id).await
+        store::mark_stopped(
+            &mut *self.pool.acquire().await?,
+            &Schema::of(&self.pool),
+            &self.id,
+        )
+        .await
     }
 
     /// Stops the heartbeat as a crash would: the row is left to go stale.
@@ -64,13 +76,15 @@ impl Registration {
 }
 
 async fn heartbeat_loop(pool: PgPool, id: Arc<str>, interval: Duration, stop: CancellationToken) {
+    let schema = Schema::of(&pool);
     let mut warned = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        let beat = async { store::heartbeat(&mut *pool.acquire().await?, &id).await }.await;
+        let beat =
+            async { store::heartbeat(&mut *pool.acquire().await?, &schema, &id).await }.await;
         match beat {
             Ok(true) => warned = false,
             Ok(false) if !warned => {

@@ -47,6 +47,7 @@
 
 use super::store::{self, Acquired, LeaseError};
 use super::{Holder, Lease, Resource};
+use crate::db::Schema;
 use rand::Rng;
 use sqlx::PgPool;
 use std::time::Duration;
@@ -115,6 +116,8 @@ impl LeaseTiming {
 #[derive(Clone, Debug)]
 pub struct LeaseClient {
     pool: PgPool,
+    /// The pool's schema ([`Schema::of`]).
+    schema: Schema,
     resource: Resource,
     holder: Holder,
     timing: LeaseTiming,
@@ -124,6 +127,7 @@ impl LeaseClient {
     /// A client for `resource` held as `holder`.
     pub fn new(pool: PgPool, resource: Resource, holder: Holder, timing: LeaseTiming) -> Self {
         LeaseClient {
+            schema: Schema::of(&pool),
             pool,
             resource,
             holder,
@@ -148,7 +152,14 @@ impl LeaseClient {
         let sent = Instant::now();
         let outcome = async {
             let mut conn = self.pool.acquire().await?;
-            store::acquire(&mut conn, &self.resource, &self.holder, self.timing.ttl).await
+            store::acquire(
+                &mut conn,
+                &self.schema,
+                &self.resource,
+                &self.holder,
+                self.timing.ttl,
+            )
+            .await
         }
         .await;
         let lease = match outcome {
@@ -225,6 +236,7 @@ async fn renew_loop(
             let mut conn = client.pool.acquire().await?;
             store::renew(
                 &mut conn,
+                &client.schema,
                 &client.resource,
                 &client.holder,
                 Some(token),
@@ -322,6 +334,7 @@ impl HeldLease {
             let mut conn = self.client.pool.acquire().await?;
             store::release(
                 &mut conn,
+                &self.client.schema,
                 &self.client.resource,
                 &self.client.holder,
                 Some(self.token()),

@@ -22,7 +22,7 @@ use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use names::{Holder, NameError, Resource};
+pub use names::{Holder, NAME_PATTERN, NameError, Resource};
 
 text_enum! {
     stored;
@@ -51,7 +51,7 @@ text_enum! {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Lease {
     /// Row id, stable for the life of the row.
-    pub id: i32,
+    pub id: i64,
     /// The thing owned, e.g. `task:42` or `singleton:generator`.
     pub resource: String,
     /// Who holds (or last held) it.

@@ -10,6 +10,12 @@ use std::fmt;
 /// The longest resource or holder name accepted, in characters.
 pub const MAX_NAME_CHARS: usize = 256;
 
+/// The rules of [`Holder::parse`] and [`Resource::parse`] as a regular
+/// expression, for the OpenAPI document: no control character, and
+/// something other than white space.
+pub const NAME_PATTERN: &str =
+    r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$";
+
 /// Why a name was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
@@ -42,9 +48,29 @@ macro_rules! name_type {
     ($(#[$doc:meta])* $ty:ident, $what:literal) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[serde(transparent)]
         pub struct $ty(String);
+
+        /// A string of 1 to 256 characters matching [`NAME_PATTERN`], so a
+        /// client (or a fuzzer) reading the document knows the rules.
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $ty {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .min_length(Some(1))
+                    .max_length(Some(MAX_NAME_CHARS))
+                    .pattern(Some(NAME_PATTERN))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $ty {
+            fn name() -> std::borrow::Cow<'static, str> {
+                std::borrow::Cow::Borrowed(stringify!($ty))
+            }
+        }
 
         impl $ty {
             /// Parses a raw name, refusing empty, over-long or control-character names.

@@ -22,40 +22,42 @@
 //! use std::time::Duration;
 //!
 //! let mut conn = pool.acquire().await?;
+//! let schema = leasekeeper_core::db::Schema::default(); // where the tables are
 //! let report = Resource::parse("report:daily")?;
 //! let (alice, bob) = (Holder::parse("alice")?, Holder::parse("bob")?);
 //! let ttl = Duration::from_secs(30);
 //!
 //! // Alice acquires the free lease: a new term, fencing token 1.
-//! let first = store::acquire(&mut conn, &report, &alice, ttl).await?;
+//! let first = store::acquire(&mut conn, &schema, &report, &alice, ttl).await?;
 //! assert!(matches!(first, Acquired::New(_)));
 //! let token = first.lease().fencing_token;
 //! assert_eq!(token, 1);
 //!
 //! // Bob is refused while Alice's lease is live.
-//! match store::acquire(&mut conn, &report, &bob, ttl).await {
+//! match store::acquire(&mut conn, &schema, &report, &bob, ttl).await {
 //!     Err(LeaseError::Held { holder, .. }) => assert_eq!(holder, "alice"),
 //!     other => panic!("expected Held, got {other:?}"),
 //! }
 //!
 //! // Alice renews her term (only the term with her token), then releases it.
-//! let renewed = store::renew(&mut conn, &report, &alice, Some(token), None).await?;
+//! let renewed = store::renew(&mut conn, &schema, &report, &alice, Some(token), None).await?;
 //! assert_eq!(renewed.renew_count, 1);
-//! let released = store::release(&mut conn, &report, &alice, Some(token)).await?;
+//! let released = store::release(&mut conn, &schema, &report, &alice, Some(token)).await?;
 //! assert_eq!(released.state, LeaseState::Released);
 //!
 //! // Bob gets it at once, in a new term with a higher token ...
-//! let second = store::acquire(&mut conn, &report, &bob, ttl).await?.into_lease();
+//! let second = store::acquire(&mut conn, &schema, &report, &bob, ttl).await?.into_lease();
 //! assert_eq!(second.fencing_token, 2);
 //!
 //! // ... and Alice's old term is over: her late renewal changes nothing.
-//! let late = store::renew(&mut conn, &report, &alice, Some(token), None).await;
+//! let late = store::renew(&mut conn, &schema, &report, &alice, Some(token), None).await;
 //! assert!(matches!(late, Err(LeaseError::NotFound(_))));
 //! # Ok(())
 //! # }
 //! ```
 
 use super::{Holder, Lease, LeaseDetail, LeaseEvent, LeaseFilter, Resource};
+use crate::db::Schema;
 use crate::paging::{Cursor, Paged};
 use sqlx::PgConnection;
 use std::time::Duration;
@@ -143,98 +145,107 @@ pub(crate) fn is_serialization_failure(err: &sqlx::Error) -> bool {
 /// Fails with [`LeaseError::Held`] while another holder's lease is live.
 pub async fn acquire(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &Resource,
     holder: &Holder,
     ttl: Duration,
 ) -> Result<Acquired, LeaseError> {
-    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-    let ttl_ms = ttl_ms(ttl)?;
-    for attempt in 0.. {
-        match try_acquire(&mut *conn, resource, holder, ttl_ms).await {
-            Ok(Some(outcome)) => return Ok(outcome),
-            // The lease expired between our upsert and our read: try again.
-            Ok(None) => continue,
-            Err(LeaseError::Db(e))
-                if is_serialization_failure(&e) && attempt < SERIALIZATION_RETRIES =>
-            {
-                continue;
+    crate::db::atomically!(conn, schema, Result<Acquired, LeaseError>, async {
+        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+        let ttl_ms = ttl_ms(ttl)?;
+        for attempt in 0.. {
+            match try_acquire(&mut *conn, schema, resource, holder, ttl_ms).await {
+                Ok(Some(outcome)) => return Ok(outcome),
+                // The lease expired between our upsert and our read: try again.
+                Ok(None) => continue,
+                Err(LeaseError::Db(e))
+                    if is_serialization_failure(&e) && attempt < SERIALIZATION_RETRIES =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
+        unreachable!("the loop only ends by returning")
     }
-    unreachable!("the loop only ends by returning")
+    .await)
 }
 
 async fn try_acquire(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &Resource,
     holder: &Holder,
     ttl_ms: i64,
 ) -> Result<Option<Acquired>, LeaseError> {
-    // Race prevented: many acquirers of one resource at once, and an acquirer
-    // racing the holder's renew. The unique index on `resource` makes
-    // concurrent INSERTs conflict; ON CONFLICT DO UPDATE takes the row lock
-    // and re-checks `expires_at <= now()` on the newest version, so exactly
-    // one contender starts a new term (the others see the winner's live row
-    // and update nothing), and a renew that committed first keeps the lease.
-    // The token is the last issued + 1: from the live row when there is one,
-    // else from lease_fencing (the row may have been deleted).
-    // `prev` only reads, for the takeover metric: whether the term this
-    // statement replaces ran out unreleased, and how long its holder had
-    // been silent (the snapshot at the statement's start; it decides
-    // nothing).
-    let sql = format!(
-        "WITH prev AS (
-            SELECT released_at IS NULL AND expires_at <= now() AS lapsed,
-                   (EXTRACT(EPOCH FROM (now() - COALESCE(renewed_at, acquired_at))) * 1000)::bigint AS silent_ms
-              FROM leases WHERE resource = $1
-         )
-         INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
-         VALUES ($1, $2, now(), now() + make_interval(secs => $3::float8 / 1000), $3,
-                 COALESCE((SELECT f.last_token FROM lease_fencing f WHERE f.resource = $1), 0) + 1)
-         ON CONFLICT (resource) DO UPDATE
-            SET holder = EXCLUDED.holder,
-                acquired_at = now(),
-                renewed_at = NULL,
-                released_at = NULL,
-                expires_at = EXCLUDED.expires_at,
-                ttl_ms = EXCLUDED.ttl_ms,
-                renew_count = 0,
-                fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
-          WHERE l.expires_at <= now()
-         RETURNING {LEASE_COLUMNS}, (SELECT lapsed FROM prev) AS took_over,
-                   (SELECT silent_ms FROM prev) AS silent_ms"
-    );
-    let won = sqlx::query(&sql)
-        .bind(resource.as_str())
-        .bind(holder.as_str())
-        .bind(ttl_ms)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if let Some(row) = won {
-        use sqlx::Row;
-        let lease = <Lease as sqlx::FromRow<_>>::from_row(&row)?;
-        if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
-            crate::metrics::took_over(row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0));
+    crate::db::atomically!(conn, schema, Result<Option<Acquired>, LeaseError>, async {
+        // Race prevented: many acquirers of one resource at once, and an acquirer
+        // racing the holder's renew. The unique index on `resource` makes
+        // concurrent INSERTs conflict; ON CONFLICT DO UPDATE takes the row lock
+        // and re-checks `expires_at <= now()` on the newest version, so exactly
+        // one contender starts a new term (the others see the winner's live row
+        // and update nothing), and a renew that committed first keeps the lease.
+        // The token is the last issued + 1: from the live row when there is one,
+        // else from lease_fencing (the row may have been deleted).
+        // `prev` only reads, for the takeover metric: whether the term this
+        // statement replaces ran out unreleased, and how long its holder had
+        // been silent (the snapshot at the statement's start; it decides
+        // nothing).
+        let sql = format!(
+            "WITH prev AS (
+                SELECT released_at IS NULL AND expires_at <= now() AS lapsed,
+                       (EXTRACT(EPOCH FROM (now() - COALESCE(renewed_at, acquired_at))) * 1000)::bigint AS silent_ms
+                  FROM $schema.leases WHERE resource = $1
+             )
+             INSERT INTO $schema.leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
+             VALUES ($1, $2, now(), now() + make_interval(secs => $3::float8 / 1000), $3,
+                     COALESCE((SELECT f.last_token FROM $schema.lease_fencing f WHERE f.resource = $1), 0) + 1)
+             ON CONFLICT (resource) DO UPDATE
+                SET holder = EXCLUDED.holder,
+                    acquired_at = now(),
+                    renewed_at = NULL,
+                    released_at = NULL,
+                    expires_at = EXCLUDED.expires_at,
+                    ttl_ms = EXCLUDED.ttl_ms,
+                    renew_count = 0,
+                    fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
+              WHERE l.expires_at <= now()
+             RETURNING {LEASE_COLUMNS}, (SELECT lapsed FROM prev) AS took_over,
+                       (SELECT silent_ms FROM prev) AS silent_ms"
+        );
+        let won = schema
+            .query(&sql)
+            .bind(resource.as_str())
+            .bind(holder.as_str())
+            .bind(ttl_ms)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(row) = won {
+            use sqlx::Row;
+            let lease = <Lease as sqlx::FromRow<_>>::from_row(&row)?;
+            if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
+                crate::metrics::took_over(row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0));
+            }
+            return Ok(Some(Acquired::New(lease)));
         }
-        return Ok(Some(Acquired::New(lease)));
+        // Someone holds a live lease. If it is us, acquire is idempotent.
+        let Some(current) = get_by_resource(&mut *conn, schema, resource).await? else {
+            // Deleted in between: go round again.
+            return Ok(None);
+        };
+        if current.state != super::LeaseState::Active {
+            return Ok(None);
+        }
+        if current.holder.as_deref() == Some(holder.as_str()) {
+            return Ok(Some(Acquired::AlreadyHeld(current)));
+        }
+        Err(LeaseError::Held {
+            resource: current.resource,
+            holder: current.holder.unwrap_or_default(),
+            expires_in_ms: current.expires_in_ms,
+        })
     }
-    // Someone holds a live lease. If it is us, acquire is idempotent.
-    let Some(current) = get_by_resource(&mut *conn, resource).await? else {
-        // Deleted in between: go round again.
-        return Ok(None);
-    };
-    if current.state != super::LeaseState::Active {
-        return Ok(None);
-    }
-    if current.holder.as_deref() == Some(holder.as_str()) {
-        return Ok(Some(Acquired::AlreadyHeld(current)));
-    }
-    Err(LeaseError::Held {
-        resource: current.resource,
-        holder: current.holder.unwrap_or_default(),
-        expires_in_ms: current.expires_in_ms,
-    })
+    .await)
 }
 
 /// Extends `holder`'s live lease on `resource` by its TTL (or `ttl` when
@@ -243,41 +254,46 @@ async fn try_acquire(
 /// lease: an expired lease cannot be revived, it must be acquired again.
 pub async fn renew(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &Resource,
     holder: &Holder,
     token: Option<i64>,
     ttl: Option<Duration>,
 ) -> Result<Lease, LeaseError> {
-    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-    let ttl_ms = ttl.map(ttl_ms).transpose()?;
-    // Race prevented: a renew racing a takeover of the same lease. UPDATE
-    // locks the row and re-checks holder, token, release and expiry on the
-    // newest version: if the takeover committed first the holder (and token)
-    // no longer match and nothing is renewed; if the renew committed first
-    // the lease is live again and the takeover's WHERE fails.
-    let sql = format!(
-        "UPDATE leases
-            SET renewed_at = now(),
-                ttl_ms = COALESCE($4, ttl_ms),
-                expires_at = now() + make_interval(secs => COALESCE($4, ttl_ms)::float8 / 1000),
-                renew_count = renew_count + 1
-          WHERE resource = $1 AND holder = $2
-            AND ($3::bigint IS NULL OR fencing_token = $3)
-            AND released_at IS NULL AND expires_at > now()
-         RETURNING {LEASE_COLUMNS}"
-    );
-    let started = std::time::Instant::now();
-    let renewed: Option<Lease> = sqlx::query_as(&sql)
-        .bind(resource.as_str())
-        .bind(holder.as_str())
-        .bind(token)
-        .bind(ttl_ms)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if renewed.is_some() {
-        crate::metrics::renewed(started.elapsed(), 1);
+    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
+        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+        let ttl_ms = ttl.map(ttl_ms).transpose()?;
+        // Race prevented: a renew racing a takeover of the same lease. UPDATE
+        // locks the row and re-checks holder, token, release and expiry on the
+        // newest version: if the takeover committed first the holder (and token)
+        // no longer match and nothing is renewed; if the renew committed first
+        // the lease is live again and the takeover's WHERE fails.
+        let sql = format!(
+            "UPDATE $schema.leases
+                SET renewed_at = now(),
+                    ttl_ms = COALESCE($4, ttl_ms),
+                    expires_at = now() + make_interval(secs => COALESCE($4, ttl_ms)::float8 / 1000),
+                    renew_count = renew_count + 1
+              WHERE resource = $1 AND holder = $2
+                AND ($3::bigint IS NULL OR fencing_token = $3)
+                AND released_at IS NULL AND expires_at > now()
+             RETURNING {LEASE_COLUMNS}"
+        );
+        let started = std::time::Instant::now();
+        let renewed: Option<Lease> = schema
+            .query_as(&sql)
+            .bind(resource.as_str())
+            .bind(holder.as_str())
+            .bind(token)
+            .bind(ttl_ms)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if renewed.is_some() {
+            crate::metrics::renewed(started.elapsed(), 1);
+        }
+        renewed.ok_or_else(|| no_live_lease(resource, holder))
     }
-    renewed.ok_or_else(|| no_live_lease(resource, holder))
+    .await)
 }
 
 /// Releases `holder`'s live lease on `resource` now: `released_at` and
@@ -285,32 +301,37 @@ pub async fn renew(
 /// once. Fails with [`LeaseError::NotFound`] when there is no such live lease.
 pub async fn release(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &Resource,
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
-    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-    // expires_at is truncated, not rounded, to the column's milliseconds, so
-    // a released lease is free at once (rounding up could leave it "live"
-    // for half a millisecond).
-    // Race prevented: a late release by a holder whose lease already expired
-    // and was taken over. The row lock and the re-checked WHERE make sure a
-    // release only ends the caller's own live term, never the new holder's.
-    let sql = format!(
-        "UPDATE leases
-            SET released_at = now(), expires_at = date_trunc('milliseconds', now())
-          WHERE resource = $1 AND holder = $2
-            AND ($3::bigint IS NULL OR fencing_token = $3)
-            AND released_at IS NULL AND expires_at > now()
-         RETURNING {LEASE_COLUMNS}"
-    );
-    let released: Option<Lease> = sqlx::query_as(&sql)
-        .bind(resource.as_str())
-        .bind(holder.as_str())
-        .bind(token)
-        .fetch_optional(&mut *conn)
-        .await?;
-    released.ok_or_else(|| no_live_lease(resource, holder))
+    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
+        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+        // expires_at is truncated, not rounded, to the column's milliseconds, so
+        // a released lease is free at once (rounding up could leave it "live"
+        // for half a millisecond).
+        // Race prevented: a late release by a holder whose lease already expired
+        // and was taken over. The row lock and the re-checked WHERE make sure a
+        // release only ends the caller's own live term, never the new holder's.
+        let sql = format!(
+            "UPDATE $schema.leases
+                SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+              WHERE resource = $1 AND holder = $2
+                AND ($3::bigint IS NULL OR fencing_token = $3)
+                AND released_at IS NULL AND expires_at > now()
+             RETURNING {LEASE_COLUMNS}"
+        );
+        let released: Option<Lease> = schema
+            .query_as(&sql)
+            .bind(resource.as_str())
+            .bind(holder.as_str())
+            .bind(token)
+            .fetch_optional(&mut *conn)
+            .await?;
+        released.ok_or_else(|| no_live_lease(resource, holder))
+    }
+    .await)
 }
 
 /// Deletes lease row `id` if it names `resource` and `holder` (and, when
@@ -319,35 +340,40 @@ pub async fn release(
 /// token. Fails with [`LeaseError::NotFound`] otherwise.
 pub async fn delete(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     resource: &Resource,
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
-    let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-    // Races prevented: deleting a lease that was just taken over by someone
-    // else, and (with a token) deleting a newer term the same holder began
-    // since (a re-acquisition after its old term ended). DELETE re-checks
-    // `holder` and `fencing_token` on the newest row version, so a row
-    // whose holder or term changed under us is left alone.
-    let sql = format!(
-        "DELETE FROM leases WHERE id = $1 AND resource = $2 AND holder = $3
-            AND ($4::bigint IS NULL OR fencing_token = $4)
-         RETURNING {LEASE_COLUMNS}"
-    );
-    let deleted: Option<Lease> = sqlx::query_as(&sql)
-        .bind(id)
-        .bind(resource.as_str())
-        .bind(holder.as_str())
-        .bind(token)
-        .fetch_optional(&mut *conn)
-        .await?;
-    deleted.ok_or_else(|| {
-        LeaseError::NotFound(match token {
-            Some(t) => format!("no lease {id} on {resource} held by {holder} in term #{t}"),
-            None => format!("no lease {id} on {resource} held by {holder}"),
+    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
+        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+        // Races prevented: deleting a lease that was just taken over by someone
+        // else, and (with a token) deleting a newer term the same holder began
+        // since (a re-acquisition after its old term ended). DELETE re-checks
+        // `holder` and `fencing_token` on the newest row version, so a row
+        // whose holder or term changed under us is left alone.
+        let sql = format!(
+            "DELETE FROM $schema.leases WHERE id = $1 AND resource = $2 AND holder = $3
+                AND ($4::bigint IS NULL OR fencing_token = $4)
+             RETURNING {LEASE_COLUMNS}"
+        );
+        let deleted: Option<Lease> = schema
+            .query_as(&sql)
+            .bind(id)
+            .bind(resource.as_str())
+            .bind(holder.as_str())
+            .bind(token)
+            .fetch_optional(&mut *conn)
+            .await?;
+        deleted.ok_or_else(|| {
+            LeaseError::NotFound(match token {
+                Some(t) => format!("no lease {id} on {resource} held by {holder} in term #{t}"),
+                None => format!("no lease {id} on {resource} held by {holder}"),
+            })
         })
-    })
+    }
+    .await)
 }
 
 /// Writes an operator action (a kill, a force-release, a generator switch)
@@ -357,26 +383,30 @@ pub async fn delete(
 /// the actions that happened.
 pub async fn record_operator_action(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &str,
     by: &str,
     action: &str,
     detail: serde_json::Value,
 ) -> sqlx::Result<()> {
-    let mut detail = match detail {
-        serde_json::Value::Object(map) => map,
-        _ => serde_json::Map::new(),
-    };
-    detail.insert("action".into(), action.into());
-    detail.insert("by".into(), by.into());
-    sqlx::query(
-        "INSERT INTO lease_events (resource, holder, kind, detail) VALUES ($1, $2, 'operator', $3)",
-    )
-    .bind(resource)
-    .bind(by)
-    .bind(serde_json::Value::Object(detail))
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    crate::db::atomically!(conn, schema, sqlx::Result<()>, async {
+        let mut detail = match detail {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        detail.insert("action".into(), action.into());
+        detail.insert("by".into(), by.into());
+        schema.query(
+            "INSERT INTO $schema.lease_events (resource, holder, kind, detail) VALUES ($1, $2, 'operator', $3)",
+        )
+        .bind(resource)
+        .bind(by)
+        .bind(serde_json::Value::Object(detail))
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+    .await)
 }
 
 fn no_live_lease(resource: &Resource, holder: &Holder) -> LeaseError {
@@ -384,31 +414,56 @@ fn no_live_lease(resource: &Resource, holder: &Holder) -> LeaseError {
 }
 
 /// The lease with row id `id`, if any.
-pub async fn get(conn: &mut PgConnection, id: i32) -> Result<Option<Lease>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(&mut *conn)
+pub async fn get(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+) -> Result<Option<Lease>, sqlx::Error> {
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Lease>, sqlx::Error>,
+        async {
+            schema
+                .query_as(&format!(
+                    "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await
+        }
         .await
+    )
 }
 
 /// The lease on `resource`, if any.
 pub async fn get_by_resource(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &Resource,
 ) -> Result<Option<Lease>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {LEASE_COLUMNS} FROM leases WHERE resource = $1"
-    ))
-    .bind(resource.as_str())
-    .fetch_optional(&mut *conn)
-    .await
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Lease>, sqlx::Error>,
+        async {
+            schema
+                .query_as(&format!(
+                    "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE resource = $1"
+                ))
+                .bind(resource.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+        }
+        .await
+    )
 }
 
 /// One page of a lease list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Page {
     /// Only rows with an id above this (keyset pagination; 0 for the first page).
-    pub after_id: i32,
+    pub after_id: i64,
     /// At most this many rows.
     pub limit: i64,
 }
@@ -420,7 +475,7 @@ impl Page {
     pub const DEFAULT_LIMIT: i64 = 100;
 
     /// A page, with the limit clamped to 1..=[`Page::MAX_LIMIT`].
-    pub fn new(after_id: Option<i32>, limit: Option<i64>) -> Self {
+    pub fn new(after_id: Option<i64>, limit: Option<i64>) -> Self {
         Page {
             after_id: after_id.unwrap_or(0).max(0),
             limit: limit
@@ -450,17 +505,21 @@ fn filter_condition(filter: LeaseFilter) -> &'static str {
 /// Leases matching `filter`, ordered by id, one page at a time.
 pub async fn list(
     conn: &mut PgConnection,
+    schema: &Schema,
     filter: LeaseFilter,
     page: Page,
 ) -> Result<Vec<Lease>, sqlx::Error> {
-    let condition = filter_condition(filter);
-    sqlx::query_as(&format!(
-        "SELECT {LEASE_COLUMNS} FROM leases WHERE {condition} AND id > $1 ORDER BY id LIMIT $2"
-    ))
-    .bind(page.after_id)
-    .bind(page.limit)
-    .fetch_all(&mut *conn)
-    .await
+    crate::db::atomically!(conn, schema, Result<Vec<Lease>, sqlx::Error>, async {
+        let condition = filter_condition(filter);
+        schema.query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE {condition} AND id > $1 ORDER BY id LIMIT $2"
+        ))
+        .bind(page.after_id)
+        .bind(page.limit)
+        .fetch_all(&mut *conn)
+        .await
+    }
+    .await)
 }
 
 /// A page of the leases matching `filter`, newest first: what the
@@ -468,34 +527,42 @@ pub async fn list(
 /// [`list`] pages them, would never show a new lease past the first page).
 pub async fn list_page(
     conn: &mut PgConnection,
+    schema: &Schema,
     filter: LeaseFilter,
     cursor: Cursor,
 ) -> Result<Paged<Lease>, sqlx::Error> {
-    let rows = sqlx::query_as(&format!(
-        "SELECT {LEASE_COLUMNS} FROM leases WHERE {} AND id < $1 ORDER BY id DESC LIMIT $2",
-        filter_condition(filter)
-    ))
-    .bind(i32::try_from(cursor.bound()).unwrap_or(i32::MAX))
-    .bind(cursor.limit)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(Paged::of(rows, cursor, |l: &Lease| i64::from(l.id)))
+    crate::db::atomically!(conn, schema, Result<Paged<Lease>, sqlx::Error>, async {
+        let rows = schema.query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE {} AND id < $1 ORDER BY id DESC LIMIT $2",
+            filter_condition(filter)
+        ))
+        .bind(cursor.bound())
+        .bind(cursor.limit)
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(Paged::of(rows, cursor, |l: &Lease| l.id))
+    }
+    .await)
 }
 
 /// The most recent `limit` events of `resource`, newest first.
 pub async fn history(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &str,
     limit: i64,
 ) -> Result<Vec<LeaseEvent>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, resource, holder, fencing_token, kind, previous_holder, expires_at, detail, at
-           FROM lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2",
-    )
-    .bind(resource)
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await
+    crate::db::atomically!(conn, schema, Result<Vec<LeaseEvent>, sqlx::Error>, async {
+        schema.query_as(
+            "SELECT id, resource, holder, fencing_token, kind, previous_holder, expires_at, detail, at
+               FROM $schema.lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2",
+        )
+        .bind(resource)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await
+    }
+    .await)
 }
 
 /// The columns of a [`LeaseEvent`].
@@ -505,19 +572,29 @@ const EVENT_COLUMNS: &str =
 /// A page of `resource`'s events, newest first.
 pub async fn events(
     conn: &mut PgConnection,
+    schema: &Schema,
     resource: &str,
     cursor: Cursor,
 ) -> Result<Paged<LeaseEvent>, sqlx::Error> {
-    let rows = sqlx::query_as(&format!(
-        "SELECT {EVENT_COLUMNS} FROM lease_events
-          WHERE resource = $1 AND id < $2 ORDER BY id DESC LIMIT $3"
-    ))
-    .bind(resource)
-    .bind(cursor.bound())
-    .bind(cursor.limit)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(Paged::of(rows, cursor, |e: &LeaseEvent| e.id))
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Paged<LeaseEvent>, sqlx::Error>,
+        async {
+            let rows = schema
+                .query_as(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM $schema.lease_events
+              WHERE resource = $1 AND id < $2 ORDER BY id DESC LIMIT $3"
+                ))
+                .bind(resource)
+                .bind(cursor.bound())
+                .bind(cursor.limit)
+                .fetch_all(&mut *conn)
+                .await?;
+            Ok(Paged::of(rows, cursor, |e: &LeaseEvent| e.id))
+        }
+        .await
+    )
 }
 
 /// A page of the audit log, newest first: every operator action (kind
@@ -526,26 +603,48 @@ pub async fn events(
 /// many other events there are.
 pub async fn audit(
     conn: &mut PgConnection,
+    schema: &Schema,
     cursor: Cursor,
 ) -> Result<Paged<LeaseEvent>, sqlx::Error> {
-    let rows = sqlx::query_as(&format!(
-        "SELECT {EVENT_COLUMNS} FROM lease_events
-          WHERE kind = 'operator' AND id < $1 ORDER BY id DESC LIMIT $2"
-    ))
-    .bind(cursor.bound())
-    .bind(cursor.limit)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(Paged::of(rows, cursor, |e: &LeaseEvent| e.id))
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Paged<LeaseEvent>, sqlx::Error>,
+        async {
+            let rows = schema
+                .query_as(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM $schema.lease_events
+              WHERE kind = 'operator' AND id < $1 ORDER BY id DESC LIMIT $2"
+                ))
+                .bind(cursor.bound())
+                .bind(cursor.limit)
+                .fetch_all(&mut *conn)
+                .await?;
+            Ok(Paged::of(rows, cursor, |e: &LeaseEvent| e.id))
+        }
+        .await
+    )
 }
 
 /// Lease `id` with its most recent history, if the lease exists.
-pub async fn detail(conn: &mut PgConnection, id: i32) -> Result<Option<LeaseDetail>, sqlx::Error> {
-    let Some(lease) = get(&mut *conn, id).await? else {
-        return Ok(None);
-    };
-    let history = history(conn, &lease.resource, 50).await?;
-    Ok(Some(LeaseDetail { lease, history }))
+pub async fn detail(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+) -> Result<Option<LeaseDetail>, sqlx::Error> {
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<LeaseDetail>, sqlx::Error>,
+        async {
+            let Some(lease) = get(&mut *conn, schema, id).await? else {
+                return Ok(None);
+            };
+            let history = history(conn, schema, &lease.resource, 50).await?;
+            Ok(Some(LeaseDetail { lease, history }))
+        }
+        .await
+    )
 }
 
 /// Ends the live term of lease `id` whose fencing token is `token` now,
@@ -556,24 +655,34 @@ pub async fn detail(conn: &mut PgConnection, id: i32) -> Result<Option<LeaseDeta
 /// [`Topics::LEASES`](crate::live::Topics::LEASES) after its commit.
 pub async fn force_release(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     token: i64,
 ) -> Result<Option<Lease>, sqlx::Error> {
-    // Race prevented: releasing a term other than the one the operator saw.
-    // The token in the WHERE (re-checked on the newest row version after any
-    // concurrent renew or takeover commits) makes a release of term #7 a
-    // no-op once #8 has begun; the holder's own renew, racing this, either
-    // commits first (and we still end its term, same token) or finds the
-    // lease released and steps down.
-    sqlx::query_as(&format!(
-        "UPDATE leases
-            SET released_at = now(), expires_at = date_trunc('milliseconds', now())
-          WHERE id = $1 AND fencing_token = $2
-            AND released_at IS NULL AND expires_at > now()
-         RETURNING {LEASE_COLUMNS}"
-    ))
-    .bind(id)
-    .bind(token)
-    .fetch_optional(&mut *conn)
-    .await
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Lease>, sqlx::Error>,
+        async {
+            // Race prevented: releasing a term other than the one the operator saw.
+            // The token in the WHERE (re-checked on the newest row version after any
+            // concurrent renew or takeover commits) makes a release of term #7 a
+            // no-op once #8 has begun; the holder's own renew, racing this, either
+            // commits first (and we still end its term, same token) or finds the
+            // lease released and steps down.
+            schema
+                .query_as(&format!(
+                    "UPDATE $schema.leases
+                SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+              WHERE id = $1 AND fencing_token = $2
+                AND released_at IS NULL AND expires_at > now()
+             RETURNING {LEASE_COLUMNS}"
+                ))
+                .bind(id)
+                .bind(token)
+                .fetch_optional(&mut *conn)
+                .await
+        }
+        .await
+    )
 }

@@ -2,6 +2,7 @@
 //! connection per instance, and the server-sent events stream to browsers.
 
 use super::Topics;
+use crate::db::Schema;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use std::sync::LazyLock;
@@ -49,6 +50,7 @@ pub struct Announcer;
 impl Announcer {
     /// Runs until `stop` is cancelled.
     pub fn spawn(pool: PgPool, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let schema = Schema::of(&pool);
         let mut made = MADE_HERE.subscribe();
         tokio::spawn(async move {
             loop {
@@ -93,13 +95,30 @@ impl Announcer {
                 // The channel is the pool's schema's (see the module
                 // documentation), named by the same SQL function the
                 // triggers use.
-                if let Err(e) = sqlx::query(
-                    "SELECT set_config('synchronous_commit', 'off', true), pg_notify(changes_channel(), $1)",
-                )
-                .bind(topics.to_names())
-                .execute(&pool)
-                .await
-                {
+                // Behind a transaction pooler, in a transaction of its own
+                // (see `Schema::behind_transaction_pooler`).
+                let sent = async {
+                    let mut conn = pool.acquire().await?;
+                    let conn = &mut *conn;
+                    crate::db::atomically!(
+                        conn,
+                        schema,
+                        sqlx::Result<()>,
+                        async {
+                            schema
+                                .query(
+                                    "SELECT set_config('synchronous_commit', 'off', true), \
+                                 pg_notify($schema.changes_channel(), $1)",
+                                )
+                                .bind(topics.to_names())
+                                .execute(&mut *conn)
+                                .await?;
+                            Ok(())
+                        }
+                        .await
+                    )
+                };
+                if let Err(e) = sent.await {
                     tracing::debug!(error = %e, "cannot announce a change; browsers catch up on the next one");
                 }
             }
@@ -158,11 +177,21 @@ impl LiveHub {
 /// The one `LISTEN` connection of this instance. After a connection loss it
 /// reconnects and tells every browser that everything may have changed.
 async fn listen(pool: PgPool, hub: LiveHub) {
+    let schema = Schema::of(&pool);
+    if schema.is_behind_transaction_pooler() {
+        // LISTEN is session state: a pooler in transaction mode would leave
+        // it on whichever server connection ran it, and pass on nothing.
+        // Idle workers then wake by their poll (250-500 ms), and pages
+        // refresh on their own timers.
+        tracing::info!(%schema, "behind a transaction pooler: not listening for changes; idle workers poll");
+        return;
+    }
     let mut backoff = Duration::from_millis(250);
     loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
-            let channel: String = sqlx::query_scalar("SELECT changes_channel()")
+            let channel: String = schema
+                .query_scalar("SELECT $schema.changes_channel()")
                 .fetch_one(&mut listener)
                 .await?;
             listener.listen(&channel).await?;

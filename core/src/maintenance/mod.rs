@@ -43,6 +43,7 @@ pub mod store;
 
 pub use store::{Pruned, Table};
 
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::client::LeaseTiming;
 use crate::lease::singleton::{HeldTerm, Singleton, TermWork};
@@ -134,6 +135,8 @@ pub async fn prune_once(
     ];
     let batch = batch.max(1);
     let mut total = Pruned::default();
+    let schema = Schema::of(pool);
+    let schema = &schema;
     let mut conn = pool.acquire().await?;
     for walked in walks {
         loop {
@@ -141,13 +144,15 @@ pub async fn prune_once(
                 return Ok(total);
             }
             let pruned = match walked {
-                Table::Tasks => store::prune_tasks(&mut conn, retention, batch).await?,
-                Table::Leases => store::prune_leases(&mut conn, retention, batch).await?,
-                Table::LeaseEvents => store::prune_events(&mut conn, retention, batch).await?,
-                Table::FailoverKills => {
-                    store::prune_failover_kills(&mut conn, retention, batch).await?
+                Table::Tasks => store::prune_tasks(&mut conn, schema, retention, batch).await?,
+                Table::Leases => store::prune_leases(&mut conn, schema, retention, batch).await?,
+                Table::LeaseEvents => {
+                    store::prune_events(&mut conn, schema, retention, batch).await?
                 }
-                _ => store::prune_dead(&mut conn, retention, batch).await?,
+                Table::FailoverKills => {
+                    store::prune_failover_kills(&mut conn, schema, retention, batch).await?
+                }
+                _ => store::prune_dead(&mut conn, schema, retention, batch).await?,
             };
             for table in Table::ALL {
                 crate::metrics::pruned(table.as_str(), pruned.get(table));

@@ -28,6 +28,7 @@
 //!   silent for that long, so dead by any liveness window shorter than the
 //!   retention.
 
+use crate::db::Schema;
 use crate::text::text_enum;
 use sqlx::{Connection, PgConnection};
 use std::time::Duration;
@@ -120,86 +121,101 @@ fn secs(d: Duration) -> f64 {
 /// order.
 async fn in_pruning_transaction(
     conn: &mut PgConnection,
+    schema: &Schema,
     statement: &str,
     older_than: Duration,
     batch: usize,
     tables: &[Table],
 ) -> sqlx::Result<Pruned> {
-    use sqlx::Row;
-    let mut tx = conn.begin().await?;
-    // Transaction-local (the third argument): it ends with this
-    // transaction, so a pooled connection never carries it elsewhere.
-    sqlx::query("SELECT set_config('leasekeeper.pruning', 'on', true)")
-        .execute(&mut *tx)
-        .await?;
-    let row = sqlx::query(statement)
-        .bind(secs(older_than))
-        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-        .fetch_one(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    let mut pruned = Pruned::default();
-    for (i, table) in tables.iter().enumerate() {
-        *pruned.get_mut(*table) = u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0);
-    }
-    Ok(pruned)
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            use sqlx::Row;
+            let mut tx = conn.begin().await?;
+            // Transaction-local (the third argument): it ends with this
+            // transaction, so a pooled connection never carries it elsewhere.
+            schema
+                .query("SELECT set_config('leasekeeper.pruning', 'on', true)")
+                .execute(&mut *tx)
+                .await?;
+            let row = schema
+                .query(statement)
+                .bind(secs(older_than))
+                .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            let mut pruned = Pruned::default();
+            for (i, table) in tables.iter().enumerate() {
+                *pruned.get_mut(*table) = u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0);
+            }
+            Ok(pruned)
+        }
+        .await
+    )
 }
 
 /// Deletes up to `batch` tasks that finished more than `older_than` ago,
 /// oldest first, with their lease rows, history and fencing rows.
 pub async fn prune_tasks(
     conn: &mut PgConnection,
+    schema: &Schema,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    // Race prevented: an operator retrying (or anyone changing) a finished
-    // task at the moment it is pruned, which must leave the task whole or
-    // gone, never a pending task without its history or a history without
-    // its task. `doomed` locks each task row it picks (FOR UPDATE) and
-    // skips rows another transaction holds (SKIP LOCKED: the pruner never
-    // waits, and a retry in flight keeps its task); a row changed and
-    // committed since this statement's snapshot is re-checked on its newest
-    // version, so a task retried a moment ago (pending again) is not picked.
-    // A retry that comes after the lock waits for this short transaction,
-    // then finds no task. The lease row, history and fencing row of a task
-    // are written only by who holds the task row (a claim locks it first),
-    // so with the task row locked they are deleted whole. A claim never
-    // waits here: it locks only pending and started tasks, and their leases.
-    //
-    // Ordered by tasks_finished_idx, so a batch reads the oldest finished
-    // tasks and stops at the cutoff.
-    in_pruning_transaction(
-        conn,
-        "WITH doomed AS (
-            SELECT id FROM tasks
-             WHERE status IN ('processed', 'failed', 'cancelled')
-               AND greatest(processed_at, failed_at, cancelled_at)
-                   < now() - make_interval(secs => $1)
-             ORDER BY greatest(processed_at, failed_at, cancelled_at), id
-             LIMIT $2
-               FOR UPDATE SKIP LOCKED
-         ), tasks_gone AS (
-            DELETE FROM tasks t USING doomed d WHERE t.id = d.id
-            RETURNING 'task:' || t.id AS resource
-         ), leases_gone AS (
-            DELETE FROM leases l USING tasks_gone g WHERE l.resource = g.resource RETURNING 1
-         ), events_gone AS (
-            DELETE FROM lease_events e USING tasks_gone g WHERE e.resource = g.resource RETURNING 1
-         ), fencing_gone AS (
-            DELETE FROM lease_fencing f USING tasks_gone g WHERE f.resource = g.resource RETURNING 1
-         )
-         SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM leases_gone),
-                (SELECT count(*) FROM events_gone), (SELECT count(*) FROM fencing_gone)",
-        older_than,
-        batch,
-        &[
-            Table::Tasks,
-            Table::Leases,
-            Table::LeaseEvents,
-            Table::LeaseFencing,
-        ],
-    )
-    .await
+    crate::db::atomically!(conn, schema, sqlx::Result<Pruned>, async {
+        // Race prevented: an operator retrying (or anyone changing) a finished
+        // task at the moment it is pruned, which must leave the task whole or
+        // gone, never a pending task without its history or a history without
+        // its task. `doomed` locks each task row it picks (FOR UPDATE) and
+        // skips rows another transaction holds (SKIP LOCKED: the pruner never
+        // waits, and a retry in flight keeps its task); a row changed and
+        // committed since this statement's snapshot is re-checked on its newest
+        // version, so a task retried a moment ago (pending again) is not picked.
+        // A retry that comes after the lock waits for this short transaction,
+        // then finds no task. The lease row, history and fencing row of a task
+        // are written only by who holds the task row (a claim locks it first),
+        // so with the task row locked they are deleted whole. A claim never
+        // waits here: it locks only pending and started tasks, and their leases.
+        //
+        // Ordered by tasks_finished_idx, so a batch reads the oldest finished
+        // tasks and stops at the cutoff.
+        in_pruning_transaction(
+            conn, schema,
+            "WITH doomed AS (
+                SELECT id FROM $schema.tasks
+                 WHERE status IN ('processed', 'failed', 'cancelled')
+                   AND greatest(processed_at, failed_at, cancelled_at)
+                       < now() - make_interval(secs => $1)
+                 ORDER BY greatest(processed_at, failed_at, cancelled_at), id
+                 LIMIT $2
+                   FOR UPDATE SKIP LOCKED
+             ), tasks_gone AS (
+                DELETE FROM $schema.tasks t USING doomed d WHERE t.id = d.id
+                RETURNING 'task:' || t.id AS resource
+             ), leases_gone AS (
+                DELETE FROM $schema.leases l USING tasks_gone g WHERE l.resource = g.resource RETURNING 1
+             ), events_gone AS (
+                DELETE FROM $schema.lease_events e USING tasks_gone g WHERE e.resource = g.resource RETURNING 1
+             ), fencing_gone AS (
+                DELETE FROM $schema.lease_fencing f USING tasks_gone g WHERE f.resource = g.resource RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM leases_gone),
+                    (SELECT count(*) FROM events_gone), (SELECT count(*) FROM fencing_gone)",
+            older_than,
+            batch,
+            &[
+                Table::Tasks,
+                Table::Leases,
+                Table::LeaseEvents,
+                Table::LeaseFencing,
+            ],
+        )
+        .await
+    }
+    .await)
 }
 
 /// Deletes up to `batch` lease rows of resources other than tasks whose
@@ -208,140 +224,205 @@ pub async fn prune_tasks(
 /// still gets a token above every earlier one.
 pub async fn prune_leases(
     conn: &mut PgConnection,
+    schema: &Schema,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    // Race prevented: an acquisition of the resource at the moment its
-    // ended row is deleted. An acquirer that locked or renewed the row
-    // first is skipped (SKIP LOCKED) or re-checked on its newest version
-    // (no longer ended before the cutoff); one that comes after our lock
-    // waits for this short transaction, finds no row and inserts one, with
-    // the token lease_fencing remembers + 1 (the fencing guard refuses any
-    // token that does not advance, and acquire retries it). A release sets
-    // expires_at to its moment, so `expires_at` is when any term ended.
-    in_pruning_transaction(
+    crate::db::atomically!(
         conn,
-        "WITH doomed AS (
-            SELECT id FROM leases
-             WHERE resource NOT LIKE 'task:%'
-               AND expires_at < now() - make_interval(secs => $1)
-             ORDER BY expires_at
-             LIMIT $2
-               FOR UPDATE SKIP LOCKED
-         ), gone AS (
-            DELETE FROM leases l USING doomed d WHERE l.id = d.id RETURNING 1
-         )
-         SELECT count(*) FROM gone",
-        older_than,
-        batch,
-        &[Table::Leases],
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            // Race prevented: an acquisition of the resource at the moment its
+            // ended row is deleted. An acquirer that locked or renewed the row
+            // first is skipped (SKIP LOCKED) or re-checked on its newest version
+            // (no longer ended before the cutoff); one that comes after our lock
+            // waits for this short transaction, finds no row and inserts one, with
+            // the token lease_fencing remembers + 1 (the fencing guard refuses any
+            // token that does not advance, and acquire retries it). A release sets
+            // expires_at to its moment, so `expires_at` is when any term ended.
+            in_pruning_transaction(
+                conn,
+                schema,
+                "WITH doomed AS (
+                SELECT id FROM $schema.leases
+                 WHERE resource NOT LIKE 'task:%'
+                   AND expires_at < now() - make_interval(secs => $1)
+                 ORDER BY expires_at
+                 LIMIT $2
+                   FOR UPDATE SKIP LOCKED
+             ), gone AS (
+                DELETE FROM $schema.leases l USING doomed d WHERE l.id = d.id RETURNING 1
+             )
+             SELECT count(*) FROM gone",
+                older_than,
+                batch,
+                &[Table::Leases],
+            )
+            .await
+        }
+        .await
     )
-    .await
 }
 
 /// Deletes up to `batch` history rows older than `older_than`, of any
 /// resource.
 pub async fn prune_events(
     conn: &mut PgConnection,
+    schema: &Schema,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    // Read by primary key from the oldest: ids are handed out in insert
-    // order and `at` is its transaction's start, so ids follow times up to
-    // the length of a transaction. The batch looks at the `batch` oldest
-    // rows only and deletes those before the cutoff; when none of them is,
-    // the pass ends (a few rows written out of order by a long transaction
-    // go in a later run). No index on `at` is needed, so the hot path (two
-    // history rows per task) pays nothing for retention. History is
-    // append-only: nobody else locks these rows, so this waits on no one.
-    prune_oldest(conn, Table::LeaseEvents, "at", older_than, batch).await
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            // Read by primary key from the oldest: ids are handed out in insert
+            // order and `at` is its transaction's start, so ids follow times up to
+            // the length of a transaction. The batch looks at the `batch` oldest
+            // rows only and deletes those before the cutoff; when none of them is,
+            // the pass ends (a few rows written out of order by a long transaction
+            // go in a later run). No index on `at` is needed, so the hot path (two
+            // history rows per task) pays nothing for retention. History is
+            // append-only: nobody else locks these rows, so this waits on no one.
+            prune_oldest(conn, schema, Table::LeaseEvents, "at", older_than, batch).await
+        }
+        .await
+    )
 }
 
 /// Deletes up to `batch` failover kills older than `older_than`.
 pub async fn prune_failover_kills(
     conn: &mut PgConnection,
+    schema: &Schema,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    // Append-only, like lease_events (ids follow killed_at).
-    prune_oldest(conn, Table::FailoverKills, "killed_at", older_than, batch).await
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            // Append-only, like lease_events (ids follow killed_at).
+            prune_oldest(
+                conn,
+                schema,
+                Table::FailoverKills,
+                "killed_at",
+                older_than,
+                batch,
+            )
+            .await
+        }
+        .await
+    )
 }
 
 /// Deletes those of the `batch` oldest rows (by id) of an append-only
 /// `table` whose `at` column is before the cutoff.
 async fn prune_oldest(
     conn: &mut PgConnection,
+    schema: &Schema,
     table: Table,
     at: &str,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    let table_name = table.as_str();
-    let statement = format!(
-        "WITH head AS (
-            SELECT id, {at} FROM {table_name} ORDER BY id LIMIT $2
-         ), gone AS (
-            DELETE FROM {table_name} x USING head h
-             WHERE x.id = h.id AND h.{at} < now() - make_interval(secs => $1)
-            RETURNING 1
-         )
-         SELECT count(*) FROM gone"
-    );
-    in_pruning_transaction(conn, &statement, older_than, batch, &[table]).await
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            let table_name = table.as_str();
+            let statement = format!(
+                "WITH head AS (
+                SELECT id, {at} FROM {table_name} ORDER BY id LIMIT $2
+             ), gone AS (
+                DELETE FROM {table_name} x USING head h
+                 WHERE x.id = h.id AND h.{at} < now() - make_interval(secs => $1)
+                RETURNING 1
+             )
+             SELECT count(*) FROM gone"
+            );
+            in_pruning_transaction(conn, schema, &statement, older_than, batch, &[table]).await
+        }
+        .await
+    )
 }
 
 /// Deletes up to `batch` instances and up to `batch` workers last seen
 /// more than `older_than` ago.
 pub async fn prune_dead(
     conn: &mut PgConnection,
+    schema: &Schema,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    // Race prevented: a process that reports itself at the moment its row
-    // is deleted. A report (a heartbeat, a worker's upsert) that locked the
-    // row first is skipped or re-checked on its newest version (seen just
-    // now: not picked). One that comes after waits for this short
-    // transaction: an instance's heartbeat then finds no row (as for an
-    // instance never registered), a worker's report inserts its row afresh.
-    // Either way no live row is deleted: a row is picked only when its
-    // process has not been seen for the whole retention, longer than any
-    // liveness window.
-    let mut pruned = prune_unseen(conn, Table::Workers, older_than, batch).await?;
-    // Looked for first: the statement trigger on instances announces a
-    // change to every dashboard even when a DELETE deletes nothing.
-    let any_dead: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM instances
-                         WHERE last_seen_at < now() - make_interval(secs => $1))",
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            // Race prevented: a process that reports itself at the moment its row
+            // is deleted. A report (a heartbeat, a worker's upsert) that locked the
+            // row first is skipped or re-checked on its newest version (seen just
+            // now: not picked). One that comes after waits for this short
+            // transaction: an instance's heartbeat then finds no row (as for an
+            // instance never registered), a worker's report inserts its row afresh.
+            // Either way no live row is deleted: a row is picked only when its
+            // process has not been seen for the whole retention, longer than any
+            // liveness window.
+            let mut pruned = prune_unseen(conn, schema, Table::Workers, older_than, batch).await?;
+            // Looked for first: the statement trigger on instances announces a
+            // change to every dashboard even when a DELETE deletes nothing.
+            let any_dead: bool = schema
+                .query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM $schema.instances
+                             WHERE last_seen_at < now() - make_interval(secs => $1))",
+                )
+                .bind(secs(older_than))
+                .fetch_one(&mut *conn)
+                .await?;
+            if any_dead {
+                let instances =
+                    prune_unseen(conn, schema, Table::Instances, older_than, batch).await?;
+                pruned.add(&instances);
+            }
+            Ok(pruned)
+        }
+        .await
     )
-    .bind(secs(older_than))
-    .fetch_one(&mut *conn)
-    .await?;
-    if any_dead {
-        let instances = prune_unseen(conn, Table::Instances, older_than, batch).await?;
-        pruned.add(&instances);
-    }
-    Ok(pruned)
 }
 
 /// Deletes up to `batch` rows of `table` (workers or instances) last seen
 /// before the cutoff, oldest first, skipping rows a report holds.
 async fn prune_unseen(
     conn: &mut PgConnection,
+    schema: &Schema,
     table: Table,
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    let table_name = table.as_str();
-    let statement = format!(
-        "WITH dead AS (
-            SELECT id FROM {table_name}
-             WHERE last_seen_at < now() - make_interval(secs => $1)
-             ORDER BY last_seen_at LIMIT $2
-               FOR UPDATE SKIP LOCKED
-         ), gone AS (
-            DELETE FROM {table_name} x USING dead d WHERE x.id = d.id RETURNING 1
-         )
-         SELECT count(*) FROM gone"
-    );
-    in_pruning_transaction(conn, &statement, older_than, batch, &[table]).await
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            let table_name = table.as_str();
+            let statement = format!(
+                "WITH dead AS (
+                SELECT id FROM {table_name}
+                 WHERE last_seen_at < now() - make_interval(secs => $1)
+                 ORDER BY last_seen_at LIMIT $2
+                   FOR UPDATE SKIP LOCKED
+             ), gone AS (
+                DELETE FROM {table_name} x USING dead d WHERE x.id = d.id RETURNING 1
+             )
+             SELECT count(*) FROM gone"
+            );
+            in_pruning_transaction(conn, schema, &statement, older_than, batch, &[table]).await
+        }
+        .await
+    )
 }

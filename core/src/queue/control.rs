@@ -20,17 +20,19 @@
 //! use leasekeeper_core::queue::TaskStatus;
 //! use leasekeeper_core::queue::control::{self, TaskFilter};
 //! let mut conn = pool.acquire().await?;
+//! let schema = leasekeeper_core::db::Schema::of(&pool);
 //! // One task, by id: who did it goes to the audit trail.
-//! control::cancel(&mut conn, 42, "ops@example").await?;
-//! control::retry(&mut conn, 42, "ops@example").await?;
+//! control::cancel(&mut conn, &schema, 42, "ops@example").await?;
+//! control::retry(&mut conn, &schema, 42, "ops@example").await?;
 //! // Every failed task of one kind, in batches; answers how many.
 //! let filter = TaskFilter { status: TaskStatus::Failed, kind: Some("email".into()), queue: None };
-//! let n = control::retry_matching(&pool, &filter, "ops@example").await?;
+//! let n = control::retry_matching(&pool, &schema, &filter, "ops@example").await?;
 //! # let _ = n; Ok(()) }
 //! ```
 
 use super::store::{TASK_COLUMNS, TaskError};
 use super::{Task, TaskStatus};
+use crate::db::Schema;
 use crate::lease::Lease;
 use crate::lease::store as lease_store;
 use crate::live::{self, Topics};
@@ -109,76 +111,96 @@ pub const BATCH: i64 = 500;
 /// Cancels task `id` (pending or started) on behalf of `by`; see the
 /// module. [`TaskError::NotFound`] when there is no such task,
 /// [`TaskError::Stale`] (a conflict) when it is in another status.
-pub async fn cancel(conn: &mut PgConnection, id: i32, by: &str) -> Result<Task, TaskError> {
-    apply(conn, Action::Cancel, id, by).await
+pub async fn cancel(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    by: &str,
+) -> Result<Task, TaskError> {
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        apply(conn, schema, Action::Cancel, id, by).await
+    }
+    .await)
 }
 
 /// Puts task `id` (failed or cancelled) back to pending with its attempts
 /// reset, on behalf of `by`; see the module. Errors as [`cancel`].
-pub async fn retry(conn: &mut PgConnection, id: i32, by: &str) -> Result<Task, TaskError> {
-    apply(conn, Action::Retry, id, by).await
+pub async fn retry(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    by: &str,
+) -> Result<Task, TaskError> {
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        apply(conn, schema, Action::Retry, id, by).await
+    }
+    .await)
 }
 
 /// [`cancel`] or [`retry`] task `id`, as `action` says.
 pub async fn apply(
     conn: &mut PgConnection,
+    schema: &Schema,
     action: Action,
-    id: i32,
+    id: i64,
     by: &str,
 ) -> Result<Task, TaskError> {
-    let _announced = live::announce_on_return(Topics::TASKS | Topics::LEASES);
-    let mut tx = conn.begin().await?;
-    // Race prevented: the action against a claim, completion or failure
-    // report of the same task. The status test is re-checked on the newest
-    // row version once the row lock is ours: a completion that commits
-    // first leaves the task processed and this changes nothing (a conflict,
-    // said below); a claim that commits first leaves it started, and a
-    // cancel then ends that claim (its lease, below). Whatever commits after
-    // us sees the new status: a processor's heartbeat or completion of a
-    // cancelled task is refused, a claim skips it.
-    let changed = sqlx::query(&format!(
-        "UPDATE tasks SET {set}
-           FROM (SELECT id AS pick_id, status AS was FROM tasks WHERE id = $1 FOR UPDATE) pick
-          WHERE id = pick.pick_id AND {applies}
-         RETURNING {TASK_COLUMNS}, pick.was",
-        set = action.set_clause(),
-        applies = action.applies_sql(),
-    ))
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(row) = changed else {
-        let status: Option<TaskStatus> =
-            sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        let _announced = live::announce_on_return(Topics::TASKS | Topics::LEASES);
+        let mut tx = conn.begin().await?;
+        // Race prevented: the action against a claim, completion or failure
+        // report of the same task. The status test is re-checked on the newest
+        // row version once the row lock is ours: a completion that commits
+        // first leaves the task processed and this changes nothing (a conflict,
+        // said below); a claim that commits first leaves it started, and a
+        // cancel then ends that claim (its lease, below). Whatever commits after
+        // us sees the new status: a processor's heartbeat or completion of a
+        // cancelled task is refused, a claim skips it.
+        let changed = schema.query(&format!(
+            "UPDATE $schema.tasks SET {set}
+               FROM (SELECT id AS pick_id, status AS was FROM $schema.tasks WHERE id = $1 FOR UPDATE) pick
+              WHERE id = pick.pick_id AND {applies}
+             RETURNING {TASK_COLUMNS}, pick.was",
+            set = action.set_clause(),
+            applies = action.applies_sql(),
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = changed else {
+            let status: Option<TaskStatus> = schema
+                .query_scalar("SELECT status FROM $schema.tasks WHERE id = $1")
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        return Err(match status {
-            None => TaskError::NotFound(id),
-            Some(status) => TaskError::Stale {
-                id,
-                reason: format!(
-                    "it is {}; {} applies to {} tasks; nothing changed",
-                    status.as_str(),
-                    action.as_str(),
-                    action.applies_text()
-                ),
-            },
-        });
-    };
-    let task = Task::from_row(&row)?;
-    let was: String = row.try_get("was")?;
-    let changed = Changed {
-        id: task.id,
-        token: task.fencing_token,
-        was,
-    };
-    finish(&mut tx, action, &[changed], by, false).await?;
-    tx.commit().await?;
-    if action == Action::Retry {
-        live::announce(Topics::WORK);
+            return Err(match status {
+                None => TaskError::NotFound(id),
+                Some(status) => TaskError::Stale {
+                    id,
+                    reason: format!(
+                        "it is {}; {} applies to {} tasks; nothing changed",
+                        status.as_str(),
+                        action.as_str(),
+                        action.applies_text()
+                    ),
+                },
+            });
+        };
+        let task = Task::from_row(&row)?;
+        let was: String = row.try_get("was")?;
+        let changed = Changed {
+            id: task.id,
+            token: task.fencing_token,
+            was,
+        };
+        finish(&mut tx, schema, action, &[changed], by, false).await?;
+        tx.commit().await?;
+        if action == Action::Retry {
+            live::announce(Topics::WORK);
+        }
+        Ok(task)
     }
-    Ok(task)
+    .await)
 }
 
 /// Cancels every task matching `filter` (which must be pending or started
@@ -186,20 +208,22 @@ pub async fn apply(
 /// `by`. Answers how many were cancelled.
 pub async fn cancel_matching(
     pool: &PgPool,
+    schema: &Schema,
     filter: &TaskFilter,
     by: &str,
 ) -> Result<u64, TaskError> {
-    apply_matching(pool, Action::Cancel, filter, by).await
+    apply_matching(pool, schema, Action::Cancel, filter, by).await
 }
 
 /// Retries every task matching `filter` (which must be failed or cancelled
 /// tasks), as [`cancel_matching`] does. Answers how many were retried.
 pub async fn retry_matching(
     pool: &PgPool,
+    schema: &Schema,
     filter: &TaskFilter,
     by: &str,
 ) -> Result<u64, TaskError> {
-    apply_matching(pool, Action::Retry, filter, by).await
+    apply_matching(pool, schema, Action::Retry, filter, by).await
 }
 
 /// How often a bulk action looks again for matching tasks that were locked
@@ -209,6 +233,7 @@ const LOCKED_RETRIES: u32 = 20;
 /// [`cancel_matching`] or [`retry_matching`], as `action` says.
 pub async fn apply_matching(
     pool: &PgPool,
+    schema: &Schema,
     action: Action,
     filter: &TaskFilter,
     by: &str,
@@ -224,8 +249,8 @@ pub async fn apply_matching(
     // action never waits on (or deadlocks with) a heartbeat or completion
     // holding a task's row: that task is taken at a later pass.
     let sql = format!(
-        "UPDATE tasks t SET {set}
-           FROM (SELECT id AS pick_id, status AS was FROM tasks
+        "UPDATE $schema.tasks t SET {set}
+           FROM (SELECT id AS pick_id, status AS was FROM $schema.tasks
                   WHERE status = '{status}'
                     AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
                   ORDER BY id LIMIT {BATCH}
@@ -245,23 +270,25 @@ pub async fn apply_matching(
         // locked and their status re-checked (`t.status IN ...`) on the
         // newest version, so a task that a claim, completion or another
         // operator changed meanwhile is left as that change left it.
-        let changed: Vec<Changed> = sqlx::query_as(&sql)
+        let changed: Vec<Changed> = schema
+            .query_as(&sql)
             .bind(filter.kind.as_deref())
             .bind(filter.queue.as_deref())
             .fetch_all(&mut *tx)
             .await?;
         if changed.is_empty() {
             tx.rollback().await?;
-            let left: bool = sqlx::query_scalar(&format!(
-                "SELECT EXISTS (SELECT 1 FROM tasks WHERE status = '{}'
+            let left: bool = schema
+                .query_scalar(&format!(
+                    "SELECT EXISTS (SELECT 1 FROM $schema.tasks WHERE status = '{}'
                                    AND ($1::text IS NULL OR kind = $1)
                                    AND ($2::text IS NULL OR queue = $2))",
-                filter.status.as_str()
-            ))
-            .bind(filter.kind.as_deref())
-            .bind(filter.queue.as_deref())
-            .fetch_one(&mut *conn)
-            .await?;
+                    filter.status.as_str()
+                ))
+                .bind(filter.kind.as_deref())
+                .bind(filter.queue.as_deref())
+                .fetch_one(&mut *conn)
+                .await?;
             if !left || retries >= LOCKED_RETRIES {
                 break;
             }
@@ -269,7 +296,7 @@ pub async fn apply_matching(
             tokio::time::sleep(Duration::from_millis(25)).await;
             continue;
         }
-        finish(&mut tx, action, &changed, by, true).await?;
+        finish(&mut tx, schema, action, &changed, by, true).await?;
         tx.commit().await?;
         total += changed.len() as u64;
         if action == Action::Retry {
@@ -283,7 +310,7 @@ pub async fn apply_matching(
 /// status it was in.
 #[derive(sqlx::FromRow)]
 struct Changed {
-    id: i32,
+    id: i64,
     token: Option<i64>,
     was: String,
 }
@@ -292,51 +319,57 @@ struct Changed {
 /// leases; every task gets its audit row. In the transaction of the change.
 async fn finish(
     conn: &mut PgConnection,
+    schema: &Schema,
     action: Action,
     changed: &[Changed],
     by: &str,
     bulk: bool,
 ) -> Result<(), TaskError> {
-    let ids: Vec<i32> = changed.iter().map(|c| c.id).collect();
-    let tokens: Vec<Option<i64>> = changed.iter().map(|c| c.token).collect();
-    let was: Vec<&str> = changed.iter().map(|c| c.was.as_str()).collect();
-    if action == Action::Cancel {
-        // Race prevented: a cancel that leaves the cancelled claim's lease
-        // live, or ends another term's. A new statement, so its snapshot
-        // sees the lease of a claim that committed while the task UPDATE
-        // waited for the row; the token ties the release to the term of
-        // the claim just cancelled (a pending task's old terms are already
-        // released or expired: `released_at IS NULL AND expires_at > now()`
-        // finds none).
-        sqlx::query(
-            "UPDATE leases l
-                SET released_at = now(), expires_at = date_trunc('milliseconds', now())
-               FROM unnest($1::int4[], $2::int8[]) AS c(id, token)
-              WHERE l.resource = 'task:' || c.id AND l.fencing_token = c.token
-                AND l.released_at IS NULL AND l.expires_at > now()",
-        )
-        .bind(&ids)
-        .bind(&tokens)
-        .execute(&mut *conn)
-        .await?;
+    crate::db::atomically!(conn, schema, Result<(), TaskError>, async {
+        let ids: Vec<i64> = changed.iter().map(|c| c.id).collect();
+        let tokens: Vec<Option<i64>> = changed.iter().map(|c| c.token).collect();
+        let was: Vec<&str> = changed.iter().map(|c| c.was.as_str()).collect();
+        if action == Action::Cancel {
+            // Race prevented: a cancel that leaves the cancelled claim's lease
+            // live, or ends another term's. A new statement, so its snapshot
+            // sees the lease of a claim that committed while the task UPDATE
+            // waited for the row; the token ties the release to the term of
+            // the claim just cancelled (a pending task's old terms are already
+            // released or expired: `released_at IS NULL AND expires_at > now()`
+            // finds none).
+            schema
+                .query(
+                    "UPDATE $schema.leases l
+                    SET released_at = now(), expires_at = date_trunc('milliseconds', now())
+                   FROM unnest($1::int8[], $2::int8[]) AS c(id, token)
+                  WHERE l.resource = 'task:' || c.id AND l.fencing_token = c.token
+                    AND l.released_at IS NULL AND l.expires_at > now()",
+                )
+                .bind(&ids)
+                .bind(&tokens)
+                .execute(&mut *conn)
+                .await?;
+        }
+        schema
+            .query(
+                "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
+             SELECT 'task:' || c.id, $3, c.token, 'operator',
+                    jsonb_build_object('action', $4::text, 'by', $3::text, 'task_id', c.id,
+                                       'fencing_token', c.token, 'previous', c.was,
+                                       'bulk', $5::bool)
+               FROM unnest($1::int8[], $2::int8[], $6::text[]) AS c(id, token, was)",
+            )
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(by)
+            .bind(action.audit_name())
+            .bind(bulk)
+            .bind(&was)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
-    sqlx::query(
-        "INSERT INTO lease_events (resource, holder, fencing_token, kind, detail)
-         SELECT 'task:' || c.id, $3, c.token, 'operator',
-                jsonb_build_object('action', $4::text, 'by', $3::text, 'task_id', c.id,
-                                   'fencing_token', c.token, 'previous', c.was,
-                                   'bulk', $5::bool)
-           FROM unnest($1::int4[], $2::int8[], $6::text[]) AS c(id, token, was)",
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .bind(by)
-    .bind(action.audit_name())
-    .bind(bulk)
-    .bind(&was)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    .await)
 }
 
 /// Ends the term of lease `id` whose fencing token is `token` now, whoever
@@ -349,34 +382,44 @@ async fn finish(
 /// task became claimable.
 pub async fn force_release(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     token: i64,
     by: &str,
 ) -> Result<Option<Lease>, sqlx::Error> {
-    let _announced = live::announce_on_return(Topics::LEASES | Topics::TASKS);
-    let mut tx = conn.begin().await?;
-    // The race (an operator's release against the holder's renew or a
-    // takeover) is settled in `lease_store::force_release`'s statement.
-    let Some(lease) = lease_store::force_release(&mut tx, id, token).await? else {
-        return Ok(None);
-    };
-    // A task lease's claim ends with it, in the same transaction.
-    let freed_a_task = end_claim_of(&mut tx, &lease).await?;
-    lease_store::record_operator_action(
-        &mut tx,
-        &lease.resource,
-        by,
-        "force_release",
-        serde_json::json!({"lease_id": id, "fencing_token": token, "holder": lease.holder}),
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Lease>, sqlx::Error>,
+        async {
+            let _announced = live::announce_on_return(Topics::LEASES | Topics::TASKS);
+            let mut tx = conn.begin().await?;
+            // The race (an operator's release against the holder's renew or a
+            // takeover) is settled in `lease_store::force_release`'s statement.
+            let Some(lease) = lease_store::force_release(&mut tx, schema, id, token).await? else {
+                return Ok(None);
+            };
+            // A task lease's claim ends with it, in the same transaction.
+            let freed_a_task = end_claim_of(&mut tx, schema, &lease).await?;
+            lease_store::record_operator_action(
+                &mut tx,
+                schema,
+                &lease.resource,
+                by,
+                "force_release",
+                serde_json::json!({"lease_id": id, "fencing_token": token, "holder": lease.holder}),
+            )
+            .await?;
+            tx.commit().await?;
+            if freed_a_task {
+                // The task is claimable now: wake idle workers, as an enqueue does
+                // (after the commit, so a woken worker finds it).
+                live::announce(Topics::WORK);
+            }
+            Ok(Some(lease))
+        }
+        .await
     )
-    .await?;
-    tx.commit().await?;
-    if freed_a_task {
-        // The task is claimable now: wake idle workers, as an enqueue does
-        // (after the commit, so a woken worker finds it).
-        live::announce(Topics::WORK);
-    }
-    Ok(Some(lease))
 }
 
 /// When `lease` guards a task (resource `task:<id>`), makes that task's
@@ -388,26 +431,31 @@ pub async fn force_release(
 /// whether a claim was ended.
 async fn end_claim_of(
     conn: &mut PgConnection,
+    schema: &Schema,
     lease: &crate::lease::Lease,
 ) -> Result<bool, sqlx::Error> {
-    let Some(task_id) = lease
-        .resource
-        .strip_prefix("task:")
-        .and_then(|n| n.parse::<i32>().ok())
-    else {
-        return Ok(false);
-    };
-    // Race prevented: the processor heartbeating its claim while the
-    // operator ends it. The token check (re-checked on the newest row
-    // version) ends only the claim of the term the lease ended; after this
-    // commits the claim is late, so its heartbeat and completion are refused.
-    let ended = sqlx::query(
-        "UPDATE tasks SET must_heartbeat_before = now() - interval '1 millisecond'
-          WHERE id = $1 AND status = 'started' AND fencing_token = $2",
-    )
-    .bind(task_id)
-    .bind(lease.fencing_token)
-    .execute(&mut *conn)
-    .await?;
-    Ok(ended.rows_affected() == 1)
+    crate::db::atomically!(conn, schema, Result<bool, sqlx::Error>, async {
+        let Some(task_id) = lease
+            .resource
+            .strip_prefix("task:")
+            .and_then(|n| n.parse::<i64>().ok())
+        else {
+            return Ok(false);
+        };
+        // Race prevented: the processor heartbeating its claim while the
+        // operator ends it. The token check (re-checked on the newest row
+        // version) ends only the claim of the term the lease ended; after this
+        // commits the claim is late, so its heartbeat and completion are refused.
+        let ended = schema
+            .query(
+                "UPDATE $schema.tasks SET must_heartbeat_before = now() - interval '1 millisecond'
+              WHERE id = $1 AND status = 'started' AND fencing_token = $2",
+            )
+            .bind(task_id)
+            .bind(lease.fencing_token)
+            .execute(&mut *conn)
+            .await?;
+        Ok(ended.rows_affected() == 1)
+    }
+    .await)
 }

@@ -91,7 +91,7 @@ impl TaskAction {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Task {
     /// Row id; the task's lease is on resource `task:<id>`.
-    pub id: i32,
+    pub id: i64,
     /// Which handler runs it.
     pub kind: String,
     /// The queue it waits in (`default` unless enqueued elsewhere).
@@ -136,7 +136,7 @@ pub struct Task {
 
 impl Task {
     /// The lease resource guarding this task.
-    pub fn resource_name(id: i32) -> String {
+    pub fn resource_name(id: i64) -> String {
         format!("task:{id}")
     }
 
@@ -286,12 +286,40 @@ pub const MAX_CLAIM_KINDS: usize = 100;
 pub struct ClaimRequest {
     /// Who claims (the holder of the task's lease).
     pub processor: crate::lease::Holder,
-    /// The queue claimed from.
+    /// The queue claimed from (1 to 128 characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 128,
+            pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+        )
+    )]
     pub queue: Option<String>,
-    /// The kinds claimed.
+    /// The kinds claimed (1 to 100 of them, each 1 to 128 characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = kind_list))]
     pub kinds: Option<Vec<String>>,
+}
+
+/// 1 to 100 kind names of 1 to [`MAX_NAME_CHARS`] characters, or null, for
+/// the OpenAPI document.
+#[cfg(feature = "openapi")]
+fn kind_list() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(MAX_NAME_CHARS))
+                .pattern(Some(r"^[^\x00-\x1f\x7f-\x9f]*$")),
+        )
+        .min_items(Some(1))
+        .max_items(Some(100))
+        .build()
 }
 
 impl ClaimRequest {
@@ -336,6 +364,7 @@ pub struct HeartbeatBody {
     /// Who holds the claim.
     pub processor: crate::lease::Holder,
     /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
     pub fencing_token: i64,
 }
 
@@ -346,6 +375,7 @@ pub struct CompleteBody {
     /// Who holds the claim.
     pub processor: crate::lease::Holder,
     /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
     pub fencing_token: i64,
     /// What the work produced (any JSON).
     pub task_output: Option<serde_json::Value>,
@@ -358,9 +388,13 @@ pub struct FailBody {
     /// Who holds the claim.
     pub processor: crate::lease::Holder,
     /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
     pub fencing_token: i64,
     /// Why the attempt failed (at most 4096 characters, no NUL).
-    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 4096, pattern = "^[^\\x00]*$")
+    )]
     pub error: String,
 }
 

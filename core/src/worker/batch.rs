@@ -32,6 +32,7 @@ use super::registry;
 use super::transport::Tally;
 use super::transport::{Claim, TransportError, ms};
 use super::{Report, WorkerKind};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::ClaimFilter;
 use crate::queue::store::{self, Completion, MAX_BATCH, RetryPolicy};
@@ -71,6 +72,8 @@ impl Default for Batching {
 #[derive(Debug)]
 pub(crate) struct Setup {
     pub(crate) pool: PgPool,
+    /// The pool's schema.
+    pub(crate) schema: Schema,
     pub(crate) ttl: Duration,
     pub(crate) retry: RetryPolicy,
     pub(crate) filter: ClaimFilter,
@@ -90,7 +93,7 @@ struct Want {
 /// A heartbeat of one claim.
 struct Beat {
     worker: Holder,
-    task_id: i32,
+    task_id: i64,
     token: i64,
     reply: Answer<Option<Duration>>,
 }
@@ -98,7 +101,7 @@ struct Beat {
 /// A completion handed over by a worker.
 pub(crate) struct Finish {
     pub(crate) worker: Holder,
-    pub(crate) task_id: i32,
+    pub(crate) task_id: i64,
     pub(crate) token: i64,
     pub(crate) output: Value,
     /// The worker's local deadline for the claim: transient failures are
@@ -169,7 +172,7 @@ impl Batcher {
     pub(crate) async fn heartbeat(
         &self,
         worker: &Holder,
-        task_id: i32,
+        task_id: i64,
         token: i64,
     ) -> Result<Option<Duration>, TransportError> {
         let (reply, answer) = oneshot::channel();
@@ -313,7 +316,9 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
     let holders: Vec<Holder> = wants.iter().map(|w| w.worker.clone()).collect();
     let claimed = async {
         let conn = held.conn(setup).await?;
-        Ok::<_, TransportError>(store::claim_for(conn, &holders, setup.ttl, &setup.filter).await?)
+        Ok::<_, TransportError>(
+            store::claim_for(conn, &setup.schema, &holders, setup.ttl, &setup.filter).await?,
+        )
     }
     .await;
     let claimed = match claimed {
@@ -341,7 +346,15 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
         let task = match by_holder.remove(want.worker.as_str()) {
             Some(task) => Some(task),
             None if careful => {
-                match store::claim_next_in(conn, &want.worker, setup.ttl, &setup.filter).await {
+                match store::claim_next_in(
+                    conn,
+                    &setup.schema,
+                    &want.worker,
+                    setup.ttl,
+                    &setup.filter,
+                )
+                .await
+                {
                     Ok(Some(task)) => Some(task),
                     Ok(None) => {
                         careful = false;
@@ -365,6 +378,7 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
             let why = format!("worker {} stopped before its claim reached it", want.worker);
             if let Err(e) = store::fail(
                 conn,
+                &setup.schema,
                 claim.task_id,
                 &want.worker,
                 claim.token,
@@ -392,13 +406,15 @@ async fn heartbeat(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Beat>) {
         if beats.is_empty() {
             continue;
         }
-        let claims: Vec<(i32, i64, Holder)> = beats
+        let claims: Vec<(i64, i64, Holder)> = beats
             .iter()
             .map(|b| (b.task_id, b.token, b.worker.clone()))
             .collect();
         let outcomes = async {
             let conn = held.conn(&setup).await?;
-            Ok::<_, TransportError>(store::heartbeat_each(conn, &claims, setup.ttl).await?)
+            Ok::<_, TransportError>(
+                store::heartbeat_each(conn, &setup.schema, &claims, setup.ttl).await?,
+            )
         }
         .await;
         if let Err(e) = &outcomes {
@@ -462,7 +478,7 @@ async fn write_completions(setup: &Setup, held: &mut Held, mut batch: Vec<Finish
             .collect();
         let outcomes = async {
             let conn = held.conn(setup).await?;
-            Ok::<_, TransportError>(store::complete_each(conn, &completions).await?)
+            Ok::<_, TransportError>(store::complete_each(conn, &setup.schema, &completions).await?)
         }
         .await;
         if let Err(e) = &outcomes {
@@ -551,9 +567,15 @@ async fn write_reports(setup: &Setup, pending: &mut HashMap<Holder, Report>) {
             .acquire()
             .await
             .map_err(|e| TransportError::Transient(format!("database: {e}")))?;
-        registry::record_each(&mut conn, setup.kind, Some(&setup.instance_id), &reports)
-            .await
-            .map_err(|e| TransportError::Transient(format!("database: {e}")))
+        registry::record_each(
+            &mut conn,
+            &setup.schema,
+            setup.kind,
+            Some(&setup.instance_id),
+            &reports,
+        )
+        .await
+        .map_err(|e| TransportError::Transient(format!("database: {e}")))
     }
     .await;
     if let Err(e) = written {

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
     /// The task's id (its lease is on `task:<id>`).
-    pub id: i32,
+    pub id: i64,
     /// Which handler runs it.
     pub kind: String,
     /// The queue it came from.

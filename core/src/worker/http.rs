@@ -80,7 +80,7 @@ impl Http {
     /// success, the mapped refusal otherwise.
     async fn task_write(
         &self,
-        task_id: i32,
+        task_id: i64,
         op: &str,
         body: &(impl Serialize + ?Sized),
     ) -> Result<Value, TransportError> {

@@ -7,6 +7,7 @@ use super::WorkerKind;
 use super::batch::{Batcher, Batching, Finish, Setup};
 use super::handler::HostDatabase;
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::ClaimFilter;
 use crate::queue::store::{self, RetryPolicy};
@@ -24,6 +25,8 @@ use tokio::time::Instant;
 #[derive(Clone, Debug)]
 pub struct InProcess {
     pool: PgPool,
+    /// The pool's schema ([`Schema::of`]).
+    schema: Schema,
     ttl: Duration,
     retry: RetryPolicy,
     instance_id: Arc<str>,
@@ -45,6 +48,7 @@ impl InProcess {
     /// [`InProcess::recorded_as`]).
     pub fn new(pool: PgPool, ttl: Duration, instance_id: Arc<str>) -> Self {
         InProcess {
+            schema: Schema::of(&pool),
             pool,
             ttl,
             retry: RetryPolicy::default(),
@@ -96,6 +100,7 @@ impl InProcess {
         self.batcher.get_or_init(|| {
             Batcher::start(Setup {
                 pool: self.pool.clone(),
+                schema: self.schema.clone(),
                 ttl: self.ttl,
                 retry: self.retry,
                 filter: self.filter.clone(),
@@ -136,6 +141,7 @@ impl Transport for InProcess {
     async fn complete(&self, claim: ClaimRef<'_>, output: &Value) -> Result<(), TransportError> {
         store::complete(
             &mut *self.conn().await?,
+            &self.schema,
             claim.task_id,
             claim.worker,
             claim.token,
@@ -148,6 +154,7 @@ impl Transport for InProcess {
     async fn fail(&self, claim: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
         store::fail(
             &mut *self.conn().await?,
+            &self.schema,
             claim.task_id,
             claim.worker,
             claim.token,

@@ -100,7 +100,7 @@ pub struct WorkerInfo {
     /// What it is doing.
     pub state: WorkerState,
     /// The task it holds (or held when it crashed).
-    pub task_id: Option<i32>,
+    pub task_id: Option<i64>,
     /// The fencing token of that claim.
     pub fencing_token: Option<i64>,
     /// Its last accepted claim or heartbeat.
@@ -110,9 +110,9 @@ pub struct WorkerInfo {
     /// When it started.
     pub started_at: DateTime<Utc>,
     /// Tasks it completed.
-    pub tasks_done: i32,
+    pub tasks_done: i64,
     /// Tasks it gave up because its claim was lost (refused write or local deadline).
-    pub tasks_abandoned: i32,
+    pub tasks_abandoned: i64,
     /// Milliseconds since `last_heartbeat_at` at read time.
     pub heartbeat_age_ms: Option<i64>,
     /// Milliseconds since `last_seen_at` at read time.
@@ -145,20 +145,22 @@ pub struct Report {
     /// What it is doing.
     pub state: WorkerState,
     /// The task it holds, if any.
-    pub task_id: Option<i32>,
+    #[serde(default, deserialize_with = "crate::json::opt_int")]
+    pub task_id: Option<i64>,
     /// That claim's fencing token.
+    #[serde(default, deserialize_with = "crate::json::opt_int")]
     pub fencing_token: Option<i64>,
     /// True when this report follows an accepted claim or heartbeat.
     #[serde(default)]
     pub heartbeat: bool,
     /// Tasks completed so far by this run.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json::int")]
     #[cfg_attr(feature = "openapi", schema(minimum = 0))]
-    pub tasks_done: i32,
+    pub tasks_done: i64,
     /// Tasks abandoned so far by this run.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json::int")]
     #[cfg_attr(feature = "openapi", schema(minimum = 0))]
-    pub tasks_abandoned: i32,
+    pub tasks_abandoned: i64,
     /// True for the first report of a run: it replaces whatever an earlier
     /// run under the same id left (even `crashed` or `stopped`).
     #[serde(default)]

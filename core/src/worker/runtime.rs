@@ -20,10 +20,11 @@
 //!     .await?;
 //!
 //! let mut conn = pool.acquire().await?;
-//! let task = enqueue(&mut conn, &NewTask::new("resize", json!({ "width": 640 }))).await?;
+//! let schema = leasekeeper_core::db::Schema::of(&pool);
+//! let task = enqueue(&mut conn, &schema, &NewTask::new("resize", json!({ "width": 640 }))).await?;
 //! // Woken by the enqueue's NOTIFY, a worker claims, runs and completes it.
 //! let done = loop {
-//!     let now = store::get(&mut conn, task.id).await?.expect("the task");
+//!     let now = store::get(&mut conn, &schema, task.id).await?.expect("the task");
 //!     if now.status == TaskStatus::Processed {
 //!         break now;
 //!     }

@@ -16,7 +16,7 @@ use crate::queue::store::TaskError;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -36,7 +36,7 @@ pub enum TransportError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
     /// The task.
-    pub task_id: i32,
+    pub task_id: i64,
     /// The claim's fencing token; every later write carries it.
     pub token: i64,
     /// Which handler runs it.
@@ -59,7 +59,7 @@ pub struct ClaimRef<'a> {
     /// The processor holding the claim.
     pub worker: &'a Holder,
     /// The task.
-    pub task_id: i32,
+    pub task_id: i64,
     /// The claim's fencing token.
     pub token: i64,
 }
@@ -181,17 +181,17 @@ impl From<TaskError> for TransportError {
 #[derive(Debug, Default)]
 pub struct Tally {
     /// Tasks completed.
-    pub done: AtomicI32,
+    pub done: AtomicI64,
     /// Tasks given up because the claim was lost.
-    pub abandoned: AtomicI32,
+    pub abandoned: AtomicI64,
 }
 
 impl Tally {
-    pub(crate) fn done(&self) -> i32 {
+    pub(crate) fn done(&self) -> i64 {
         self.done.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn abandoned(&self) -> i32 {
+    pub(crate) fn abandoned(&self) -> i64 {
         self.abandoned.load(Ordering::Relaxed)
     }
 }

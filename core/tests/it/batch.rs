@@ -37,7 +37,7 @@ fn holders(prefix: &str, n: usize) -> Vec<Holder> {
 }
 
 /// Makes the claims on `ids` run out `offset_ms` from now, by the database clock.
-async fn expire_in(pool: &PgPool, ids: &[i32], offset_ms: i64) {
+async fn expire_in(pool: &PgPool, ids: &[i64], offset_ms: i64) {
     sqlx::query(
         "WITH t AS (UPDATE tasks SET must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000)
                      WHERE id = ANY($1) RETURNING id, must_heartbeat_before)
@@ -52,7 +52,7 @@ async fn expire_in(pool: &PgPool, ids: &[i32], offset_ms: i64) {
 }
 
 /// `kind` events recorded for the task leases of `ids`.
-async fn events(pool: &PgPool, kind: &str, ids: &[i32]) -> i64 {
+async fn events(pool: &PgPool, kind: &str, ids: &[i64]) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM lease_events
           WHERE kind = $1 AND resource = ANY(SELECT 'task:' || unnest($2::int4[]))",
@@ -65,16 +65,22 @@ async fn events(pool: &PgPool, kind: &str, ids: &[i32]) -> i64 {
 }
 
 /// Takes over whatever of the queue is late, for up to 150 ms.
-async fn take_over(pool: PgPool, round: usize, n: usize) -> Vec<(i32, i64)> {
+async fn take_over(pool: PgPool, round: usize, n: usize) -> Vec<(i64, i64)> {
     let takers = holders(&format!("b{round}-"), n);
     let start = tokio::time::Instant::now();
     let mut taken = Vec::new();
     while start.elapsed() < Duration::from_millis(150) && taken.len() < n {
         let mut conn = pool.acquire().await.unwrap();
         let free: Vec<Holder> = takers[taken.len()..].to_vec();
-        let got = store::claim_for(&mut conn, &free, TTL, &ClaimFilter::default())
-            .await
-            .unwrap();
+        let got = store::claim_for(
+            &mut conn,
+            &Default::default(),
+            &free,
+            TTL,
+            &ClaimFilter::default(),
+        )
+        .await
+        .unwrap();
         taken.extend(got.tasks.iter().map(|t| (t.id, t.fencing_token.unwrap())));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -82,12 +88,13 @@ async fn take_over(pool: PgPool, round: usize, n: usize) -> Vec<(i32, i64)> {
 }
 
 /// Claims `n` fresh tasks for `n` holders of round `round`.
-async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i32, i64, Holder)> {
+async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i64, i64, Holder)> {
     add_tasks(pool, "sleep", n as i32).await;
     let mut conn = pool.acquire().await.unwrap();
     let old = holders(&format!("a{round}-"), n);
     let claimed = store::claim_for(
         &mut conn,
+        &Default::default(),
         &old,
         Duration::from_secs(5),
         &ClaimFilter::default(),
@@ -111,7 +118,7 @@ async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i32, i64, Ho
 
 /// Completes the tasks a round's taker took (`(id, token)`), so the next
 /// round's claims find only their own tasks.
-async fn finish_round(pool: &PgPool, taken: &[(i32, i64)]) {
+async fn finish_round(pool: &PgPool, taken: &[(i64, i64)]) {
     let mut each = Vec::new();
     for &(id, token) in taken {
         let processor: String = sqlx::query_scalar("SELECT processor FROM tasks WHERE id = $1")
@@ -122,7 +129,10 @@ async fn finish_round(pool: &PgPool, taken: &[(i32, i64)]) {
         each.push(Completion::new(id, token, holder(&processor), None));
     }
     let mut conn = pool.acquire().await.unwrap();
-    for outcome in store::complete_each(&mut conn, &each).await.unwrap() {
+    for outcome in store::complete_each(&mut conn, &Default::default(), &each)
+        .await
+        .unwrap()
+    {
         outcome.unwrap();
     }
 }
@@ -137,14 +147,14 @@ type Outcomes = Vec<Result<Task, TaskError>>;
 async fn race_at_deadline<F, Fut>(
     pool: &PgPool,
     round: usize,
-    claims: &[(i32, i64, Holder)],
+    claims: &[(i64, i64, Holder)],
     write: F,
-) -> (Outcomes, Vec<(i32, i64)>)
+) -> (Outcomes, Vec<(i64, i64)>)
 where
     F: FnOnce(PoolConnection<Postgres>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Outcomes> + Send,
 {
-    let ids: Vec<i32> = claims.iter().map(|c| c.0).collect();
+    let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
     expire_in(pool, &ids, rand::rng().random_range(0..=12)).await;
     let barrier = Arc::new(Barrier::new(2));
     let writing = {
@@ -178,7 +188,7 @@ async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_bo
     let (mut completed, mut taken_over) = (0, 0);
     for round in 0..30 {
         let claims = claim_round(&db.pool, round, n).await;
-        let ids: Vec<i32> = claims.iter().map(|c| c.0).collect();
+        let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
         let each: Vec<Completion> = claims
             .iter()
             .map(|(id, token, who)| {
@@ -186,10 +196,12 @@ async fn a_batched_completion_raced_with_takeovers_at_the_deadline_never_lets_bo
             })
             .collect();
         let (outcomes, taken) = race_at_deadline(&db.pool, round, &claims, |mut conn| async move {
-            store::complete_each(&mut conn, &each).await.unwrap()
+            store::complete_each(&mut conn, &Default::default(), &each)
+                .await
+                .unwrap()
         })
         .await;
-        let taken_ids: HashMap<i32, i64> = taken.iter().copied().collect();
+        let taken_ids: HashMap<i64, i64> = taken.iter().copied().collect();
         for ((id, token, who), outcome) in claims.iter().zip(&outcomes) {
             match (outcome, taken_ids.get(id)) {
                 (Ok(task), None) => {
@@ -229,13 +241,15 @@ async fn batched_heartbeats_raced_with_takeovers_at_the_deadline_never_let_both_
     let (mut renewed, mut taken_over) = (0, 0);
     for round in 0..30 {
         let claims = claim_round(&db.pool, round, n).await;
-        let ids: Vec<i32> = claims.iter().map(|c| c.0).collect();
+        let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
         let beats = claims.clone();
         let (outcomes, taken) = race_at_deadline(&db.pool, round, &claims, |mut conn| async move {
-            store::heartbeat_each(&mut conn, &beats, TTL).await.unwrap()
+            store::heartbeat_each(&mut conn, &Default::default(), &beats, TTL)
+                .await
+                .unwrap()
         })
         .await;
-        let taken_ids: HashMap<i32, i64> = taken.iter().copied().collect();
+        let taken_ids: HashMap<i64, i64> = taken.iter().copied().collect();
         for ((id, token, _), outcome) in claims.iter().zip(&outcomes) {
             match (outcome, taken_ids.get(id)) {
                 (Ok(task), None) => {
@@ -264,7 +278,10 @@ async fn batched_heartbeats_raced_with_takeovers_at_the_deadline_never_let_both_
                 each.push(Completion::new(*id, *token, who.clone(), None));
             }
         }
-        for outcome in store::complete_each(&mut conn, &each).await.unwrap() {
+        for outcome in store::complete_each(&mut conn, &Default::default(), &each)
+            .await
+            .unwrap()
+        {
             outcome.unwrap();
         }
         finish_round(&db.pool, &taken).await;
@@ -291,9 +308,15 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
             let mut done = Vec::new();
             let mut conn = pool.acquire().await.unwrap();
             loop {
-                let claimed = store::claim_for(&mut conn, &mine, TTL, &ClaimFilter::default())
-                    .await
-                    .unwrap();
+                let claimed = store::claim_for(
+                    &mut conn,
+                    &Default::default(),
+                    &mine,
+                    TTL,
+                    &ClaimFilter::default(),
+                )
+                .await
+                .unwrap();
                 if claimed.tasks.is_empty() {
                     break;
                 }
@@ -315,7 +338,10 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
                         )
                     })
                     .collect();
-                for outcome in store::complete_each(&mut conn, &each).await.unwrap() {
+                for outcome in store::complete_each(&mut conn, &Default::default(), &each)
+                    .await
+                    .unwrap()
+                {
                     done.push(outcome.unwrap().id);
                 }
             }
@@ -326,7 +352,7 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
     for p in producers {
         all.extend(p.await.unwrap());
     }
-    let distinct: HashSet<i32> = all.iter().copied().collect();
+    let distinct: HashSet<i64> = all.iter().copied().collect();
     assert_eq!((all.len(), distinct.len()), (2000, 2000));
     let per_kind: Vec<(String, i64)> =
         sqlx::query_as("SELECT kind, count(*) FROM lease_events GROUP BY kind ORDER BY kind")
@@ -381,6 +407,7 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
         let mut conn = db.pool.acquire().await.unwrap();
         registry::record_each(
             &mut conn,
+            &Default::default(),
             WorkerKind::Simulated,
             Some("i1"),
             &[(who.clone(), report(WorkerState::Idle, true))],
@@ -396,6 +423,7 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
                 for _ in 0..5 {
                     registry::record_each(
                         &mut conn,
+                        &Default::default(),
                         WorkerKind::Simulated,
                         Some("i1"),
                         &[(who.clone(), report(WorkerState::Working, false))],
@@ -412,14 +440,19 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
                 let delay = Duration::from_micros(rand::rng().random_range(0..3000));
                 barrier.wait().await;
                 tokio::time::sleep(delay).await;
-                registry::mark(&mut conn, who.as_str(), WorkerState::Crashed)
-                    .await
-                    .unwrap();
+                registry::mark(
+                    &mut conn,
+                    &Default::default(),
+                    who.as_str(),
+                    WorkerState::Crashed,
+                )
+                .await
+                .unwrap();
             })
         };
         reporting.await.unwrap();
         killing.await.unwrap();
-        let row = registry::get(&mut conn, who.as_str(), ttl)
+        let row = registry::get(&mut conn, &Default::default(), who.as_str(), ttl)
             .await
             .unwrap()
             .unwrap();
@@ -427,6 +460,7 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
         // A report of the other kind under the same id is refused.
         let written = registry::record_each(
             &mut conn,
+            &Default::default(),
             WorkerKind::Http,
             None,
             &[(who.clone(), report(WorkerState::Idle, true))],
@@ -437,13 +471,14 @@ async fn batched_reports_racing_a_kill_never_revive_the_killed_worker() {
         // A fresh run of the same worker revives it.
         registry::record_each(
             &mut conn,
+            &Default::default(),
             WorkerKind::Simulated,
             Some("i1"),
             &[(who.clone(), report(WorkerState::Idle, true))],
         )
         .await
         .unwrap();
-        let row = registry::get(&mut conn, who.as_str(), ttl)
+        let row = registry::get(&mut conn, &Default::default(), who.as_str(), ttl)
             .await
             .unwrap()
             .unwrap();

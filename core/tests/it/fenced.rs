@@ -23,7 +23,7 @@ async fn ledger(db: &TestDb) {
 }
 
 /// The ledger rows of task `id`: (holder, token).
-async fn effects(db: &TestDb, id: i32) -> Vec<(String, i64)> {
+async fn effects(db: &TestDb, id: i64) -> Vec<(String, i64)> {
     sqlx::query_as("SELECT holder, token FROM public.ledger WHERE task_id = $1 ORDER BY token")
         .bind(id)
         .fetch_all(&db.pool)
@@ -32,7 +32,7 @@ async fn effects(db: &TestDb, id: i32) -> Vec<(String, i64)> {
 }
 
 /// A handler's write: one ledger row, unqualified, as a host writes it.
-async fn write_effect(tx: &mut FencedTransaction, id: i32, who: &str, token: i64) {
+async fn write_effect(tx: &mut FencedTransaction, id: i64, who: &str, token: i64) {
     sqlx::query("INSERT INTO ledger (task_id, holder, token) VALUES ($1, $2, $3)")
         .bind(id)
         .bind(who)
@@ -47,12 +47,16 @@ async fn a_paused_holders_writes_roll_back_with_its_refused_completion() {
     let db = TestDb::new().await;
     ledger(&db).await;
     let mut conn = db.pool.acquire().await.unwrap();
-    let task = store::enqueue(&mut conn, &NewTask::new("pay", json!({"cents": 100})))
-        .await
-        .unwrap();
+    let task = store::enqueue(
+        &mut conn,
+        &Default::default(),
+        &NewTask::new("pay", json!({"cents": 100})),
+    )
+    .await
+    .unwrap();
     let (a, b) = (holder("a"), holder("b"));
     let ttl = Duration::from_millis(300);
-    let claim_a = store::claim_next(&mut conn, &a, ttl)
+    let claim_a = store::claim_next(&mut conn, &Default::default(), &a, ttl)
         .await
         .unwrap()
         .unwrap();
@@ -65,7 +69,7 @@ async fn a_paused_holders_writes_roll_back_with_its_refused_completion() {
         .unwrap();
     write_effect(&mut tx_a, task.id, "a", token_a).await;
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
-    let claim_b = store::claim_next(&mut conn, &b, Duration::from_secs(30))
+    let claim_b = store::claim_next(&mut conn, &Default::default(), &b, Duration::from_secs(30))
         .await
         .unwrap()
         .expect("b takes the late task over");
@@ -93,7 +97,10 @@ async fn a_paused_holders_writes_roll_back_with_its_refused_completion() {
         effects(&db, task.id).await,
         vec![("b".to_string(), token_b)]
     );
-    let stored = store::get(&mut conn, task.id).await.unwrap().unwrap();
+    let stored = store::get(&mut conn, &Default::default(), task.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.processor.as_deref(), Some("b"));
     assert_eq!(stored.task_output, Some(json!("paid by b")));
     let kinds = event_kinds(&db.pool, &format!("task:{}", task.id)).await;
@@ -121,14 +128,23 @@ async fn an_expired_but_not_taken_over_claim_cannot_commit_its_writes() {
     let db = TestDb::new().await;
     ledger(&db).await;
     let mut conn = db.pool.acquire().await.unwrap();
-    let task = store::enqueue(&mut conn, &NewTask::new("pay", json!({})))
-        .await
-        .unwrap();
+    let task = store::enqueue(
+        &mut conn,
+        &Default::default(),
+        &NewTask::new("pay", json!({})),
+    )
+    .await
+    .unwrap();
     let a = holder("a");
-    let claim = store::claim_next(&mut conn, &a, Duration::from_millis(300))
-        .await
-        .unwrap()
-        .unwrap();
+    let claim = store::claim_next(
+        &mut conn,
+        &Default::default(),
+        &a,
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let token = claim.fencing_token.unwrap();
     let mut tx = FencedTransaction::begin(&db.pool, DEFAULT_HOST_SEARCH_PATH)
         .await
@@ -141,7 +157,10 @@ async fn an_expired_but_not_taken_over_claim_cannot_commit_its_writes() {
         "{refused:?}"
     );
     assert!(effects(&db, task.id).await.is_empty());
-    let stored = store::get(&mut conn, task.id).await.unwrap().unwrap();
+    let stored = store::get(&mut conn, &Default::default(), task.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.status, TaskStatus::Started, "left for a takeover");
 }
 
@@ -161,12 +180,16 @@ async fn completion_and_takeover_raced_at_the_deadline_never_both_win() {
     let (mut a_won, mut b_won) = (0, 0);
     for round in 0..28 {
         let mut conn = db.pool.acquire().await.unwrap();
-        let task = store::enqueue(&mut conn, &NewTask::new("pay", json!({ "round": round })))
-            .await
-            .unwrap();
+        let task = store::enqueue(
+            &mut conn,
+            &Default::default(),
+            &NewTask::new("pay", json!({ "round": round })),
+        )
+        .await
+        .unwrap();
         let a = holder("a");
         let claimed_at = tokio::time::Instant::now();
-        let claim = store::claim_next(&mut conn, &a, ttl)
+        let claim = store::claim_next(&mut conn, &Default::default(), &a, ttl)
             .await
             .unwrap()
             .unwrap();
@@ -204,9 +227,14 @@ async fn completion_and_takeover_raced_at_the_deadline_never_both_win() {
                 let start = tokio::time::Instant::now();
                 loop {
                     let mut conn = pool.acquire().await.unwrap();
-                    let got = store::claim_next(&mut conn, &holder("b"), Duration::from_secs(30))
-                        .await
-                        .unwrap();
+                    let got = store::claim_next(
+                        &mut conn,
+                        &Default::default(),
+                        &holder("b"),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
                     if got.is_some() || start.elapsed() > Duration::from_millis(400) {
                         return got;
                     }
@@ -216,7 +244,10 @@ async fn completion_and_takeover_raced_at_the_deadline_never_both_win() {
         };
         let completed = completing.await.unwrap();
         let took_over = taking_over.await.unwrap();
-        let stored = store::get(&mut conn, task.id).await.unwrap().unwrap();
+        let stored = store::get(&mut conn, &Default::default(), task.id)
+            .await
+            .unwrap()
+            .unwrap();
         let effects = effects(&db, task.id).await;
         match (&completed, &took_over) {
             (Ok(_), None) => {
@@ -236,6 +267,7 @@ async fn completion_and_takeover_raced_at_the_deadline_never_both_win() {
         if stored.status == TaskStatus::Started {
             store::complete(
                 &mut conn,
+                &Default::default(),
                 task.id,
                 &holder("b"),
                 stored.fencing_token.unwrap(),

@@ -8,9 +8,13 @@ use std::time::Duration;
 const WINDOW: Duration = Duration::from_secs(3);
 
 async fn list(db: &TestDb) -> Vec<Instance> {
-    store::list(&mut db.pool.acquire().await.unwrap(), WINDOW)
-        .await
-        .unwrap()
+    store::list(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        WINDOW,
+    )
+    .await
+    .unwrap()
 }
 
 fn find<'a>(all: &'a [Instance], id: &str) -> &'a Instance {
@@ -91,14 +95,19 @@ async fn registered_instances_are_alive_until_stopped_or_silent() {
 }
 
 async fn alive_within(conn: &mut sqlx::PgConnection, secs: u64) -> bool {
-    store::list(conn, Duration::from_secs(secs)).await.unwrap()[0].alive
+    store::list(conn, &Default::default(), Duration::from_secs(secs))
+        .await
+        .unwrap()[0]
+        .alive
 }
 
 #[tokio::test]
 async fn alive_is_judged_against_the_window() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
-    store::register(&mut conn, "i-9-cccc", "h:9").await.unwrap();
+    store::register(&mut conn, &Default::default(), "i-9-cccc", "h:9")
+        .await
+        .unwrap();
     sqlx::query("UPDATE instances SET last_seen_at = now() - interval '2 seconds'")
         .execute(&mut *conn)
         .await
@@ -106,9 +115,19 @@ async fn alive_is_judged_against_the_window() {
     assert!(alive_within(&mut conn, 3).await);
     assert!(!alive_within(&mut conn, 1).await);
     // A heartbeat makes it alive again; a stopped instance's heartbeat does nothing.
-    assert!(store::heartbeat(&mut conn, "i-9-cccc").await.unwrap());
+    assert!(
+        store::heartbeat(&mut conn, &Default::default(), "i-9-cccc")
+            .await
+            .unwrap()
+    );
     assert!(alive_within(&mut conn, 1).await);
-    store::mark_stopped(&mut conn, "i-9-cccc").await.unwrap();
-    assert!(!store::heartbeat(&mut conn, "i-9-cccc").await.unwrap());
+    store::mark_stopped(&mut conn, &Default::default(), "i-9-cccc")
+        .await
+        .unwrap();
+    assert!(
+        !store::heartbeat(&mut conn, &Default::default(), "i-9-cccc")
+            .await
+            .unwrap()
+    );
     assert!(!alive_within(&mut conn, 3).await);
 }

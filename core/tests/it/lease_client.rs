@@ -18,10 +18,14 @@ async fn renewal_keeps_the_lease_past_several_ttls() {
     let held = client.acquire().await.unwrap().expect("free lease");
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(held.is_held());
-    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &resource("r"),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(lease.fencing_token, held.token());
     assert!(
         lease.renew_count >= 4,
@@ -35,10 +39,14 @@ async fn renewal_keeps_the_lease_past_several_ttls() {
     assert!(rival.acquire().await.unwrap().is_none());
 
     assert!(held.release().await.unwrap());
-    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &resource("r"),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert!(lease.released_at.is_some());
     assert!(rival.acquire().await.unwrap().is_some());
 }
@@ -99,6 +107,7 @@ async fn losing_the_lease_to_a_takeover_is_notified() {
         .unwrap();
     let taken = store::acquire(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource("r"),
         &holder("b"),
         Duration::from_secs(30),
@@ -113,10 +122,14 @@ async fn losing_the_lease_to_a_takeover_is_notified() {
     assert!(!held.is_held());
     // Releasing a lost lease is not an error, and does not touch b's lease.
     assert!(!held.release().await.unwrap());
-    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &resource("r"),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(lease.holder.as_deref(), Some("b"));
     assert!(lease.released_at.is_none());
 }
@@ -128,10 +141,14 @@ async fn dropping_a_held_lease_stops_renewal_without_releasing() {
     let held = client.acquire().await.unwrap().expect("free lease");
     drop(held);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let lease = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &resource("r"))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &resource("r"),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(lease.renew_count, 0);
     assert!(lease.released_at.is_none());
     assert_eq!(lease.state, leasekeeper_core::lease::LeaseState::Expired);

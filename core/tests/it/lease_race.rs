@@ -48,7 +48,14 @@ async fn race(db: &TestDb, round: usize) -> Round {
                 .expect("warm-up");
             let who = holder(&format!("h{round}-{i}"));
             barrier.wait().await;
-            let outcome = store::acquire(&mut conn, &resource("contested"), &who, TTL).await;
+            let outcome = store::acquire(
+                &mut conn,
+                &Default::default(),
+                &resource("contested"),
+                &who,
+                TTL,
+            )
+            .await;
             (who.to_string(), outcome)
         }));
     }
@@ -70,9 +77,13 @@ async fn race(db: &TestDb, round: usize) -> Round {
 
 async fn prepare(db: &TestDb, start: Start) {
     let r = resource("contested");
-    let current = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
-        .await
-        .unwrap();
+    let current = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+    )
+    .await
+    .unwrap();
     match (start, current) {
         (Start::Free, Some(lease)) => {
             sqlx::query("DELETE FROM leases WHERE id = $1")
@@ -84,9 +95,15 @@ async fn prepare(db: &TestDb, start: Start) {
         (Start::Free, None) => {}
         (Start::Released, Some(lease)) => {
             let h = holder(lease.holder.as_deref().unwrap());
-            store::release(&mut db.pool.acquire().await.unwrap(), &r, &h, None)
-                .await
-                .unwrap();
+            store::release(
+                &mut db.pool.acquire().await.unwrap(),
+                &Default::default(),
+                &r,
+                &h,
+                None,
+            )
+            .await
+            .unwrap();
         }
         (Start::Expired, Some(_)) => {
             sqlx::query("UPDATE leases SET expires_at = now() - interval '1 ms' WHERE resource = 'contested'")
@@ -99,6 +116,7 @@ async fn prepare(db: &TestDb, start: Start) {
             // Needs a prior holder: create one.
             store::acquire(
                 &mut db.pool.acquire().await.unwrap(),
+                &Default::default(),
                 &r,
                 &holder("setup"),
                 TTL,
@@ -131,6 +149,7 @@ async fn exactly_one_of_64_contenders_wins_each_round() {
             prepare(&db, start).await;
             let before = store::get_by_resource(
                 &mut db.pool.acquire().await.unwrap(),
+                &Default::default(),
                 &resource("contested"),
             )
             .await
@@ -139,6 +158,7 @@ async fn exactly_one_of_64_contenders_wins_each_round() {
             let outcome = race(&db, round).await;
             let after = store::get_by_resource(
                 &mut db.pool.acquire().await.unwrap(),
+                &Default::default(),
                 &resource("contested"),
             )
             .await
@@ -190,6 +210,7 @@ async fn renew_racing_a_takeover_never_leaves_two_holders() {
     let r = resource("raced");
     store::acquire(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &holder("old"),
         TTL,
@@ -203,10 +224,14 @@ async fn renew_racing_a_takeover_never_leaves_two_holders() {
         .execute(&db.pool)
         .await
         .unwrap();
-        let current = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
-            .await
-            .unwrap()
-            .unwrap();
+        let current = store::get_by_resource(
+            &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
+            &r,
+        )
+        .await
+        .unwrap()
+        .unwrap();
         let old = holder(current.holder.as_deref().unwrap());
         let new = holder(&format!("new{round}"));
         let barrier = Arc::new(Barrier::new(2));
@@ -217,12 +242,27 @@ async fn renew_racing_a_takeover_never_leaves_two_holders() {
         let renew = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(2)).await;
             b1.wait().await;
-            store::renew(&mut p1.acquire().await.unwrap(), &r1, &old2, None, None).await
+            store::renew(
+                &mut p1.acquire().await.unwrap(),
+                &Default::default(),
+                &r1,
+                &old2,
+                None,
+                None,
+            )
+            .await
         });
         let take = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(2)).await;
             b2.wait().await;
-            store::acquire(&mut p2.acquire().await.unwrap(), &r2, &new, TTL).await
+            store::acquire(
+                &mut p2.acquire().await.unwrap(),
+                &Default::default(),
+                &r2,
+                &new,
+                TTL,
+            )
+            .await
         });
         let renewed = renew.await.unwrap().is_ok();
         let took = matches!(take.await.unwrap(), Ok(Acquired::New(_)));
@@ -230,10 +270,14 @@ async fn renew_racing_a_takeover_never_leaves_two_holders() {
             !(renewed && took),
             "round {round}: both the renew and the takeover succeeded"
         );
-        let after = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
-            .await
-            .unwrap()
-            .unwrap();
+        let after = store::get_by_resource(
+            &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
+            &r,
+        )
+        .await
+        .unwrap()
+        .unwrap();
         if took {
             assert_ne!(after.holder.as_deref(), Some(old.as_str()));
             assert_eq!(after.fencing_token, current.fencing_token + 1);

@@ -26,9 +26,15 @@ async fn expire(db: &TestDb, name: &str) {
 async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    let first = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap();
+    let first = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     let Acquired::New(lease) = first else {
         panic!("expected a new term, got {first:?}")
     };
@@ -40,15 +46,28 @@ async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
         lease.expires_in_ms
     );
 
-    let again = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap();
+    let again = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     assert!(
         matches!(&again, Acquired::AlreadyHeld(l) if l.fencing_token == 1),
         "{again:?}"
     );
 
-    let other = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL).await;
+    let other = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await;
     assert!(
         matches!(&other, Err(LeaseError::Held { holder, .. }) if holder == "a"),
         "{other:?}"
@@ -60,21 +79,38 @@ async fn acquire_is_exclusive_and_idempotent_for_the_holder() {
 async fn an_expired_lease_is_taken_over_with_the_next_token() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     expire(&db, "r1").await;
-    let taken = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
-        .await
-        .unwrap();
+    let taken = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap();
     let Acquired::New(lease) = taken else {
         panic!("expected takeover, got {taken:?}")
     };
     assert_eq!(lease.holder.as_deref(), Some("b"));
     assert_eq!(lease.fencing_token, 2);
-    let history = store::history(&mut db.pool.acquire().await.unwrap(), "r1", 10)
-        .await
-        .unwrap();
+    let history = store::history(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        "r1",
+        10,
+    )
+    .await
+    .unwrap();
     assert_eq!(history[0].kind, "taken_over");
     assert_eq!(history[0].previous_holder.as_deref(), Some("a"));
     assert_eq!(history[0].fencing_token, Some(2));
@@ -84,13 +120,20 @@ async fn an_expired_lease_is_taken_over_with_the_next_token() {
 async fn a_stale_holder_can_neither_renew_nor_release() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     expire(&db, "r1").await;
     // Expired but not yet taken over: still no renewal, it must re-acquire.
     let renew = store::renew(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &holder("a"),
         None,
@@ -98,16 +141,27 @@ async fn a_stale_holder_can_neither_renew_nor_release() {
     )
     .await;
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
-    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
-        .await
-        .unwrap();
-    let before = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
-        .await
-        .unwrap()
-        .unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let before = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+    )
+    .await
+    .unwrap()
+    .unwrap();
 
     let renew = store::renew(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &holder("a"),
         None,
@@ -117,6 +171,7 @@ async fn a_stale_holder_can_neither_renew_nor_release() {
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
     let release = store::release(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &holder("a"),
         None,
@@ -129,6 +184,7 @@ async fn a_stale_holder_can_neither_renew_nor_release() {
     // The new holder renewing with the old term's token is refused too.
     let renew = store::renew(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &holder("b"),
         Some(1),
@@ -137,10 +193,14 @@ async fn a_stale_holder_can_neither_renew_nor_release() {
     .await;
     assert!(matches!(renew, Err(LeaseError::NotFound(_))), "{renew:?}");
 
-    let after = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
-        .await
-        .unwrap()
-        .unwrap();
+    let after = store::get_by_resource(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(before.holder, after.holder);
     assert_eq!(before.fencing_token, after.fencing_token);
     assert_eq!(before.expires_at, after.expires_at);
@@ -158,6 +218,7 @@ async fn renew_extends_and_release_frees_at_once() {
     let a = holder("a");
     let lease = store::acquire(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &a,
         Duration::from_secs(2),
@@ -167,6 +228,7 @@ async fn renew_extends_and_release_frees_at_once() {
     .into_lease();
     let renewed = store::renew(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &r,
         &a,
         Some(lease.fencing_token),
@@ -179,15 +241,27 @@ async fn renew_extends_and_release_frees_at_once() {
     assert!(renewed.expires_at > lease.expires_at);
     assert!(renewed.renewed_at.is_some());
 
-    let released = store::release(&mut db.pool.acquire().await.unwrap(), &r, &a, None)
-        .await
-        .unwrap();
+    let released = store::release(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &a,
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(released.state, LeaseState::Released);
     assert!(released.released_at.is_some());
     // Released means free: another holder gets it immediately, next token.
-    let b = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
-        .await
-        .unwrap();
+    let b = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap();
     assert!(
         matches!(&b, Acquired::New(l) if l.fencing_token == 2),
         "{b:?}"
@@ -203,13 +277,20 @@ async fn fencing_tokens_survive_row_deletion() {
     let db = TestDb::new().await;
     let r = resource("r1");
     for expected in 1..=3 {
-        let lease = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-            .await
-            .unwrap()
-            .into_lease();
+        let lease = store::acquire(
+            &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
+            &r,
+            &holder("a"),
+            TTL,
+        )
+        .await
+        .unwrap()
+        .into_lease();
         assert_eq!(lease.fencing_token, expected);
         let deleted = store::delete(
             &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
             lease.id,
             &r,
             &holder("a"),
@@ -219,25 +300,41 @@ async fn fencing_tokens_survive_row_deletion() {
         .unwrap();
         assert_eq!(deleted.id, lease.id);
         assert!(
-            store::get(&mut db.pool.acquire().await.unwrap(), lease.id)
-                .await
-                .unwrap()
-                .is_none()
+            store::get(
+                &mut db.pool.acquire().await.unwrap(),
+                &Default::default(),
+                lease.id
+            )
+            .await
+            .unwrap()
+            .is_none()
         );
     }
     // Even a hand-written DELETE cannot reset the counter.
-    let lease = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap()
-        .into_lease();
+    let lease = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
     sqlx::query("DELETE FROM leases")
         .execute(&db.pool)
         .await
         .unwrap();
-    let again = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("b"), TTL)
-        .await
-        .unwrap()
-        .into_lease();
+    let again = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("b"),
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
     assert_eq!(again.fencing_token, lease.fencing_token + 1);
 }
 
@@ -245,9 +342,15 @@ async fn fencing_tokens_survive_row_deletion() {
 async fn a_token_that_does_not_advance_is_refused_by_the_database() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap();
+    store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
     let err =
         sqlx::query("UPDATE leases SET fencing_token = 1, holder = 'x' WHERE resource = 'r1'")
             .execute(&db.pool)
@@ -276,13 +379,20 @@ async fn a_token_that_does_not_advance_is_refused_by_the_database() {
 async fn delete_needs_the_right_resource_and_holder() {
     let db = TestDb::new().await;
     let r = resource("r1");
-    let lease = store::acquire(&mut db.pool.acquire().await.unwrap(), &r, &holder("a"), TTL)
-        .await
-        .unwrap()
-        .into_lease();
+    let lease = store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &r,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
     for (res, hold) in [("r1", "b"), ("r2", "a")] {
         let err = store::delete(
             &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
             lease.id,
             &resource(res),
             &holder(hold),
@@ -292,10 +402,14 @@ async fn delete_needs_the_right_resource_and_holder() {
         assert!(matches!(err, Err(LeaseError::NotFound(_))), "{err:?}");
     }
     assert!(
-        store::get(&mut db.pool.acquire().await.unwrap(), lease.id)
-            .await
-            .unwrap()
-            .is_some()
+        store::get(
+            &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
+            lease.id
+        )
+        .await
+        .unwrap()
+        .is_some()
     );
 }
 
@@ -306,6 +420,7 @@ async fn lists_filter_by_state_and_paginate() {
     for name in ["active", "expired", "renewed", "released"] {
         store::acquire(
             &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
             &resource(name),
             &a,
             TTL,
@@ -316,6 +431,7 @@ async fn lists_filter_by_state_and_paginate() {
     expire(&db, "expired").await;
     store::renew(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource("renewed"),
         &a,
         None,
@@ -325,6 +441,7 @@ async fn lists_filter_by_state_and_paginate() {
     .unwrap();
     store::release(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource("released"),
         &a,
         None,
@@ -346,7 +463,7 @@ async fn lists_filter_by_state_and_paginate() {
         (LeaseFilter::Renewed, vec!["renewed"]),
         (LeaseFilter::Released, vec!["released"]),
     ] {
-        let got = store::list(&mut conn, filter, Page::default())
+        let got = store::list(&mut conn, &Default::default(), filter, Page::default())
             .await
             .unwrap();
         assert_eq!(names(got), expected, "{filter:?}");
@@ -354,6 +471,7 @@ async fn lists_filter_by_state_and_paginate() {
 
     let first = store::list(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         LeaseFilter::All,
         Page::new(None, Some(2)),
     )
@@ -362,6 +480,7 @@ async fn lists_filter_by_state_and_paginate() {
     assert_eq!(names(first.clone()), ["active", "expired"]);
     let next = store::list(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         LeaseFilter::All,
         Page::new(Some(first[1].id), Some(2)),
     )
@@ -376,6 +495,7 @@ async fn bad_ttls_are_refused_before_the_database() {
     for ttl in [Duration::ZERO, store::MAX_TTL + Duration::from_secs(1)] {
         let err = store::acquire(
             &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
             &resource("r"),
             &holder("a"),
             ttl,
@@ -410,6 +530,7 @@ async fn the_dashboard_list_shows_the_newest_leases_past_a_page() {
     for i in 0..150 {
         store::acquire(
             &mut conn,
+            &Default::default(),
             &resource(&format!("many-{i}")),
             &holder("h"),
             Duration::from_secs(60),
@@ -417,27 +538,44 @@ async fn the_dashboard_list_shows_the_newest_leases_past_a_page() {
         .await
         .unwrap();
     }
-    let page = store::list_page(&mut conn, LeaseFilter::All, Cursor::first())
-        .await
-        .unwrap();
+    let page = store::list_page(
+        &mut conn,
+        &Default::default(),
+        LeaseFilter::All,
+        Cursor::first(),
+    )
+    .await
+    .unwrap();
     let newest = page.items;
     assert_eq!(newest.len(), 100);
     assert_eq!(newest[0].resource, "many-149", "newest first");
     assert!(newest.windows(2).all(|w| w[0].id > w[1].id));
     assert!(newest.iter().all(|l| l.resource != "many-0"));
     // The next page goes on below the first, to the oldest, and ends.
-    let more = store::list_page(&mut conn, LeaseFilter::All, Cursor::new(page.next, None))
-        .await
-        .unwrap();
+    let more = store::list_page(
+        &mut conn,
+        &Default::default(),
+        LeaseFilter::All,
+        Cursor::new(page.next, None),
+    )
+    .await
+    .unwrap();
     assert_eq!(more.items.len(), 50);
     assert_eq!(more.items[0].id, newest[99].id - 1);
     assert_eq!(more.items[49].resource, "many-0");
     assert_eq!(more.next, None, "the last page");
-    store::release(&mut conn, &resource("many-149"), &holder("h"), None)
-        .await
-        .unwrap();
+    store::release(
+        &mut conn,
+        &Default::default(),
+        &resource("many-149"),
+        &holder("h"),
+        None,
+    )
+    .await
+    .unwrap();
     let released = store::list_page(
         &mut conn,
+        &Default::default(),
         LeaseFilter::Released,
         Cursor::new(None, Some(10)),
     )
@@ -445,10 +583,15 @@ async fn the_dashboard_list_shows_the_newest_leases_past_a_page() {
     .unwrap()
     .items;
     assert_eq!(released.len(), 1);
-    let active = store::list_page(&mut conn, LeaseFilter::Active, Cursor::new(None, Some(10)))
-        .await
-        .unwrap()
-        .items;
+    let active = store::list_page(
+        &mut conn,
+        &Default::default(),
+        LeaseFilter::Active,
+        Cursor::new(None, Some(10)),
+    )
+    .await
+    .unwrap()
+    .items;
     assert_eq!(active[0].resource, "many-148");
 }
 
@@ -457,20 +600,21 @@ async fn delete_with_a_token_ends_only_that_term() {
     let db = TestDb::new().await;
     let r = resource("r1");
     let mut conn = db.pool.acquire().await.unwrap();
-    let first = store::acquire(&mut conn, &r, &holder("a"), TTL)
+    let first = store::acquire(&mut conn, &Default::default(), &r, &holder("a"), TTL)
         .await
         .unwrap()
         .into_lease();
-    store::release(&mut conn, &r, &holder("a"), None)
+    store::release(&mut conn, &Default::default(), &r, &holder("a"), None)
         .await
         .unwrap();
-    let second = store::acquire(&mut conn, &r, &holder("a"), TTL)
+    let second = store::acquire(&mut conn, &Default::default(), &r, &holder("a"), TTL)
         .await
         .unwrap()
         .into_lease();
     assert_eq!(second.fencing_token, first.fencing_token + 1);
     let stale = store::delete(
         &mut conn,
+        &Default::default(),
         second.id,
         &r,
         &holder("a"),
@@ -478,9 +622,15 @@ async fn delete_with_a_token_ends_only_that_term() {
     )
     .await;
     assert!(matches!(stale, Err(LeaseError::NotFound(_))), "{stale:?}");
-    assert!(store::get(&mut conn, second.id).await.unwrap().is_some());
+    assert!(
+        store::get(&mut conn, &Default::default(), second.id)
+            .await
+            .unwrap()
+            .is_some()
+    );
     let gone = store::delete(
         &mut conn,
+        &Default::default(),
         second.id,
         &r,
         &holder("a"),
@@ -500,11 +650,11 @@ async fn a_delete_of_an_old_term_racing_a_new_term_never_deletes_the_new_one() {
     for round in 0..30 {
         let r = resource(&format!("race-{round}"));
         let mut conn = db.pool.acquire().await.unwrap();
-        let old = store::acquire(&mut conn, &r, &holder("a"), TTL)
+        let old = store::acquire(&mut conn, &Default::default(), &r, &holder("a"), TTL)
             .await
             .unwrap()
             .into_lease();
-        store::release(&mut conn, &r, &holder("a"), None)
+        store::release(&mut conn, &Default::default(), &r, &holder("a"), None)
             .await
             .unwrap();
         drop(conn);
@@ -515,6 +665,7 @@ async fn a_delete_of_an_old_term_racing_a_new_term_never_deletes_the_new_one() {
             b.wait().await;
             store::delete(
                 &mut conn,
+                &Default::default(),
                 old.id,
                 &r2,
                 &holder("a"),
@@ -526,7 +677,7 @@ async fn a_delete_of_an_old_term_racing_a_new_term_never_deletes_the_new_one() {
         let acquirer = tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
             b.wait().await;
-            store::acquire(&mut conn, &r2, &holder("a"), TTL).await
+            store::acquire(&mut conn, &Default::default(), &r2, &holder("a"), TTL).await
         });
         let deleted = deleter.await.unwrap();
         let new = acquirer.await.unwrap().unwrap().into_lease();
@@ -539,10 +690,14 @@ async fn a_delete_of_an_old_term_racing_a_new_term_never_deletes_the_new_one() {
             Err(LeaseError::NotFound(_)) => refused += 1,
             Err(e) => panic!("round {round}: {e}"),
         }
-        let now = store::get_by_resource(&mut db.pool.acquire().await.unwrap(), &r)
-            .await
-            .unwrap()
-            .expect("the new term survives");
+        let now = store::get_by_resource(
+            &mut db.pool.acquire().await.unwrap(),
+            &Default::default(),
+            &r,
+        )
+        .await
+        .unwrap()
+        .expect("the new term survives");
         assert_eq!(now.fencing_token, new.fencing_token, "round {round}");
     }
     assert_eq!(deleted_first + refused, 30);

@@ -7,11 +7,13 @@
 mod batch;
 mod common;
 mod fenced;
+mod host;
 mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
 mod overview;
+mod pooler;
 mod retention;
 mod singleton;
 mod task_store;

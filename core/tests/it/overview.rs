@@ -5,6 +5,7 @@
 
 use crate::common::{TestDb, holder, resource};
 use leasekeeper_core::counts::{self, Counts};
+use leasekeeper_core::db::Schema;
 use leasekeeper_core::lease::history::split_brain::{self, SplitBrain};
 use leasekeeper_core::lease::store as leases;
 use leasekeeper_core::queue::TaskStatus;
@@ -35,7 +36,7 @@ async fn real_counts(pool: &PgPool) -> Counts {
 }
 
 async fn cheap_counts(pool: &PgPool) -> Counts {
-    counts::counts(&mut pool.acquire().await.unwrap())
+    counts::counts(&mut pool.acquire().await.unwrap(), &Default::default())
         .await
         .unwrap()
 }
@@ -78,13 +79,14 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
     insert_tasks(&db.pool, 10, 3).await;
     let mut conn = db.pool.acquire().await.unwrap();
     for _ in 0..3 {
-        store::claim_next(&mut conn, &holder("stuck"), TTL)
+        store::claim_next(&mut conn, &Default::default(), &holder("stuck"), TTL)
             .await
             .unwrap()
             .unwrap();
     }
     store::enqueue(
         &mut conn,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({}),
@@ -143,6 +145,7 @@ async fn event(
 async fn check(pool: &PgPool) -> SplitBrain {
     split_brain::check(
         &mut pool.acquire().await.unwrap(),
+        &Default::default(),
         split_brain::WINDOW,
         split_brain::MAX_EVENTS,
     )
@@ -157,20 +160,26 @@ async fn a_clean_history_shows_no_split_brain() {
     // Real terms through the lease store: acquire, renew, release,
     // reacquire by another holder, and a takeover after expiry.
     let r = resource("job:clean");
-    leases::acquire(&mut conn, &r, &holder("a"), TTL)
+    leases::acquire(&mut conn, &Default::default(), &r, &holder("a"), TTL)
         .await
         .unwrap();
-    leases::renew(&mut conn, &r, &holder("a"), None, None)
+    leases::renew(&mut conn, &Default::default(), &r, &holder("a"), None, None)
         .await
         .unwrap();
-    leases::release(&mut conn, &r, &holder("a"), None)
+    leases::release(&mut conn, &Default::default(), &r, &holder("a"), None)
         .await
         .unwrap();
-    leases::acquire(&mut conn, &r, &holder("b"), Duration::from_millis(50))
-        .await
-        .unwrap();
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &r,
+        &holder("b"),
+        Duration::from_millis(50),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
-    leases::acquire(&mut conn, &r, &holder("c"), TTL)
+    leases::acquire(&mut conn, &Default::default(), &r, &holder("c"), TTL)
         .await
         .unwrap();
     // Hand-made history: a takeover just after the old term ran out, and a
@@ -183,7 +192,7 @@ async fn a_clean_history_shows_no_split_brain() {
     event(&db.pool, "job:y", "b", 2, "acquired", -4_000, 10_000).await;
     // A claimed task agrees with its lease.
     insert_tasks(&db.pool, 1, 3).await;
-    store::claim_next(&mut conn, &holder("w"), TTL)
+    store::claim_next(&mut conn, &Default::default(), &holder("w"), TTL)
         .await
         .unwrap()
         .unwrap();
@@ -206,7 +215,7 @@ async fn overlapping_terms_are_flagged() {
     // The task row and its lease disagree: both think they own task 1.
     insert_tasks(&db.pool, 1, 3).await;
     let mut conn = db.pool.acquire().await.unwrap();
-    let task = store::claim_next(&mut conn, &holder("w1"), TTL)
+    let task = store::claim_next(&mut conn, &Default::default(), &holder("w1"), TTL)
         .await
         .unwrap()
         .unwrap();
@@ -238,9 +247,14 @@ async fn overlapping_terms_are_flagged() {
     assert_eq!((o.fencing_token, o.other_token), (Some(2), Some(1)));
 
     // Out of the window: not flagged any more.
-    let narrow = split_brain::check(&mut conn, Duration::from_millis(500), 1000)
-        .await
-        .unwrap();
+    let narrow = split_brain::check(
+        &mut conn,
+        &Default::default(),
+        Duration::from_millis(500),
+        1000,
+    )
+    .await
+    .unwrap();
     assert!(
         narrow.overlaps.iter().all(|o| o.source == "tasks"),
         "{narrow:?}"
@@ -311,7 +325,7 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
             .unwrap();
         for status in &filters {
             for newest_first in [true, false] {
-                let sql = store::sql::list(*status, newest_first);
+                let sql = Schema::default().sql(&store::sql::list(*status, newest_first));
                 prepared += 1;
                 sqlx::query(&format!("PREPARE q{prepared} AS {sql}"))
                     .execute(&mut *conn)
@@ -319,7 +333,7 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
                     .unwrap();
                 let name = status.map(TaskStatus::as_str);
                 let args = if newest_first {
-                    "2147483647, 100"
+                    "9223372036854775807, 100"
                 } else {
                     "0, 100"
                 };
@@ -375,7 +389,10 @@ fn spawn_claimers(
                 let patience = if fail_every.is_some() { 20 } else { 1 };
                 let (mut idle_rounds, mut n) = (0, 0);
                 while idle_rounds < patience {
-                    let Some(task) = store::claim_next(&mut conn, &me, TTL).await.unwrap() else {
+                    let Some(task) = store::claim_next(&mut conn, &Default::default(), &me, TTL)
+                        .await
+                        .unwrap()
+                    else {
                         idle_rounds += 1;
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         continue;
@@ -384,11 +401,19 @@ fn spawn_claimers(
                     n += 1;
                     let token = task.fencing_token.unwrap();
                     if fail_every.is_some_and(|every| n % every == 0) {
-                        store::fail(&mut conn, task.id, &me, token, "boom", policy)
-                            .await
-                            .unwrap();
+                        store::fail(
+                            &mut conn,
+                            &Default::default(),
+                            task.id,
+                            &me,
+                            token,
+                            "boom",
+                            policy,
+                        )
+                        .await
+                        .unwrap();
                     } else {
-                        store::complete(&mut conn, task.id, &me, token, None)
+                        store::complete(&mut conn, &Default::default(), task.id, &me, token, None)
                             .await
                             .unwrap();
                     }

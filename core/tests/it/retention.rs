@@ -20,16 +20,19 @@ use std::time::Duration;
 const HOUR: Duration = Duration::from_secs(3600);
 const TTL: Duration = Duration::from_secs(30);
 
-async fn enqueue(pool: &PgPool, max_attempts: i32) -> i32 {
+async fn enqueue(pool: &PgPool, max_attempts: i32) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     let new = NewTask::new("sleep", json!({})).max_attempts(max_attempts);
-    tasks::enqueue(&mut conn, &new).await.unwrap().id
+    tasks::enqueue(&mut conn, &Default::default(), &new)
+        .await
+        .unwrap()
+        .id
 }
 
 /// Claims task `id` (the only claimable one) and answers its token.
-async fn claim(pool: &PgPool, id: i32, by: &str) -> i64 {
+async fn claim(pool: &PgPool, id: i64, by: &str) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
-    let task = tasks::claim_next(&mut conn, &holder(by), TTL)
+    let task = tasks::claim_next(&mut conn, &Default::default(), &holder(by), TTL)
         .await
         .unwrap()
         .expect("a claimable task");
@@ -37,22 +40,30 @@ async fn claim(pool: &PgPool, id: i32, by: &str) -> i64 {
     task.fencing_token.unwrap()
 }
 
-async fn processed(pool: &PgPool) -> i32 {
+async fn processed(pool: &PgPool) -> i64 {
     let id = enqueue(pool, 5).await;
     let token = claim(pool, id, "w").await;
     let mut conn = pool.acquire().await.unwrap();
-    tasks::complete(&mut conn, id, &holder("w"), token, None)
-        .await
-        .unwrap();
+    tasks::complete(
+        &mut conn,
+        &Default::default(),
+        id,
+        &holder("w"),
+        token,
+        None,
+    )
+    .await
+    .unwrap();
     id
 }
 
-async fn failed(pool: &PgPool) -> i32 {
+async fn failed(pool: &PgPool) -> i64 {
     let id = enqueue(pool, 1).await;
     let token = claim(pool, id, "w").await;
     let mut conn = pool.acquire().await.unwrap();
     let task = tasks::fail(
         &mut conn,
+        &Default::default(),
         id,
         &holder("w"),
         token,
@@ -66,7 +77,7 @@ async fn failed(pool: &PgPool) -> i32 {
 }
 
 /// Moves task `id`'s finishing moment `ago` into the past.
-async fn finished_ago(pool: &PgPool, id: i32, ago: Duration) {
+async fn finished_ago(pool: &PgPool, id: i64, ago: Duration) {
     sqlx::query(
         "UPDATE tasks
             SET processed_at = processed_at - make_interval(secs => $2),
@@ -82,7 +93,7 @@ async fn finished_ago(pool: &PgPool, id: i32, ago: Duration) {
 }
 
 /// Rows of task `id` in tasks, leases, lease_events and lease_fencing.
-async fn rows_of(pool: &PgPool, id: i32) -> [i64; 4] {
+async fn rows_of(pool: &PgPool, id: i64) -> [i64; 4] {
     let r = format!("task:{id}");
     let count = |sql: &'static str| {
         let r = r.clone();
@@ -204,7 +215,7 @@ async fn a_deletion_outside_pruning_is_still_recorded() {
     let db = TestDb::new().await;
     let r = resource("api:thing");
     let mut conn = db.pool.acquire().await.unwrap();
-    let lease = leases::acquire(&mut conn, &r, &holder("a"), TTL)
+    let lease = leases::acquire(&mut conn, &Default::default(), &r, &holder("a"), TTL)
         .await
         .unwrap()
         .into_lease();
@@ -224,10 +235,10 @@ async fn tokens_keep_rising_for_a_resource_whose_lease_row_and_history_were_prun
     let r = resource("singleton:nightly");
     let mut conn = pool.acquire().await.unwrap();
     for who in ["a", "b"] {
-        leases::acquire(&mut conn, &r, &holder(who), TTL)
+        leases::acquire(&mut conn, &Default::default(), &r, &holder(who), TTL)
             .await
             .unwrap();
-        leases::release(&mut conn, &r, &holder(who), None)
+        leases::release(&mut conn, &Default::default(), &r, &holder(who), None)
             .await
             .unwrap();
     }
@@ -248,7 +259,7 @@ async fn tokens_keep_rising_for_a_resource_whose_lease_row_and_history_were_prun
     assert_eq!((pruned.leases, pruned.lease_fencing), (1, 0), "{pruned:?}");
     assert!(pruned.lease_events >= 4, "{pruned:?}");
     assert!(
-        leases::get_by_resource(&mut conn, &r)
+        leases::get_by_resource(&mut conn, &Default::default(), &r)
             .await
             .unwrap()
             .is_none()
@@ -259,7 +270,7 @@ async fn tokens_keep_rising_for_a_resource_whose_lease_row_and_history_were_prun
             .is_empty()
     );
 
-    let next = leases::acquire(&mut conn, &r, &holder("c"), TTL)
+    let next = leases::acquire(&mut conn, &Default::default(), &r, &holder("c"), TTL)
         .await
         .unwrap()
         .into_lease();
@@ -273,19 +284,29 @@ async fn live_leases_and_young_history_and_live_processes_stay() {
     let mut conn = pool.acquire().await.unwrap();
     // A lease held for a long time: its term began long ago, but it is live.
     let held = resource("singleton:held");
-    leases::acquire(&mut conn, &held, &holder("a"), TTL)
+    leases::acquire(&mut conn, &Default::default(), &held, &holder("a"), TTL)
         .await
         .unwrap();
     sqlx::query("UPDATE leases SET acquired_at = now() - interval '1 day'")
         .execute(pool)
         .await
         .unwrap();
-    leasekeeper_core::instance::store::register(&mut conn, "i-alive", "127.0.0.1:1")
-        .await
-        .unwrap();
-    leasekeeper_core::instance::store::register(&mut conn, "i-dead", "127.0.0.1:2")
-        .await
-        .unwrap();
+    leasekeeper_core::instance::store::register(
+        &mut conn,
+        &Default::default(),
+        "i-alive",
+        "127.0.0.1:1",
+    )
+    .await
+    .unwrap();
+    leasekeeper_core::instance::store::register(
+        &mut conn,
+        &Default::default(),
+        "i-dead",
+        "127.0.0.1:2",
+    )
+    .await
+    .unwrap();
     sqlx::query(
         "INSERT INTO workers (id, instance_id, kind, state, last_seen_at)
          VALUES ('w-alive', 'i-alive', 'simulated', 'idle', now()),
@@ -315,7 +336,7 @@ async fn live_leases_and_young_history_and_live_processes_stay() {
         "{pruned:?}"
     );
     assert!(
-        leases::get_by_resource(&mut conn, &held)
+        leases::get_by_resource(&mut conn, &Default::default(), &held)
             .await
             .unwrap()
             .is_some()
@@ -382,10 +403,14 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
         b.singleton().state()
     );
     let mut conn = pool.acquire().await.unwrap();
-    let lease = leases::get_by_resource(&mut conn, &resource(maintenance::RESOURCE))
-        .await
-        .unwrap()
-        .expect("the maintenance lease");
+    let lease = leases::get_by_resource(
+        &mut conn,
+        &Default::default(),
+        &resource(maintenance::RESOURCE),
+    )
+    .await
+    .unwrap()
+    .expect("the maintenance lease");
     assert_eq!(lease.holder.as_deref(), Some("replica-a"));
     let a_token = a.singleton().token().expect("a holds a term");
 
@@ -406,9 +431,11 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
 /// control (`leasekeeper_core::queue::control::retry`): true when it
 /// retried the task, false when it found it gone (pruned) or already
 /// pending again (another operator's retry won).
-async fn retry(conn: &mut PgConnection, id: i32) -> bool {
+async fn retry(conn: &mut PgConnection, id: i64) -> bool {
     use leasekeeper_core::queue::store::TaskError;
-    match leasekeeper_core::queue::control::retry(conn, id, "retention-test").await {
+    match leasekeeper_core::queue::control::retry(conn, &Default::default(), id, "retention-test")
+        .await
+    {
         Ok(_) => true,
         Err(TaskError::NotFound(_) | TaskError::Stale { .. }) => false,
         Err(e) => panic!("retry of task {id}: {e}"),
@@ -465,11 +492,21 @@ async fn a_retry_racing_the_pruner_leaves_each_task_whole_or_gone() {
             let me = holder(&format!("claimer-{c}"));
             let mut conn = pool.acquire().await.unwrap();
             loop {
-                match tasks::claim_next(&mut conn, &me, TTL).await.unwrap() {
+                match tasks::claim_next(&mut conn, &Default::default(), &me, TTL)
+                    .await
+                    .unwrap()
+                {
                     Some(task) => {
-                        tasks::complete(&mut conn, task.id, &me, task.fencing_token.unwrap(), None)
-                            .await
-                            .unwrap();
+                        tasks::complete(
+                            &mut conn,
+                            &Default::default(),
+                            task.id,
+                            &me,
+                            task.fencing_token.unwrap(),
+                            None,
+                        )
+                        .await
+                        .unwrap();
                     }
                     None if done.load(Ordering::SeqCst) => return,
                     None => tokio::time::sleep(Duration::from_millis(2)).await,
@@ -483,7 +520,9 @@ async fn a_retry_racing_the_pruner_leaves_each_task_whole_or_gone() {
             let mut conn = pool.acquire().await.unwrap();
             let mut pruned = 0;
             loop {
-                let batch = store::prune_tasks(&mut conn, HOUR, 5).await.unwrap();
+                let batch = store::prune_tasks(&mut conn, &Default::default(), HOUR, 5)
+                    .await
+                    .unwrap();
                 pruned += batch.tasks;
                 // Stop once no failed task is left to decide about.
                 let left: i64 =
@@ -531,7 +570,7 @@ async fn a_retry_racing_the_pruner_leaves_each_task_whole_or_gone() {
             assert_eq!([task, lease, events, fencing], [0, 0, 0, 0], "task {id}");
         }
     }
-    let left: Vec<(i32, String)> =
+    let left: Vec<(i64, String)> =
         sqlx::query_as("SELECT id, status FROM tasks WHERE status <> 'processed'")
             .fetch_all(&pool)
             .await
@@ -587,7 +626,7 @@ async fn a_claim_does_not_wait_on_an_open_pruning_batch() {
         assert!(tries < 500, "no connection on the pruner's shard");
     };
     let pruning = tokio::spawn(async move {
-        let pruned = store::prune_tasks(&mut pruner_conn, HOUR, 100)
+        let pruned = store::prune_tasks(&mut pruner_conn, &Default::default(), HOUR, 100)
             .await
             .unwrap();
         pruner_conn.close().await.unwrap();
@@ -598,16 +637,21 @@ async fn a_claim_does_not_wait_on_an_open_pruning_batch() {
     assert!(!pruning.is_finished());
 
     let started = std::time::Instant::now();
-    let task = tasks::enqueue(&mut claimer, &NewTask::new("sleep", json!({})))
-        .await
-        .unwrap();
-    let claimed = tasks::claim_next(&mut claimer, &holder("w2"), TTL)
+    let task = tasks::enqueue(
+        &mut claimer,
+        &Default::default(),
+        &NewTask::new("sleep", json!({})),
+    )
+    .await
+    .unwrap();
+    let claimed = tasks::claim_next(&mut claimer, &Default::default(), &holder("w2"), TTL)
         .await
         .unwrap()
         .expect("the new task");
     assert_eq!(claimed.id, task.id);
     tasks::complete(
         &mut claimer,
+        &Default::default(),
         task.id,
         &holder("w2"),
         claimed.fencing_token.unwrap(),

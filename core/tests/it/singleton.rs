@@ -99,6 +99,7 @@ async fn one_instance_works_and_another_takes_over_after_a_crash() {
     b.shutdown().await;
     let lease = store::get_by_resource(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource("singleton:test"),
     )
     .await
@@ -134,6 +135,7 @@ async fn stop_releases_and_start_acquires_again() {
     assert!(running.lock().unwrap().is_none(), "work stopped");
     let lease = store::get_by_resource(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource("singleton:x"),
     )
     .await
@@ -173,6 +175,7 @@ async fn a_lost_lease_pauses_the_work_then_waits() {
     .unwrap();
     store::acquire(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource("singleton:y"),
         &holder("b"),
         Duration::from_secs(30),

@@ -13,12 +13,13 @@ use tokio::sync::Barrier;
 
 const TTL: Duration = Duration::from_secs(30);
 
-async fn enqueue(db: &TestDb, n: usize) -> Vec<i32> {
+async fn enqueue(db: &TestDb, n: usize) -> Vec<i64> {
     let mut conn = db.pool.acquire().await.unwrap();
     let mut ids = Vec::new();
     for i in 0..n {
         let task = store::enqueue(
             &mut conn,
+            &Default::default(),
             &leasekeeper_core::queue::NewTask::new(
                 leasekeeper_core::worker::simulated::KIND,
                 json!({"sleep_duration_seconds": 0, "n": i}),
@@ -34,7 +35,7 @@ async fn enqueue(db: &TestDb, n: usize) -> Vec<i32> {
 
 /// Moves task `id`'s deadline (and its lease) into the past, as if its
 /// processor had stalled past the TTL.
-async fn expire(db: &TestDb, id: i32) {
+async fn expire(db: &TestDb, id: i64) {
     sqlx::query("UPDATE tasks SET must_heartbeat_before = now() - interval '1 ms' WHERE id = $1")
         .bind(id)
         .execute(&db.pool)
@@ -53,7 +54,7 @@ async fn claim_heartbeat_complete_happy_path() {
     let ids = enqueue(&db, 2).await;
     let mut conn = db.pool.acquire().await.unwrap();
     let w = holder("w1");
-    let task = store::claim_next(&mut conn, &w, TTL)
+    let task = store::claim_next(&mut conn, &Default::default(), &w, TTL)
         .await
         .unwrap()
         .expect("a task");
@@ -74,13 +75,20 @@ async fn claim_heartbeat_complete_happy_path() {
         "the claim took the task's lease"
     );
 
-    let beat = store::heartbeat(&mut conn, task.id, &w, 1, TTL)
+    let beat = store::heartbeat(&mut conn, &Default::default(), task.id, &w, 1, TTL)
         .await
         .unwrap();
     assert!(beat.must_heartbeat_before >= task.must_heartbeat_before);
-    let done = store::complete(&mut conn, task.id, &w, 1, Some(&json!({"ok": true})))
-        .await
-        .unwrap();
+    let done = store::complete(
+        &mut conn,
+        &Default::default(),
+        task.id,
+        &w,
+        1,
+        Some(&json!({"ok": true})),
+    )
+    .await
+    .unwrap();
     assert_eq!(done.status, TaskStatus::Processed);
     assert_eq!(done.task_output, Some(json!({"ok": true})));
     assert_eq!(
@@ -88,7 +96,7 @@ async fn claim_heartbeat_complete_happy_path() {
         ["acquired", "renewed", "released"]
     );
     // Completing twice is refused.
-    let again = store::complete(&mut conn, task.id, &w, 1, None).await;
+    let again = store::complete(&mut conn, &Default::default(), task.id, &w, 1, None).await;
     assert!(
         matches!(&again, Err(TaskError::Stale { reason, .. }) if reason == "already processed"),
         "{again:?}"
@@ -100,13 +108,14 @@ async fn nothing_to_claim_returns_none_and_delayed_tasks_wait() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     assert!(
-        store::claim_next(&mut conn, &holder("w"), TTL)
+        store::claim_next(&mut conn, &Default::default(), &holder("w"), TTL)
             .await
             .unwrap()
             .is_none()
     );
     store::enqueue(
         &mut conn,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({}),
@@ -117,7 +126,7 @@ async fn nothing_to_claim_returns_none_and_delayed_tasks_wait() {
     .await
     .unwrap();
     assert!(
-        store::claim_next(&mut conn, &holder("w"), TTL)
+        store::claim_next(&mut conn, &Default::default(), &holder("w"), TTL)
             .await
             .unwrap()
             .is_none()
@@ -130,12 +139,12 @@ async fn a_stale_completion_after_takeover_is_refused_and_recorded() {
     let ids = enqueue(&db, 1).await;
     let mut conn = db.pool.acquire().await.unwrap();
     let (old, new) = (holder("paused"), holder("rescuer"));
-    let first = store::claim_next(&mut conn, &old, TTL)
+    let first = store::claim_next(&mut conn, &Default::default(), &old, TTL)
         .await
         .unwrap()
         .unwrap();
     expire(&db, ids[0]).await;
-    let second = store::claim_next(&mut conn, &new, TTL)
+    let second = store::claim_next(&mut conn, &Default::default(), &new, TTL)
         .await
         .unwrap()
         .expect("takeover of the late task");
@@ -144,20 +153,40 @@ async fn a_stale_completion_after_takeover_is_refused_and_recorded() {
     assert_eq!(second.attempts, 2);
 
     // The paused processor wakes up and tries everything with its old token.
-    let hb = store::heartbeat(&mut conn, first.id, &old, 1, TTL).await;
+    let hb = store::heartbeat(&mut conn, &Default::default(), first.id, &old, 1, TTL).await;
     assert!(matches!(&hb, Err(TaskError::Stale { .. })), "{hb:?}");
-    let done = store::complete(&mut conn, first.id, &old, 1, Some(&json!("late"))).await;
+    let done = store::complete(
+        &mut conn,
+        &Default::default(),
+        first.id,
+        &old,
+        1,
+        Some(&json!("late")),
+    )
+    .await;
     assert!(
         matches!(&done, Err(TaskError::Stale { reason, .. }) if reason.contains("token 1 is not current")),
         "{done:?}"
     );
-    let failed = store::fail(&mut conn, first.id, &old, 1, "boom", RetryPolicy::default()).await;
+    let failed = store::fail(
+        &mut conn,
+        &Default::default(),
+        first.id,
+        &old,
+        1,
+        "boom",
+        RetryPolicy::default(),
+    )
+    .await;
     assert!(
         matches!(&failed, Err(TaskError::Stale { .. })),
         "{failed:?}"
     );
 
-    let task = store::get(&mut conn, first.id).await.unwrap().unwrap();
+    let task = store::get(&mut conn, &Default::default(), first.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(task.status, TaskStatus::Started);
     assert_eq!(task.processor.as_deref(), Some("rescuer"));
     assert_eq!(task.task_output, None);
@@ -180,9 +209,16 @@ async fn a_stale_completion_after_takeover_is_refused_and_recorded() {
             .all(|(h, t, d)| h == "paused" && *t == 1 && d["current_token"] == 2)
     );
 
-    store::complete(&mut conn, first.id, &new, 2, Some(&json!("done")))
-        .await
-        .unwrap();
+    store::complete(
+        &mut conn,
+        &Default::default(),
+        first.id,
+        &new,
+        2,
+        Some(&json!("done")),
+    )
+    .await
+    .unwrap();
     let kinds = event_kinds(&db.pool, &format!("task:{}", first.id)).await;
     assert_eq!(
         kinds.iter().filter(|k| *k == "taken_over").count(),
@@ -197,12 +233,12 @@ async fn a_writer_past_its_deadline_is_refused_even_before_a_takeover() {
     let ids = enqueue(&db, 1).await;
     let mut conn = db.pool.acquire().await.unwrap();
     let w = holder("slow");
-    store::claim_next(&mut conn, &w, TTL)
+    store::claim_next(&mut conn, &Default::default(), &w, TTL)
         .await
         .unwrap()
         .unwrap();
     expire(&db, ids[0]).await;
-    let done = store::complete(&mut conn, ids[0], &w, 1, None).await;
+    let done = store::complete(&mut conn, &Default::default(), ids[0], &w, 1, None).await;
     assert!(
         matches!(&done, Err(TaskError::Stale { reason, .. }) if reason == "its lease expired"),
         "{done:?}"
@@ -220,13 +256,14 @@ async fn failures_back_off_and_stop_at_max_attempts() {
         max: Duration::from_millis(300),
     };
     for attempt in 1..=3 {
-        let task = store::claim_next(&mut conn, &w, TTL)
+        let task = store::claim_next(&mut conn, &Default::default(), &w, TTL)
             .await
             .unwrap()
             .expect("claimable again");
         assert_eq!(task.attempts, attempt);
         let failed = store::fail(
             &mut conn,
+            &Default::default(),
             task.id,
             &w,
             task.fencing_token.unwrap(),
@@ -240,7 +277,7 @@ async fn failures_back_off_and_stop_at_max_attempts() {
             assert_eq!(failed.status, TaskStatus::Pending);
             // Backed off: not claimable at once.
             assert!(
-                store::claim_next(&mut conn, &w, TTL)
+                store::claim_next(&mut conn, &Default::default(), &w, TTL)
                     .await
                     .unwrap()
                     .is_none()
@@ -265,13 +302,16 @@ async fn failures_back_off_and_stop_at_max_attempts() {
     }
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert!(
-        store::claim_next(&mut conn, &w, TTL)
+        store::claim_next(&mut conn, &Default::default(), &w, TTL)
             .await
             .unwrap()
             .is_none(),
         "failed is final"
     );
-    let task = store::get(&mut conn, ids[0]).await.unwrap().unwrap();
+    let task = store::get(&mut conn, &Default::default(), ids[0])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((task.status, task.attempts), (TaskStatus::Failed, 3));
 }
 
@@ -281,19 +321,27 @@ async fn a_task_whose_processors_keep_dying_is_failed_not_lost() {
     let ids = enqueue(&db, 1).await; // max_attempts = 3
     let mut conn = db.pool.acquire().await.unwrap();
     for n in 0..3 {
-        store::claim_next(&mut conn, &holder(&format!("doomed{n}")), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        store::claim_next(
+            &mut conn,
+            &Default::default(),
+            &holder(&format!("doomed{n}")),
+            TTL,
+        )
+        .await
+        .unwrap()
+        .unwrap();
         expire(&db, ids[0]).await;
     }
     assert!(
-        store::claim_next(&mut conn, &holder("next"), TTL)
+        store::claim_next(&mut conn, &Default::default(), &holder("next"), TTL)
             .await
             .unwrap()
             .is_none()
     );
-    let task = store::get(&mut conn, ids[0]).await.unwrap().unwrap();
+    let task = store::get(&mut conn, &Default::default(), ids[0])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(task.status, TaskStatus::Failed);
     assert!(task.last_error.unwrap().contains("attempt 3 of 3"));
 }
@@ -312,10 +360,20 @@ async fn thirty_two_concurrent_claimers_never_share_a_task() {
             let me = holder(&format!("w{w}"));
             barrier.wait().await;
             let mut mine = Vec::new();
-            while let Some(task) = store::claim_next(&mut conn, &me, TTL).await.unwrap() {
-                store::complete(&mut conn, task.id, &me, task.fencing_token.unwrap(), None)
-                    .await
-                    .unwrap();
+            while let Some(task) = store::claim_next(&mut conn, &Default::default(), &me, TTL)
+                .await
+                .unwrap()
+            {
+                store::complete(
+                    &mut conn,
+                    &Default::default(),
+                    task.id,
+                    &me,
+                    task.fencing_token.unwrap(),
+                    None,
+                )
+                .await
+                .unwrap();
                 mine.push(task.id);
             }
             mine
@@ -348,18 +406,27 @@ async fn a_task_whose_lease_is_held_by_hand_is_passed_over_not_claimed() {
     let mut conn = db.pool.acquire().await.unwrap();
     // Someone holds the oldest task's lease through the lease API.
     let resource = Resource::parse(format!("task:{}", ids[0])).unwrap();
-    leases::acquire(&mut conn, &resource, &holder("by-hand"), TTL)
-        .await
-        .unwrap();
-    let task = store::claim_next(&mut conn, &holder("w"), TTL)
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource,
+        &holder("by-hand"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let task = store::claim_next(&mut conn, &Default::default(), &holder("w"), TTL)
         .await
         .unwrap()
         .expect("the second task is claimable");
     assert_eq!(task.id, ids[1], "the held task is passed over");
-    let held = store::get(&mut conn, ids[0]).await.unwrap().unwrap();
+    let held = store::get(&mut conn, &Default::default(), ids[0])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(held.status, TaskStatus::Pending);
     // A batch claim passes it over too, and claims nothing else.
-    let batch = store::claim_batch(&mut conn, &holder("w2"), TTL, 10)
+    let batch = store::claim_batch(&mut conn, &Default::default(), &holder("w2"), TTL, 10)
         .await
         .unwrap();
     assert!(batch.is_empty(), "{batch:?}");
@@ -381,7 +448,7 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
     .await
     .unwrap();
     assert!(matches!(
-        store::claim_batch(&mut conn, &holder("w"), TTL, 0).await,
+        store::claim_batch(&mut conn, &Default::default(), &holder("w"), TTL, 0).await,
         Err(TaskError::BadInput(_))
     ));
     let barrier = Arc::new(Barrier::new(8));
@@ -394,18 +461,21 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
             barrier.wait().await;
             let mut mine = Vec::new();
             loop {
-                let batch = store::claim_batch(&mut conn, &me, TTL, 50).await.unwrap();
+                let batch = store::claim_batch(&mut conn, &Default::default(), &me, TTL, 50)
+                    .await
+                    .unwrap();
                 if batch.is_empty() {
                     break;
                 }
                 assert!(batch.len() <= 50);
-                let claims: Vec<(i32, i64)> = batch
+                let claims: Vec<(i64, i64)> = batch
                     .iter()
                     .map(|t| (t.id, t.fencing_token.unwrap()))
                     .collect();
-                let done = store::complete_all_of(&mut conn, &me, &claims, None)
-                    .await
-                    .unwrap();
+                let done =
+                    store::complete_all_of(&mut conn, &Default::default(), &me, &claims, None)
+                        .await
+                        .unwrap();
                 assert_eq!(done.len(), claims.len(), "every current claim completes");
                 assert!(done.iter().all(|t| t.status == TaskStatus::Processed));
                 mine.extend(claims.iter().map(|(id, _)| *id));
@@ -440,17 +510,20 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
         .await
         .unwrap();
     let old = holder("old");
-    let claimed = store::claim_batch(&mut conn, &old, TTL, 2).await.unwrap();
+    let claimed = store::claim_batch(&mut conn, &Default::default(), &old, TTL, 2)
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 2);
     let (a, b) = (&claimed[0], &claimed[1]);
     expire(&db, b.id).await;
-    let new = store::claim_next(&mut conn, &holder("new"), TTL)
+    let new = store::claim_next(&mut conn, &Default::default(), &holder("new"), TTL)
         .await
         .unwrap()
         .unwrap();
     assert_eq!((new.id, new.fencing_token), (b.id, Some(2)));
     let done = store::complete_all_of(
         &mut conn,
+        &Default::default(),
         &old,
         &[(a.id, a.fencing_token.unwrap()), (b.id, 1)],
         Some(&json!("late")),
@@ -458,7 +531,10 @@ async fn batch_claims_never_share_a_task_and_stale_batch_completions_are_refused
     .await
     .unwrap();
     assert_eq!(done.iter().map(|t| t.id).collect::<Vec<_>>(), [a.id]);
-    let b_now = store::get(&mut conn, b.id).await.unwrap().unwrap();
+    let b_now = store::get(&mut conn, &Default::default(), b.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (b_now.status, b_now.processor.as_deref()),
         (TaskStatus::Started, Some("new"))

@@ -136,6 +136,7 @@ async fn event_count(pool: &PgPool) -> Result<i64> {
 /// 1,000 leases, each renewed once a second by its "worker", over
 /// [`LOAD_CONNECTIONS`] connections.
 async fn lease_load(pool: PgPool, stop: CancellationToken) -> Result<()> {
+    let schema = leasekeeper_core::db::Schema::of(&pool);
     let ttl = Duration::from_secs(30);
     let mut names = Vec::new();
     {
@@ -143,7 +144,7 @@ async fn lease_load(pool: PgPool, stop: CancellationToken) -> Result<()> {
         for i in 0..LOAD_WORKERS {
             let resource = Resource::parse(format!("bench:worker-{i}"))?;
             let holder = Holder::parse(format!("bench-w{i}"))?;
-            leases::acquire(&mut conn, &resource, &holder, ttl).await?;
+            leases::acquire(&mut conn, &schema, &resource, &holder, ttl).await?;
             names.push((resource, holder));
         }
     }
@@ -151,6 +152,7 @@ async fn lease_load(pool: PgPool, stop: CancellationToken) -> Result<()> {
     let mut tasks = Vec::new();
     for c in 0..LOAD_CONNECTIONS {
         let (pool, stop, names) = (pool.clone(), stop.clone(), names.clone());
+        let schema = schema.clone();
         tasks.push(tokio::spawn(async move {
             let mut conn = pool.acquire().await?;
             let mine: Vec<_> = names.iter().skip(c).step_by(LOAD_CONNECTIONS).collect();
@@ -162,7 +164,7 @@ async fn lease_load(pool: PgPool, stop: CancellationToken) -> Result<()> {
                 tick.tick().await;
                 let (resource, holder) = mine[next % mine.len()];
                 next += 1;
-                leases::renew(&mut conn, resource, holder, None, Some(ttl)).await?;
+                leases::renew(&mut conn, &schema, resource, holder, None, Some(ttl)).await?;
             }
             anyhow::Ok(())
         }));
@@ -264,6 +266,7 @@ async fn push_latency(
     pool: &PgPool,
     probes: usize,
 ) -> Result<Samples> {
+    let schema = &leasekeeper_core::db::Schema::of(pool);
     let (tx, mut seen) = tokio::sync::broadcast::channel::<Refetched>(1024);
     let stop = CancellationToken::new();
     let page = tokio::spawn(play_page(http.clone(), base.to_string(), tx, stop.clone()));
@@ -273,6 +276,7 @@ async fn push_latency(
             let mut conn = pool.acquire().await?;
             tasks::enqueue(
                 &mut conn,
+                schema,
                 &leasekeeper_core::queue::NewTask::new(
                     leasekeeper_core::worker::simulated::KIND,
                     json!({"sleep_duration_seconds": 1, "probe": true}),

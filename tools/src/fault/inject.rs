@@ -93,7 +93,7 @@ pub(super) struct Fault {
     /// Whom it hit (worker, instance, or the claim/complete whose answer was lost).
     pub(super) target: String,
     /// Tasks it caught in flight.
-    pub(super) tasks: Vec<i32>,
+    pub(super) tasks: Vec<i64>,
     /// How long until the system had recovered, in ms (see the report).
     pub(super) recovery_ms: Option<f64>,
     /// For a PostgreSQL restart: how long it was down, and each process's
@@ -174,7 +174,7 @@ impl Fault {
 }
 
 /// Tasks held right now (live claims), with their processors.
-async fn held(pool: &PgPool) -> Vec<(i32, String)> {
+async fn held(pool: &PgPool) -> Vec<(i64, String)> {
     sqlx::query_as(
         "SELECT id, processor FROM tasks
           WHERE status = 'started' AND must_heartbeat_before > now() ORDER BY id",
@@ -253,7 +253,7 @@ async fn two_generators(rig: &Rig, span: Duration) -> Option<String> {
 }
 
 /// Tasks held right now by the workers of instance `slot`.
-async fn held_by_instance(rig: &Rig, pool: &PgPool, slot: usize) -> Vec<i32> {
+async fn held_by_instance(rig: &Rig, pool: &PgPool, slot: usize) -> Vec<i64> {
     held(pool)
         .await
         .into_iter()
@@ -269,7 +269,7 @@ async fn pick_holder(
     pool: &PgPool,
     trusting: bool,
     rng: &mut StdRng,
-) -> Option<(usize, Vec<i32>)> {
+) -> Option<(usize, Vec<i64>)> {
     let held = held(pool).await;
     let live: Vec<usize> = (0..rig.workers.len())
         .filter(|&i| rig.workers[i].resume_at.is_none())
@@ -298,10 +298,10 @@ async fn pick_holder(
 
 /// A live `--trust-claims` worker holding a task of 2 s or more with less
 /// than 0.4 s of work left, looked for during at most 3 s.
-async fn about_to_complete(rig: &Rig, pool: &PgPool) -> Option<(usize, Vec<i32>)> {
+async fn about_to_complete(rig: &Rig, pool: &PgPool) -> Option<(usize, Vec<i64>)> {
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
-        let near: Vec<(i32, String)> = sqlx::query_as(
+        let near: Vec<(i64, String)> = sqlx::query_as(
             "SELECT id, processor FROM tasks
               WHERE status = 'started' AND must_heartbeat_before > now()
                 AND (task_data->>'sleep_duration_seconds')::float8 >= 2

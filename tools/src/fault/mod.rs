@@ -360,6 +360,7 @@ async fn one_round(
         }
         leasekeeper_core::generator::store::set_desired(
             &mut *pool.acquire().await?,
+            schema,
             Desired::Running,
             "chaos",
         )
@@ -375,7 +376,7 @@ async fn one_round(
             .map(|(id, _)| id.clone())
             .collect();
         let mut checks = check::check(&pool, &history, torn, setup.timing.ttl, &trusting).await?;
-        let known: BTreeSet<i32> = sqlx::query_scalar("SELECT id FROM tasks")
+        let known: BTreeSet<i64> = sqlx::query_scalar("SELECT id FROM tasks")
             .fetch_all(&pool)
             .await?
             .into_iter()
@@ -408,11 +409,12 @@ async fn faults_phase(
     length: Duration,
     setup: &Setup,
     rng: &mut StdRng,
-) -> Result<(Vec<i32>, Vec<Fault>)> {
+) -> Result<(Vec<i64>, Vec<Fault>)> {
     let gaps = setup.gaps;
     let stop = tokio_util::sync::CancellationToken::new();
     let enqueuer = {
         let (pool, stop) = (pool.clone(), stop.clone());
+        let schema = leasekeeper_core::db::Schema::of(&pool);
         let mut rng = StdRng::seed_from_u64(rng.random());
         tokio::spawn(async move {
             let mut ids = Vec::new();
@@ -436,6 +438,7 @@ async fn faults_phase(
                     anyhow::Ok(
                         store::enqueue(
                             &mut conn,
+                            &schema,
                             &leasekeeper_core::queue::NewTask::new(
                                 leasekeeper_core::worker::simulated::KIND,
                                 data,
@@ -510,6 +513,7 @@ async fn generator_live(pool: &PgPool) -> Option<bool> {
 /// Stops the faults' effects and waits until the queue is empty (at most
 /// two minutes).
 async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) {
+    let schema = &leasekeeper_core::db::Schema::of(pool);
     // A pause injected just before the end runs its full length: continued
     // early, its holder would still hold a live lease and complete
     // normally, and the fault would not be the one reported.
@@ -527,9 +531,13 @@ async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     if let Ok(mut conn) = pool.acquire().await {
-        let _ =
-            leasekeeper_core::generator::store::set_desired(&mut conn, Desired::Stopped, "chaos")
-                .await;
+        let _ = leasekeeper_core::generator::store::set_desired(
+            &mut conn,
+            schema,
+            Desired::Stopped,
+            "chaos",
+        )
+        .await;
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {

@@ -27,7 +27,7 @@ pub enum Target {
 pub struct Dropped {
     pub target: Target,
     /// The task concerned, when it could be read off the request or answer.
-    pub task: Option<i32>,
+    pub task: Option<i64>,
     pub at_ms: i64,
 }
 
@@ -110,7 +110,7 @@ impl Drop for Proxy {
 }
 
 /// A request's kind, and the task id in its path.
-type Request = (Target, Option<i32>);
+type Request = (Target, Option<i64>);
 
 /// `Some` when `chunk` starts a request (its request line): the kind of
 /// request we may lose the answer to, or `None` for any other request.
@@ -138,7 +138,7 @@ fn kind(line: &str) -> Option<Request> {
 }
 
 /// The first `"id":N` in a JSON answer (a claimed task's id).
-fn answer_id(body: &[u8]) -> Option<i32> {
+fn answer_id(body: &[u8]) -> Option<i64> {
     let text = String::from_utf8_lossy(body);
     let at = text.find("\"id\":")? + 5;
     let digits: String = text[at..]

@@ -46,6 +46,7 @@ fn holder(name: &str) -> Result<Holder> {
 /// finished: each round's claim must find its own task). Fails at the
 /// first broken invariant, naming the round.
 pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
+    let schema = &leasekeeper_core::db::Schema::of(pool);
     let mut report = RaceReport {
         rounds,
         ..RaceReport::default()
@@ -55,6 +56,7 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
         let mut conn = pool.acquire().await?;
         let task = store::enqueue(
             &mut conn,
+            schema,
             &leasekeeper_core::queue::NewTask::new(
                 leasekeeper_core::worker::simulated::KIND,
                 json!({"round": round}),
@@ -64,7 +66,7 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
         .await?;
         ids.push(task.id);
         let old = holder(&format!("race-old{round}"))?;
-        let claimed = store::claim_next(&mut conn, &old, TTL)
+        let claimed = store::claim_next(&mut conn, schema, &old, TTL)
             .await?
             .context("the new task is not claimable")?;
         ensure!(
@@ -97,13 +99,27 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 barrier.wait().await;
                 anyhow::Ok(if completing {
-                    store::complete(&mut conn, task.id, &old, token, None)
-                        .await
-                        .is_ok()
+                    store::complete(
+                        &mut conn,
+                        &leasekeeper_core::db::Schema::of(&pool),
+                        task.id,
+                        &old,
+                        token,
+                        None,
+                    )
+                    .await
+                    .is_ok()
                 } else {
-                    store::heartbeat(&mut conn, task.id, &old, token, TTL)
-                        .await
-                        .is_ok()
+                    store::heartbeat(
+                        &mut conn,
+                        &leasekeeper_core::db::Schema::of(&pool),
+                        task.id,
+                        &old,
+                        token,
+                        TTL,
+                    )
+                    .await
+                    .is_ok()
                 })
             })
         };
@@ -114,7 +130,15 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
                 let mut conn = pool.acquire().await?;
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 barrier.wait().await;
-                anyhow::Ok(store::claim_next(&mut conn, &new, TTL).await?)
+                anyhow::Ok(
+                    store::claim_next(
+                        &mut conn,
+                        &leasekeeper_core::db::Schema::of(&pool),
+                        &new,
+                        TTL,
+                    )
+                    .await?,
+                )
             })
         };
         let accepted = write.await??;
@@ -129,7 +153,7 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
             "round {round}: the old processor's write and the takeover both succeeded"
         );
         let mut conn = pool.acquire().await?;
-        let now = store::get(&mut conn, task.id)
+        let now = store::get(&mut conn, schema, task.id)
             .await?
             .context("the task vanished")?;
         if took {

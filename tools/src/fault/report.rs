@@ -37,7 +37,7 @@ fn slowest(took: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 /// Milliseconds from `from_ms` until every task of `tasks` was taken over.
-async fn slowest_takeover(pool: &PgPool, tasks: &[i32], from_ms: i64) -> Result<Option<f64>> {
+async fn slowest_takeover(pool: &PgPool, tasks: &[i64], from_ms: i64) -> Result<Option<f64>> {
     let mut took = Vec::new();
     for task in tasks {
         took.push(next_grant(pool, &format!("task:{task}"), from_ms).await?);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn op(worker: &str, kind: OpKind, task: i32, token: i64, outcome: Outcome) -> Op {
+fn op(worker: &str, kind: OpKind, task: i64, token: i64, outcome: Outcome) -> Op {
     Op {
         worker: worker.into(),
         op: kind,
@@ -32,6 +32,7 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
     // Task a: claimed by w1, completed by w1; w2's late completion refused.
     let a = store::enqueue(
         &mut conn,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({}),
@@ -40,22 +41,37 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
     )
     .await
     .unwrap();
-    let claim = store::claim_next(&mut conn, &holder("w1"), TTL)
+    let claim = store::claim_next(&mut conn, &Default::default(), &holder("w1"), TTL)
         .await
         .unwrap()
         .unwrap();
     let token = claim.fencing_token.unwrap();
-    store::complete(&mut conn, a.id, &holder("w1"), token, None)
-        .await
-        .unwrap();
+    store::complete(
+        &mut conn,
+        &Default::default(),
+        a.id,
+        &holder("w1"),
+        token,
+        None,
+    )
+    .await
+    .unwrap();
     assert!(
-        store::complete(&mut conn, a.id, &holder("w2"), token, None)
-            .await
-            .is_err()
+        store::complete(
+            &mut conn,
+            &Default::default(),
+            a.id,
+            &holder("w2"),
+            token,
+            None
+        )
+        .await
+        .is_err()
     );
     // Task b: enqueued and never claimed.
     let b = store::enqueue(
         &mut conn,
+        &Default::default(),
         &leasekeeper_core::queue::NewTask::new(
             leasekeeper_core::worker::simulated::KIND,
             json!({}),
@@ -84,12 +100,13 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
     );
 
     // Finish b, then tell a history that the database contradicts.
-    let claim = store::claim_next(&mut conn, &holder("w3"), TTL)
+    let claim = store::claim_next(&mut conn, &Default::default(), &holder("w3"), TTL)
         .await
         .unwrap()
         .unwrap();
     store::complete(
         &mut conn,
+        &Default::default(),
         b.id,
         &holder("w3"),
         claim.fencing_token.unwrap(),

@@ -21,6 +21,8 @@
 //! `UPDATE leases SET expires_at = ...` made by hand (which records no
 //! event) followed by a takeover is reported as an overlap.
 
+#[cfg(feature = "postgres")]
+use crate::db::Schema;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 #[cfg(feature = "postgres")]
@@ -79,91 +81,103 @@ const MAX_OVERLAPS: i64 = 100;
 #[cfg(feature = "postgres")]
 pub async fn check(
     conn: &mut PgConnection,
+    schema: &Schema,
     window: Duration,
     max_events: i64,
 ) -> sqlx::Result<SplitBrain> {
-    let window_secs = window.as_secs_f64();
-    // Bounded by id, not by a scan: ids grow with time, and the primary key
-    // finds the newest max_events directly (gaps from rolled-back inserts
-    // only make the batch smaller).
-    // `cut`: whether an event older than the batch still lies within the
-    // window (then the check covers less than the window, and says so).
-    let (events_checked, oldest, cut, checked_at): (
-        i64,
-        Option<DateTime<Utc>>,
-        bool,
-        DateTime<Utc>,
-    ) = sqlx::query_as(
-        "WITH bound AS (SELECT coalesce(max(id), 0) - $2 AS id FROM lease_events)
-             SELECT count(*), min(at),
-                    coalesce((SELECT e.at > now() - make_interval(secs => $1)
-                                FROM lease_events e WHERE e.id <= (SELECT id FROM bound)
-                               ORDER BY e.id DESC LIMIT 1), false),
-                    now()::timestamptz(3)
-               FROM lease_events
-              WHERE id > (SELECT id FROM bound)
-                AND at > now() - make_interval(secs => $1)",
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<SplitBrain>,
+        async {
+            let window_secs = window.as_secs_f64();
+            // Bounded by id, not by a scan: ids grow with time, and the primary key
+            // finds the newest max_events directly (gaps from rolled-back inserts
+            // only make the batch smaller).
+            // `cut`: whether an event older than the batch still lies within the
+            // window (then the check covers less than the window, and says so).
+            let (events_checked, oldest, cut, checked_at): (
+            i64,
+            Option<DateTime<Utc>>,
+            bool,
+            DateTime<Utc>,
+        ) = schema
+            .query_as(
+                "WITH bound AS (SELECT coalesce(max(id), 0) - $2 AS id FROM $schema.lease_events)
+                 SELECT count(*), min(at),
+                        coalesce((SELECT e.at > now() - make_interval(secs => $1)
+                                    FROM $schema.lease_events e WHERE e.id <= (SELECT id FROM bound)
+                                   ORDER BY e.id DESC LIMIT 1), false),
+                        now()::timestamptz(3)
+                   FROM $schema.lease_events
+                  WHERE id > (SELECT id FROM bound)
+                    AND at > now() - make_interval(secs => $1)",
+            )
+            .bind(window_secs)
+            .bind(max_events)
+            .fetch_one(&mut *conn)
+            .await?;
+            let covered_secs = match oldest {
+                Some(oldest) if cut => (checked_at - oldest).num_seconds(),
+                _ => window.as_secs() as i64,
+            };
+            let mut overlaps: Vec<Overlap> = schema
+                .query_as(
+                    "SELECT s.resource, s.holder, s.fencing_token,
+                    p.holder AS other_holder, p.fencing_token AS other_token,
+                    s.at, p.expires_at AS other_expires_at, 'lease_events' AS source
+               FROM $schema.lease_events s
+              CROSS JOIN LATERAL (
+                    SELECT e.holder, e.fencing_token, e.kind, e.expires_at
+                      FROM $schema.lease_events e
+                     WHERE e.resource = s.resource AND e.id < s.id
+                       AND e.kind IN ('acquired', 'renewed', 'released', 'taken_over', 'deleted')
+                     ORDER BY e.id DESC
+                     LIMIT 1) p
+              WHERE s.id > (SELECT coalesce(max(id), 0) FROM $schema.lease_events) - $2
+                AND s.at > now() - make_interval(secs => $1)
+                AND s.kind IN ('acquired', 'taken_over')
+                AND p.fencing_token IS DISTINCT FROM s.fencing_token
+                AND p.holder IS DISTINCT FROM s.holder
+                AND p.kind NOT IN ('released', 'deleted')
+                AND p.expires_at > s.at
+              ORDER BY s.id DESC
+              LIMIT $3",
+                )
+                .bind(window_secs)
+                .bind(max_events)
+                .bind(MAX_OVERLAPS)
+                .fetch_all(&mut *conn)
+                .await?;
+            // One statement: the task row and its lease are read from one snapshot,
+            // and claim and heartbeat change both in one transaction, so a healthy
+            // queue never shows a disagreement here.
+            let disagreements: Vec<Overlap> = schema
+                .query_as(
+                    "SELECT l.resource, l.holder, l.fencing_token,
+                    t.processor AS other_holder, t.fencing_token AS other_token,
+                    now()::timestamptz(3) AS at, t.must_heartbeat_before AS other_expires_at,
+                    'tasks' AS source
+               FROM $schema.tasks t
+               JOIN $schema.leases l ON l.resource = 'task:' || t.id
+              WHERE t.status = 'started' AND t.must_heartbeat_before > now()
+                AND l.released_at IS NULL AND l.expires_at > now()
+                AND (l.holder IS DISTINCT FROM t.processor
+                     OR l.fencing_token IS DISTINCT FROM t.fencing_token)
+              LIMIT $1",
+                )
+                .bind(MAX_OVERLAPS)
+                .fetch_all(&mut *conn)
+                .await?;
+            overlaps.extend(disagreements);
+            Ok(SplitBrain {
+                overlaps,
+                window_secs: window.as_secs() as i64,
+                events_checked,
+                covered_secs,
+                checked_at: Some(checked_at),
+            })
+        }
+        .await
     )
-    .bind(window_secs)
-    .bind(max_events)
-    .fetch_one(&mut *conn)
-    .await?;
-    let covered_secs = match oldest {
-        Some(oldest) if cut => (checked_at - oldest).num_seconds(),
-        _ => window.as_secs() as i64,
-    };
-    let mut overlaps: Vec<Overlap> = sqlx::query_as(
-        "SELECT s.resource, s.holder, s.fencing_token,
-                p.holder AS other_holder, p.fencing_token AS other_token,
-                s.at, p.expires_at AS other_expires_at, 'lease_events' AS source
-           FROM lease_events s
-          CROSS JOIN LATERAL (
-                SELECT e.holder, e.fencing_token, e.kind, e.expires_at
-                  FROM lease_events e
-                 WHERE e.resource = s.resource AND e.id < s.id
-                   AND e.kind IN ('acquired', 'renewed', 'released', 'taken_over', 'deleted')
-                 ORDER BY e.id DESC
-                 LIMIT 1) p
-          WHERE s.id > (SELECT coalesce(max(id), 0) FROM lease_events) - $2
-            AND s.at > now() - make_interval(secs => $1)
-            AND s.kind IN ('acquired', 'taken_over')
-            AND p.fencing_token IS DISTINCT FROM s.fencing_token
-            AND p.holder IS DISTINCT FROM s.holder
-            AND p.kind NOT IN ('released', 'deleted')
-            AND p.expires_at > s.at
-          ORDER BY s.id DESC
-          LIMIT $3",
-    )
-    .bind(window_secs)
-    .bind(max_events)
-    .bind(MAX_OVERLAPS)
-    .fetch_all(&mut *conn)
-    .await?;
-    // One statement: the task row and its lease are read from one snapshot,
-    // and claim and heartbeat change both in one transaction, so a healthy
-    // queue never shows a disagreement here.
-    let disagreements: Vec<Overlap> = sqlx::query_as(
-        "SELECT l.resource, l.holder, l.fencing_token,
-                t.processor AS other_holder, t.fencing_token AS other_token,
-                now()::timestamptz(3) AS at, t.must_heartbeat_before AS other_expires_at,
-                'tasks' AS source
-           FROM tasks t
-           JOIN leases l ON l.resource = 'task:' || t.id
-          WHERE t.status = 'started' AND t.must_heartbeat_before > now()
-            AND l.released_at IS NULL AND l.expires_at > now()
-            AND (l.holder IS DISTINCT FROM t.processor
-                 OR l.fencing_token IS DISTINCT FROM t.fencing_token)
-          LIMIT $1",
-    )
-    .bind(MAX_OVERLAPS)
-    .fetch_all(&mut *conn)
-    .await?;
-    overlaps.extend(disagreements);
-    Ok(SplitBrain {
-        overlaps,
-        window_secs: window.as_secs() as i64,
-        events_checked,
-        covered_secs,
-        checked_at: Some(checked_at),
-    })
 }

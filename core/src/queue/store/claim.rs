@@ -3,6 +3,7 @@
 //! task row and its lease never disagree; one statement claims many.
 
 use super::{MAX_BATCH, TASK_COLUMNS, TaskError, sql, task_resource};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::store::{self as leases, LeaseError};
 use crate::queue::{ClaimFilter, Task, TaskStatus};
@@ -16,7 +17,7 @@ const CLAIM_CANDIDATES: usize = 8;
 /// A claim candidate: enough of the row to decide what to do with it.
 #[derive(sqlx::FromRow)]
 struct Candidate {
-    id: i32,
+    id: i64,
     status: TaskStatus,
     attempts: i32,
     max_attempts: i32,
@@ -35,10 +36,16 @@ struct Candidate {
 /// statement by statement.
 pub async fn claim_next(
     conn: &mut PgConnection,
+    schema: &Schema,
     processor: &Holder,
     ttl: Duration,
 ) -> Result<Option<Task>, TaskError> {
-    claim_next_in(conn, processor, ttl, &ClaimFilter::default()).await
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Task>, TaskError>,
+        async { claim_next_in(conn, schema, processor, ttl, &ClaimFilter::default()).await }.await
+    )
 }
 
 /// [`claim_next`] among the tasks `filter` lets through (one queue, and
@@ -47,20 +54,30 @@ pub async fn claim_next(
 /// ones by priority (lower first), then `scheduled_at`, then id.
 pub async fn claim_next_in(
     conn: &mut PgConnection,
+    schema: &Schema,
     processor: &Holder,
     ttl: Duration,
     filter: &ClaimFilter,
 ) -> Result<Option<Task>, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let batch = claim_up_to(conn, &[processor.as_str()], ttl, filter).await?;
-    if let Some(task) = batch.claimed.into_iter().next() {
-        return Ok(Some(task));
-    }
-    if batch.candidates == 0 {
-        return Ok(None);
-    }
-    claim_carefully(conn, processor, ttl, filter).await
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Task>, TaskError>,
+        async {
+            let _announced = crate::live::announce_on_return(
+                crate::live::Topics::TASKS | crate::live::Topics::LEASES,
+            );
+            let batch = claim_up_to(conn, schema, &[processor.as_str()], ttl, filter).await?;
+            if let Some(task) = batch.claimed.into_iter().next() {
+                return Ok(Some(task));
+            }
+            if batch.candidates == 0 {
+                return Ok(None);
+            }
+            claim_carefully(conn, schema, processor, ttl, filter).await
+        }
+        .await
+    )
 }
 
 /// What one claim statement did: the tasks it claimed, and how many
@@ -77,21 +94,33 @@ struct ClaimBatch {
 /// (or none) when there is not that much work.
 pub async fn claim_batch(
     conn: &mut PgConnection,
+    schema: &Schema,
     processor: &Holder,
     ttl: Duration,
     limit: usize,
 ) -> Result<Vec<Task>, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    if !(1..=MAX_BATCH).contains(&limit) {
-        return Err(TaskError::BadInput(format!(
-            "a batch claims 1 to {MAX_BATCH} tasks, not {limit}"
-        )));
-    }
-    let holders = vec![processor.as_str(); limit];
-    Ok(claim_up_to(conn, &holders, ttl, &ClaimFilter::default())
-        .await?
-        .claimed)
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Task>, TaskError>,
+        async {
+            let _announced = crate::live::announce_on_return(
+                crate::live::Topics::TASKS | crate::live::Topics::LEASES,
+            );
+            if !(1..=MAX_BATCH).contains(&limit) {
+                return Err(TaskError::BadInput(format!(
+                    "a batch claims 1 to {MAX_BATCH} tasks, not {limit}"
+                )));
+            }
+            let holders = vec![processor.as_str(); limit];
+            Ok(
+                claim_up_to(conn, schema, &holders, ttl, &ClaimFilter::default())
+                    .await?
+                    .claimed,
+            )
+        }
+        .await
+    )
 }
 
 /// What [`claim_for`] did: the tasks it claimed (each with its holder as
@@ -112,92 +141,101 @@ pub struct Claimed {
 /// runtime's producer does for its free workers.
 pub async fn claim_for(
     conn: &mut PgConnection,
+    schema: &Schema,
     holders: &[Holder],
     ttl: Duration,
     filter: &ClaimFilter,
 ) -> Result<Claimed, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    if !(1..=MAX_BATCH).contains(&holders.len()) {
-        return Err(TaskError::BadInput(format!(
-            "a claim is for 1 to {MAX_BATCH} holders, not {}",
-            holders.len()
-        )));
+    crate::db::atomically!(conn, schema, Result<Claimed, TaskError>, async {
+        let _announced =
+            crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+        if !(1..=MAX_BATCH).contains(&holders.len()) {
+            return Err(TaskError::BadInput(format!(
+                "a claim is for 1 to {MAX_BATCH} holders, not {}",
+                holders.len()
+            )));
+        }
+        let names: Vec<&str> = holders.iter().map(Holder::as_str).collect();
+        let batch = claim_up_to(conn, schema, &names, ttl, filter).await?;
+        Ok(Claimed {
+            passed_over: batch.candidates > batch.claimed.len() as i64,
+            tasks: batch.claimed,
+        })
     }
-    let names: Vec<&str> = holders.iter().map(Holder::as_str).collect();
-    let batch = claim_up_to(conn, &names, ttl, filter).await?;
-    Ok(Claimed {
-        passed_over: batch.candidates > batch.claimed.len() as i64,
-        tasks: batch.claimed,
-    })
+    .await)
 }
 
 async fn claim_up_to(
     conn: &mut PgConnection,
+    schema: &Schema,
     holders: &[&str],
     ttl: Duration,
     filter: &ClaimFilter,
 ) -> Result<ClaimBatch, TaskError> {
-    let ttl_ms = leases::ttl_ms(ttl)?;
-    // Races prevented, all in one statement:
-    // - two workers claiming the same task: `FOR UPDATE SKIP LOCKED` locks
-    //   each candidate row until commit and makes every other claimer move
-    //   on to the next row instead of queueing behind it (claims never
-    //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
-    //   locked row's newest version, so a task that a committed transaction
-    //   just finished or re-claimed is not taken.
-    // - a takeover racing the old holder's heartbeat or completion: a late
-    //   task's row is locked here, and their UPDATEs re-check the deadline
-    //   and token on the newest version (see `HOLDS_CLAIM`).
-    // - two terms of one task lease: the lease upsert below is the lease
-    //   store's acquire (`ON CONFLICT ... WHERE l.expires_at <= now()`,
-    //   re-checked under the row lock), so a live lease held by hand is
-    //   left alone; its candidate is counted but not claimed.
-    // Late claims go first (they are older than anything pending); pending
-    // tasks are looked at only when no late one is.
-    let sql = sql::claim(holders.len().clamp(1, MAX_BATCH), filter.kinds.is_some());
-    for attempt in 0.. {
-        let mut query = sqlx::query(&sql)
-            .bind(holders)
-            .bind(ttl_ms)
-            .bind(&filter.queue);
-        if let Some(kinds) = &filter.kinds {
-            query = query.bind(kinds);
-        }
-        let rows = query.fetch_all(&mut *conn).await;
-        match rows {
-            Ok(rows) => {
-                use sqlx::Row;
-                // Always one row at least: the count, and no task when
-                // nothing was claimed.
-                let candidates = match rows.first() {
-                    Some(row) => row.try_get("candidates")?,
-                    None => 0,
-                };
-                let mut claimed = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    if row.try_get::<Option<i32>, _>("id")?.is_some() {
-                        claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
-                        if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
-                            crate::metrics::took_over(
-                                row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0),
-                            );
+    crate::db::atomically!(conn, schema, Result<ClaimBatch, TaskError>, async {
+        let ttl_ms = leases::ttl_ms(ttl)?;
+        // Races prevented, all in one statement:
+        // - two workers claiming the same task: `FOR UPDATE SKIP LOCKED` locks
+        //   each candidate row until commit and makes every other claimer move
+        //   on to the next row instead of queueing behind it (claims never
+        //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
+        //   locked row's newest version, so a task that a committed transaction
+        //   just finished or re-claimed is not taken.
+        // - a takeover racing the old holder's heartbeat or completion: a late
+        //   task's row is locked here, and their UPDATEs re-check the deadline
+        //   and token on the newest version (see `HOLDS_CLAIM`).
+        // - two terms of one task lease: the lease upsert below is the lease
+        //   store's acquire (`ON CONFLICT ... WHERE l.expires_at <= now()`,
+        //   re-checked under the row lock), so a live lease held by hand is
+        //   left alone; its candidate is counted but not claimed.
+        // Late claims go first (they are older than anything pending); pending
+        // tasks are looked at only when no late one is.
+        let sql = sql::claim(holders.len().clamp(1, MAX_BATCH), filter.kinds.is_some());
+        for attempt in 0.. {
+            let mut query = schema
+                .query(&sql)
+                .bind(holders)
+                .bind(ttl_ms)
+                .bind(&filter.queue);
+            if let Some(kinds) = &filter.kinds {
+                query = query.bind(kinds);
+            }
+            let rows = query.fetch_all(&mut *conn).await;
+            match rows {
+                Ok(rows) => {
+                    use sqlx::Row;
+                    // Always one row at least: the count, and no task when
+                    // nothing was claimed.
+                    let candidates = match rows.first() {
+                        Some(row) => row.try_get("candidates")?,
+                        None => 0,
+                    };
+                    let mut claimed = Vec::with_capacity(rows.len());
+                    for row in &rows {
+                        if row.try_get::<Option<i64>, _>("id")?.is_some() {
+                            claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
+                            if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
+                                crate::metrics::took_over(
+                                    row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0),
+                                );
+                            }
                         }
                     }
+                    crate::metrics::claimed(claimed.len());
+                    return Ok(ClaimBatch {
+                        claimed,
+                        candidates,
+                    });
                 }
-                crate::metrics::claimed(claimed.len());
-                return Ok(ClaimBatch {
-                    claimed,
-                    candidates,
-                });
+                // The fencing-token guard (see the leases migration) refused a
+                // token computed from an old snapshot: run it again.
+                Err(e) if leases::is_serialization_failure(&e) && attempt < 5 => continue,
+                Err(e) => return Err(e.into()),
             }
-            // The fencing-token guard (see the leases migration) refused a
-            // token computed from an old snapshot: run it again.
-            Err(e) if leases::is_serialization_failure(&e) && attempt < 5 => continue,
-            Err(e) => return Err(e.into()),
         }
+        unreachable!("the loop only ends by returning")
     }
-    unreachable!("the loop only ends by returning")
+    .await)
 }
 
 /// The careful claim: candidate by candidate, in one transaction, failing
@@ -205,99 +243,106 @@ async fn claim_up_to(
 /// is held by hand.
 async fn claim_carefully(
     conn: &mut PgConnection,
+    schema: &Schema,
     processor: &Holder,
     ttl: Duration,
     filter: &ClaimFilter,
 ) -> Result<Option<Task>, TaskError> {
-    // An absent kind filter is every kind: NULL makes the condition true.
-    let kinds = filter.kinds.as_deref();
-    let mut tx = conn.begin().await?;
-    let mut passed_over: Vec<i32> = Vec::new();
-    for _ in 0..CLAIM_CANDIDATES {
-        // Race prevented: two workers claiming the same task. FOR UPDATE
-        // locks the candidate row until commit, and SKIP LOCKED makes every
-        // other claimer move on to the next row instead of queueing behind
-        // it (claims never serialize, and no OFFSET scan is needed). The
-        // WHERE is re-checked on the locked row version, so a task that a
-        // committed transaction just finished or re-claimed is not taken.
-        // Late claims first: they are older than anything pending.
-        let late: Option<Candidate> = sqlx::query_as(
-            "SELECT id, status, attempts, max_attempts FROM tasks
-              WHERE status = 'started' AND must_heartbeat_before <= now() AND id <> ALL($1)
-                AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
-              ORDER BY must_heartbeat_before, id
-              LIMIT 1 FOR UPDATE SKIP LOCKED",
-        )
-        .bind(&passed_over)
-        .bind(&filter.queue)
-        .bind(kinds)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let candidate = match late {
-            Some(c) => Some(c),
-            None => {
-                // Same race, same guard, for fresh work.
-                sqlx::query_as(
-                    "SELECT id, status, attempts, max_attempts FROM tasks
-                      WHERE status = 'pending' AND scheduled_at <= now() AND id <> ALL($1)
-                        AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
-                      ORDER BY priority, scheduled_at, id
-                      LIMIT 1 FOR UPDATE SKIP LOCKED",
+    crate::db::atomically!(conn, schema, Result<Option<Task>, TaskError>, async {
+        // An absent kind filter is every kind: NULL makes the condition true.
+        let kinds = filter.kinds.as_deref();
+        let mut tx = conn.begin().await?;
+        let mut passed_over: Vec<i64> = Vec::new();
+        for _ in 0..CLAIM_CANDIDATES {
+            // Race prevented: two workers claiming the same task. FOR UPDATE
+            // locks the candidate row until commit, and SKIP LOCKED makes every
+            // other claimer move on to the next row instead of queueing behind
+            // it (claims never serialize, and no OFFSET scan is needed). The
+            // WHERE is re-checked on the locked row version, so a task that a
+            // committed transaction just finished or re-claimed is not taken.
+            // Late claims first: they are older than anything pending.
+            let late: Option<Candidate> = schema
+                .query_as(
+                    "SELECT id, status, attempts, max_attempts FROM $schema.tasks
+                  WHERE status = 'started' AND must_heartbeat_before <= now() AND id <> ALL($1)
+                    AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
+                  ORDER BY must_heartbeat_before, id
+                  LIMIT 1 FOR UPDATE SKIP LOCKED",
                 )
                 .bind(&passed_over)
                 .bind(&filter.queue)
                 .bind(kinds)
                 .fetch_optional(&mut *tx)
-                .await?
-            }
-        };
-        let Some(candidate) = candidate else {
-            tx.commit().await?;
-            return Ok(None);
-        };
-        if candidate.status == TaskStatus::Started && candidate.attempts >= candidate.max_attempts {
-            // Its processors kept dying: give up, visibly.
-            sqlx::query(
-                "UPDATE tasks SET status = 'failed', failed_at = now(), must_heartbeat_before = NULL,
-                        last_error = format('lease expired on attempt %s of %s without completion',
-                                            attempts, max_attempts)
-                  WHERE id = $1",
-            )
-            .bind(candidate.id)
-            .execute(&mut *tx)
-            .await?;
-            passed_over.push(candidate.id);
-            continue;
-        }
-        let resource = task_resource(candidate.id)?;
-        let lease = match leases::acquire(&mut tx, &resource, processor, ttl).await {
-            Ok(acquired) => acquired.into_lease(),
-            // Someone holds task:<id> by hand (through the lease API): leave it.
-            Err(LeaseError::Held { .. }) => {
+                .await?;
+            let candidate = match late {
+                Some(c) => Some(c),
+                None => {
+                    // Same race, same guard, for fresh work.
+                    schema
+                        .query_as(
+                            "SELECT id, status, attempts, max_attempts FROM $schema.tasks
+                          WHERE status = 'pending' AND scheduled_at <= now() AND id <> ALL($1)
+                            AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
+                          ORDER BY priority, scheduled_at, id
+                          LIMIT 1 FOR UPDATE SKIP LOCKED",
+                        )
+                        .bind(&passed_over)
+                        .bind(&filter.queue)
+                        .bind(kinds)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                }
+            };
+            let Some(candidate) = candidate else {
+                tx.commit().await?;
+                return Ok(None);
+            };
+            if candidate.status == TaskStatus::Started && candidate.attempts >= candidate.max_attempts {
+                // Its processors kept dying: give up, visibly.
+                schema.query(
+                    "UPDATE $schema.tasks SET status = 'failed', failed_at = now(), must_heartbeat_before = NULL,
+                            last_error = format('lease expired on attempt %s of %s without completion',
+                                                attempts, max_attempts)
+                      WHERE id = $1",
+                )
+                .bind(candidate.id)
+                .execute(&mut *tx)
+                .await?;
                 passed_over.push(candidate.id);
                 continue;
             }
-            Err(e) => return Err(e.into()),
-        };
-        let task: Task = sqlx::query_as(&format!(
-            "UPDATE tasks
-                SET status = 'started', processor = $2, fencing_token = $3,
-                    started_at = now(), last_heartbeat_at = now(),
-                    must_heartbeat_before = $4, attempts = attempts + 1
-              WHERE id = $1
-             RETURNING {TASK_COLUMNS}"
-        ))
-        .bind(candidate.id)
-        .bind(processor.as_str())
-        .bind(lease.fencing_token)
-        .bind(lease.expires_at)
-        .fetch_one(&mut *tx)
-        .await?;
+            let resource = task_resource(candidate.id)?;
+            let lease = match leases::acquire(&mut tx, schema, &resource, processor, ttl).await {
+                Ok(acquired) => acquired.into_lease(),
+                // Someone holds task:<id> by hand (through the lease API): leave it.
+                Err(LeaseError::Held { .. }) => {
+                    passed_over.push(candidate.id);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let task: Task = schema
+                .query_as(&format!(
+                    "UPDATE $schema.tasks
+                    SET status = 'started', processor = $2, fencing_token = $3,
+                        started_at = now(), last_heartbeat_at = now(),
+                        must_heartbeat_before = $4, attempts = attempts + 1
+                  WHERE id = $1
+                 RETURNING {TASK_COLUMNS}"
+                ))
+                .bind(candidate.id)
+                .bind(processor.as_str())
+                .bind(lease.fencing_token)
+                .bind(lease.expires_at)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            // (A takeover here was counted by the lease store's acquire.)
+            crate::metrics::claimed(1);
+            return Ok(Some(task));
+        }
         tx.commit().await?;
-        // (A takeover here was counted by the lease store's acquire.)
-        crate::metrics::claimed(1);
-        return Ok(Some(task));
+        Ok(None)
     }
-    tx.commit().await?;
-    Ok(None)
+    .await)
 }

@@ -3,6 +3,7 @@
 
 use super::guard::refuse_alone;
 use super::{MAX_BATCH, TaskError, sql};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::Task;
 use serde_json::Value;
@@ -14,27 +15,32 @@ use sqlx::PgConnection;
 /// statement (one round trip, one commit) when accepted.
 pub async fn complete(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     processor: &Holder,
     token: i64,
     output: Option<&Value>,
 ) -> Result<Task, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    let done = complete_claims(
-        conn,
-        &[Completion::new(
-            id,
-            token,
-            processor.clone(),
-            output.cloned(),
-        )],
-    )
-    .await?;
-    if let Some(task) = done.into_iter().next() {
-        return Ok(task);
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        let _announced =
+            crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+        let done = complete_claims(
+            conn,
+            schema,
+            &[Completion::new(
+                id,
+                token,
+                processor.clone(),
+                output.cloned(),
+            )],
+        )
+        .await?;
+        if let Some(task) = done.into_iter().next() {
+            return Ok(task);
+        }
+        Err(refuse_alone(conn, schema, id, processor, token, "complete").await?)
     }
-    Err(refuse_alone(conn, id, processor, token, "complete").await?)
+    .await)
 }
 
 /// Completes many claims of `processor` at once, each `(task id, fencing
@@ -43,19 +49,28 @@ pub async fn complete(
 /// recorded like a refused [`complete`], and left out of the answer.
 pub async fn complete_all_of(
     conn: &mut PgConnection,
+    schema: &Schema,
     processor: &Holder,
-    claims: &[(i32, i64)],
+    claims: &[(i64, i64)],
     output: Option<&Value>,
 ) -> Result<Vec<Task>, TaskError> {
-    let each: Vec<Completion> = claims
-        .iter()
-        .map(|&(id, token)| Completion::new(id, token, processor.clone(), output.cloned()))
-        .collect();
-    Ok(complete_each(conn, &each)
-        .await?
-        .into_iter()
-        .filter_map(Result::ok)
-        .collect())
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Task>, TaskError>,
+        async {
+            let each: Vec<Completion> = claims
+                .iter()
+                .map(|&(id, token)| Completion::new(id, token, processor.clone(), output.cloned()))
+                .collect();
+            Ok(complete_each(conn, schema, &each)
+                .await?
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect())
+        }
+        .await
+    )
 }
 
 /// One completion of [`complete_each`]: task `id` of `processor`'s claim
@@ -63,7 +78,7 @@ pub async fn complete_all_of(
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
     /// The task.
-    pub id: i32,
+    pub id: i64,
     /// The claim's fencing token.
     pub token: i64,
     /// Who claimed it.
@@ -74,7 +89,7 @@ pub struct Completion {
 
 impl Completion {
     /// Task `id`, completed by `processor` with `token` and `output`.
-    pub fn new(id: i32, token: i64, processor: Holder, output: Option<Value>) -> Self {
+    pub fn new(id: i64, token: i64, processor: Holder, output: Option<Value>) -> Self {
         Completion {
             id,
             token,
@@ -91,36 +106,51 @@ impl Completion {
 /// task), each refusal recorded like a refused [`complete`].
 pub async fn complete_each(
     conn: &mut PgConnection,
+    schema: &Schema,
     completions: &[Completion],
 ) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    if completions.len() > MAX_BATCH {
-        return Err(TaskError::BadInput(format!(
-            "a batch completes at most {MAX_BATCH} tasks, not {}",
-            completions.len()
-        )));
-    }
-    let done = complete_claims(conn, completions).await?;
-    let mut accepted: std::collections::HashMap<(i32, i64), Task> = done
-        .into_iter()
-        .map(|t| ((t.id, t.fencing_token.unwrap_or_default()), t))
-        .collect();
-    let mut outcomes = Vec::with_capacity(completions.len());
-    for c in completions {
-        outcomes.push(match accepted.remove(&(c.id, c.token)) {
-            Some(task) => Ok(task),
-            None => Err(refuse_alone(conn, c.id, &c.processor, c.token, "complete").await?),
-        });
-    }
-    Ok(outcomes)
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Result<Task, TaskError>>, TaskError>,
+        async {
+            let _announced = crate::live::announce_on_return(
+                crate::live::Topics::TASKS | crate::live::Topics::LEASES,
+            );
+            if completions.len() > MAX_BATCH {
+                return Err(TaskError::BadInput(format!(
+                    "a batch completes at most {MAX_BATCH} tasks, not {}",
+                    completions.len()
+                )));
+            }
+            let done = complete_claims(conn, schema, completions).await?;
+            let mut accepted: std::collections::HashMap<(i64, i64), Task> = done
+                .into_iter()
+                .map(|t| ((t.id, t.fencing_token.unwrap_or_default()), t))
+                .collect();
+            let mut outcomes = Vec::with_capacity(completions.len());
+            for c in completions {
+                outcomes.push(match accepted.remove(&(c.id, c.token)) {
+                    Some(task) => Ok(task),
+                    None => {
+                        Err(
+                            refuse_alone(conn, schema, c.id, &c.processor, c.token, "complete")
+                                .await?,
+                        )
+                    }
+                });
+            }
+            Ok(outcomes)
+        }
+        .await
+    )
 }
 
 /// The columns of `completions` as the arrays [`sql::complete`] binds, in
 /// task id order.
 pub(super) fn completion_arrays(
     completions: &[Completion],
-) -> (Vec<i32>, Vec<i64>, Vec<String>, Vec<Option<Value>>) {
+) -> (Vec<i64>, Vec<i64>, Vec<String>, Vec<Option<Value>>) {
     let mut ordered: Vec<&Completion> = completions.iter().collect();
     ordered.sort_unstable_by_key(|c| (c.id, c.token));
     let mut arrays = (
@@ -140,25 +170,35 @@ pub(super) fn completion_arrays(
 
 async fn complete_claims(
     conn: &mut PgConnection,
+    schema: &Schema,
     completions: &[Completion],
 ) -> Result<Vec<Task>, TaskError> {
-    // Race prevented: a paused processor waking up and completing a task
-    // that was taken over meanwhile (the "stale completion"). The UPDATE
-    // locks each row and re-checks the claim (processor, token, status,
-    // deadline) on its newest version: a new token, a finished task or a
-    // passed deadline means nothing is written for that task. The lease is
-    // released in the same statement, only for the terms just completed
-    // (same holder and token), so a late release never ends a newer term.
-    // Rows are locked in id order, so two batches never deadlock; one
-    // batch naming a task twice completes it at most once (the second
-    // row finds it processed).
-    let sql = sql::complete();
-    let (ids, tokens, processors, outputs) = completion_arrays(completions);
-    Ok(sqlx::query_as(&sql)
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&processors)
-        .bind(&outputs)
-        .fetch_all(&mut *conn)
-        .await?)
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Task>, TaskError>,
+        async {
+            // Race prevented: a paused processor waking up and completing a task
+            // that was taken over meanwhile (the "stale completion"). The UPDATE
+            // locks each row and re-checks the claim (processor, token, status,
+            // deadline) on its newest version: a new token, a finished task or a
+            // passed deadline means nothing is written for that task. The lease is
+            // released in the same statement, only for the terms just completed
+            // (same holder and token), so a late release never ends a newer term.
+            // Rows are locked in id order, so two batches never deadlock; one
+            // batch naming a task twice completes it at most once (the second
+            // row finds it processed).
+            let sql = sql::complete();
+            let (ids, tokens, processors, outputs) = completion_arrays(completions);
+            Ok(schema
+                .query_as(&sql)
+                .bind(&ids)
+                .bind(&tokens)
+                .bind(&processors)
+                .bind(&outputs)
+                .fetch_all(&mut *conn)
+                .await?)
+        }
+        .await
+    )
 }

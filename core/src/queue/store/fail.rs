@@ -3,6 +3,7 @@
 
 use super::guard::update_claim;
 use super::{RetryPolicy, TaskError, millis, task_resource};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::store::{self as leases, LeaseError};
 use crate::queue::Task;
@@ -30,50 +31,59 @@ pub fn bounded_error(error: &str) -> Cow<'_, str> {
 /// message quotes the bad task data it got, which may be long).
 pub async fn fail(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     processor: &Holder,
     token: i64,
     error: &str,
     policy: RetryPolicy,
 ) -> Result<Task, TaskError> {
-    let _announced =
-        crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-    // Race prevented: a late failure report from a processor that lost the
-    // claim, which would otherwise reset a task another worker now holds.
-    // Same guard as complete, re-checked on the locked row (see
-    // `update_claim`).
-    let (base, max) = (millis(policy.base), millis(policy.max));
-    let error = bounded_error(error).into_owned();
-    let (mut tx, task) = update_claim(
-        conn,
-        id,
-        processor,
-        token,
-        "fail",
-        "status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-         failed_at = CASE WHEN attempts >= max_attempts THEN now() END,
-         scheduled_at = CASE WHEN attempts >= max_attempts THEN scheduled_at
-             ELSE now() + make_interval(secs =>
-                 LEAST($5::float8, $4::float8 * power(2, GREATEST(attempts - 1, 0))) / 1000) END,
-         must_heartbeat_before = NULL,
-         last_error = $6",
-        |q| q.bind(base).bind(max).bind(error),
-    )
-    .await?;
-    release_claim(&mut tx, id, processor, token).await?;
-    tx.commit().await?;
-    Ok(task)
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        let _announced =
+            crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
+        // Race prevented: a late failure report from a processor that lost the
+        // claim, which would otherwise reset a task another worker now holds.
+        // Same guard as complete, re-checked on the locked row (see
+        // `update_claim`).
+        let (base, max) = (millis(policy.base), millis(policy.max));
+        let error = bounded_error(error).into_owned();
+        let (mut tx, task) = update_claim(
+            conn,
+            schema,
+            id,
+            processor,
+            token,
+            "fail",
+            "status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
+             failed_at = CASE WHEN attempts >= max_attempts THEN now() END,
+             scheduled_at = CASE WHEN attempts >= max_attempts THEN scheduled_at
+                 ELSE now() + make_interval(secs =>
+                     LEAST($5::float8, $4::float8 * power(2, GREATEST(attempts - 1, 0))) / 1000) END,
+             must_heartbeat_before = NULL,
+             last_error = $6",
+            |q| q.bind(base).bind(max).bind(error),
+        )
+        .await?;
+        release_claim(&mut tx, schema, id, processor, token).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+    .await)
 }
 
 async fn release_claim(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     processor: &Holder,
     token: i64,
 ) -> Result<(), TaskError> {
-    match leases::release(conn, &task_resource(id)?, processor, Some(token)).await {
-        // Already gone (released by hand): the task row decided; fine.
-        Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e.into()),
+    crate::db::atomically!(conn, schema, Result<(), TaskError>, async {
+        match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
+            // Already gone (released by hand): the task row decided; fine.
+            Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
+    .await)
 }

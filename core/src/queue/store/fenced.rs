@@ -4,6 +4,7 @@
 use super::complete::completion_arrays;
 use super::guard::refuse;
 use super::{Completion, TaskError, sql};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::Task;
 use serde_json::Value;
@@ -18,7 +19,8 @@ const FENCE_SAVEPOINT: &str = "leasekeeper_fence";
 /// exactly-once effects in the database.
 ///
 /// It runs on a connection of the queue's pool with the host's
-/// `search_path` (so the handler's SQL names its own tables as usual), and
+/// `search_path` (so the handler's SQL names its own tables as usual; the
+/// completion names leasekeeper's schema, so it needs no other), and
 /// a savepoint taken before the first write. [`FencedTransaction::complete`]
 /// then runs the fenced completion in the same transaction: accepted, and
 /// everything commits at once; refused (a stale holder: the claim was taken
@@ -30,13 +32,18 @@ const FENCE_SAVEPOINT: &str = "leasekeeper_fence";
 /// transaction holds a connection of the pool while it is open.
 pub struct FencedTransaction {
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    /// The pool's own `search_path`, restored for the completion.
-    queue_search_path: String,
+    /// The pool's schema ([`Schema::of`]), where the completion goes.
+    schema: Schema,
 }
 
 /// Sets `search_path` for the rest of the current transaction.
-async fn set_search_path(conn: &mut PgConnection, search_path: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT set_config('search_path', $1, true)")
+async fn set_search_path(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    search_path: &str,
+) -> Result<(), sqlx::Error> {
+    schema
+        .query("SELECT set_config('search_path', $1, true)")
         .bind(search_path)
         .execute(conn)
         .await?;
@@ -46,7 +53,7 @@ async fn set_search_path(conn: &mut PgConnection, search_path: &str) -> Result<(
 impl std::fmt::Debug for FencedTransaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FencedTransaction")
-            .field("queue_search_path", &self.queue_search_path)
+            .field("schema", &self.schema)
             .finish_non_exhaustive()
     }
 }
@@ -55,18 +62,13 @@ impl FencedTransaction {
     /// Begins a transaction on `pool` whose statements see `search_path`
     /// (the host's, e.g. `"$user", public`).
     pub async fn begin(pool: &sqlx::PgPool, search_path: &str) -> Result<Self, sqlx::Error> {
+        let schema = Schema::of(pool);
         let mut tx = pool.begin().await?;
-        let queue_search_path: String = sqlx::query_scalar("SELECT current_setting('search_path')")
-            .fetch_one(&mut *tx)
-            .await?;
-        set_search_path(&mut tx, search_path).await?;
+        set_search_path(&mut tx, &schema, search_path).await?;
         sqlx::query(&format!("SAVEPOINT {FENCE_SAVEPOINT}"))
             .execute(&mut *tx)
             .await?;
-        Ok(FencedTransaction {
-            tx,
-            queue_search_path,
-        })
+        Ok(FencedTransaction { tx, schema })
     }
 
     /// Completes task `id` of `processor`'s claim with `token` and commits
@@ -74,7 +76,7 @@ impl FencedTransaction {
     /// [`TaskError::Stale`] when refused (nothing of the handler's stays).
     pub async fn complete(
         mut self,
-        id: i32,
+        id: i64,
         processor: &Holder,
         token: i64,
         output: Option<&Value>,
@@ -82,7 +84,6 @@ impl FencedTransaction {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::TASKS | crate::live::Topics::LEASES,
         );
-        set_search_path(&mut self.tx, &self.queue_search_path).await?;
         // Race prevented: a stale holder's effects committing. The handler
         // wrote in this transaction; the completion below locks the task
         // row and re-checks the claim (processor, token, status, deadline)
@@ -100,7 +101,9 @@ impl FencedTransaction {
             processor.clone(),
             output.cloned(),
         )]);
-        let done: Option<Task> = sqlx::query_as(&sql)
+        let done: Option<Task> = self
+            .schema
+            .query_as(&sql)
             .bind(&ids)
             .bind(&tokens)
             .bind(&processors)
@@ -115,8 +118,7 @@ impl FencedTransaction {
         sqlx::query(&format!("ROLLBACK TO SAVEPOINT {FENCE_SAVEPOINT}"))
             .execute(&mut *self.tx)
             .await?;
-        set_search_path(&mut self.tx, &self.queue_search_path).await?;
-        let err = refuse(&mut self.tx, id, processor, token, "complete").await?;
+        let err = refuse(&mut self.tx, &self.schema, id, processor, token, "complete").await?;
         self.tx.commit().await?;
         Err(err)
     }

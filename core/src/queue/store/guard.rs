@@ -3,6 +3,7 @@
 //! it refused (`stale_write_refused` in `lease_events`).
 
 use super::{TASK_COLUMNS, TaskError};
+use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::{Task, TaskStatus};
 use serde_json::json;
@@ -19,68 +20,79 @@ pub(super) const HOLDS_CLAIM: &str = "id = $1 AND processor = $2 AND fencing_tok
 /// caller's transaction, which must then commit.
 pub(super) async fn refuse(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     processor: &Holder,
     token: i64,
     op: &str,
 ) -> Result<TaskError, TaskError> {
-    let current: Option<Task> =
-        sqlx::query_as(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))
+    crate::db::atomically!(conn, schema, Result<TaskError, TaskError>, async {
+        let current: Option<Task> = schema
+            .query_as(&format!(
+                "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id = $1"
+            ))
             .bind(id)
             .fetch_optional(&mut *conn)
             .await?;
-    let Some(current) = current else {
-        return Ok(TaskError::NotFound(id));
-    };
-    let reason = if current.status == TaskStatus::Processed {
-        "already processed".to_string()
-    } else if current.status != TaskStatus::Started {
-        format!("not started (it is {})", current.status.as_str())
-    } else if current.fencing_token != Some(token) {
-        format!(
-            "fencing token {token} is not current (the current claim has {})",
-            current.fencing_token.unwrap_or_default()
-        )
-    } else if current.processor.as_deref() != Some(processor.as_str()) {
-        format!(
-            "claimed by {}, not {processor}",
-            current.processor.as_deref().unwrap_or("nobody")
-        )
-    } else {
-        "its lease expired".to_string()
-    };
-    sqlx::query(
-        "INSERT INTO lease_events (resource, holder, fencing_token, kind, detail)
-         VALUES ($1, $2, $3, 'stale_write_refused', $4)",
-    )
-    .bind(Task::resource_name(id))
-    .bind(processor.as_str())
-    .bind(token)
-    .bind(json!({
-        "op": op,
-        "task_id": id,
-        "reason": reason,
-        "current_token": current.fencing_token,
-        "current_processor": current.processor,
-    }))
-    .execute(&mut *conn)
-    .await?;
-    crate::metrics::refused();
-    Ok(TaskError::Stale { id, reason })
+        let Some(current) = current else {
+            return Ok(TaskError::NotFound(id));
+        };
+        let reason = if current.status == TaskStatus::Processed {
+            "already processed".to_string()
+        } else if current.status != TaskStatus::Started {
+            format!("not started (it is {})", current.status.as_str())
+        } else if current.fencing_token != Some(token) {
+            format!(
+                "fencing token {token} is not current (the current claim has {})",
+                current.fencing_token.unwrap_or_default()
+            )
+        } else if current.processor.as_deref() != Some(processor.as_str()) {
+            format!(
+                "claimed by {}, not {processor}",
+                current.processor.as_deref().unwrap_or("nobody")
+            )
+        } else {
+            "its lease expired".to_string()
+        };
+        schema
+            .query(
+                "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
+             VALUES ($1, $2, $3, 'stale_write_refused', $4)",
+            )
+            .bind(Task::resource_name(id))
+            .bind(processor.as_str())
+            .bind(token)
+            .bind(json!({
+                "op": op,
+                "task_id": id,
+                "reason": reason,
+                "current_token": current.fencing_token,
+                "current_processor": current.processor,
+            }))
+            .execute(&mut *conn)
+            .await?;
+        crate::metrics::refused();
+        Ok(TaskError::Stale { id, reason })
+    }
+    .await)
 }
 
 /// [`refuse`] in a transaction of its own.
 pub(super) async fn refuse_alone(
     conn: &mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     processor: &Holder,
     token: i64,
     op: &str,
 ) -> Result<TaskError, TaskError> {
-    let mut tx = conn.begin().await?;
-    let err = refuse(&mut tx, id, processor, token, op).await?;
-    tx.commit().await?;
-    Ok(err)
+    crate::db::atomically!(conn, schema, Result<TaskError, TaskError>, async {
+        let mut tx = conn.begin().await?;
+        let err = refuse(&mut tx, schema, id, processor, token, op).await?;
+        tx.commit().await?;
+        Ok(err)
+    }
+    .await)
 }
 
 /// The write of one claim that heartbeat and fail share: in a transaction
@@ -96,9 +108,14 @@ pub(super) async fn refuse_alone(
 /// task row and re-checks processor, token, status and deadline on its
 /// newest version, so once the deadline passed or a takeover committed
 /// (new token), the old processor's write changes nothing.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the claim (id, processor, token), what to set and bind, and the schema: each is needed, and a struct would only rename them"
+)]
 pub(super) async fn update_claim<'c>(
     conn: &'c mut PgConnection,
-    id: i32,
+    schema: &Schema,
+    id: i64,
     processor: &Holder,
     token: i64,
     op: &str,
@@ -108,8 +125,10 @@ pub(super) async fn update_claim<'c>(
     ) -> QueryAs<'q, Postgres, Task, PgArguments>,
 ) -> Result<(Transaction<'c, Postgres>, Task), TaskError> {
     let mut tx = conn.begin().await?;
-    let sql = format!("UPDATE tasks SET {set} WHERE {HOLDS_CLAIM} RETURNING {TASK_COLUMNS}");
-    let query = sqlx::query_as(&sql)
+    let sql =
+        format!("UPDATE $schema.tasks SET {set} WHERE {HOLDS_CLAIM} RETURNING {TASK_COLUMNS}");
+    let query = schema
+        .query_as(&sql)
         .bind(id)
         .bind(processor.as_str())
         .bind(token);
@@ -117,7 +136,7 @@ pub(super) async fn update_claim<'c>(
     match updated {
         Some(task) => Ok((tx, task)),
         None => {
-            let err = refuse(&mut tx, id, processor, token, op).await?;
+            let err = refuse(&mut tx, schema, id, processor, token, op).await?;
             tx.commit().await?;
             Err(err)
         }

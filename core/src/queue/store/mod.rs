@@ -30,28 +30,29 @@
 //! use std::time::Duration;
 //!
 //! let mut conn = pool.acquire().await?;
+//! let schema = leasekeeper_core::db::Schema::default(); // where the tables are
 //! // A task of kind `email` in the default queue, up to 3 attempts, claimable at once.
 //! let new = NewTask::new("email", json!({"to": "ada@example.com"})).max_attempts(3);
-//! let task = store::enqueue(&mut conn, &new).await?;
+//! let task = store::enqueue(&mut conn, &schema, &new).await?;
 //! assert_eq!((task.status, task.queue.as_str()), (TaskStatus::Pending, "default"));
 //!
 //! // A worker claims it: its lease on `task:<id>` for 30 s, with a fencing token.
 //! let worker = Holder::parse("worker-1")?;
 //! let ttl = Duration::from_secs(30);
-//! let claimed = store::claim_next(&mut conn, &worker, ttl).await?.expect("a task is due");
+//! let claimed = store::claim_next(&mut conn, &schema, &worker, ttl).await?.expect("a task is due");
 //! assert_eq!((claimed.id, claimed.status), (task.id, TaskStatus::Started));
 //! let token = claimed.fencing_token.expect("a claim has a token");
 //!
 //! // While the claim is live nobody else gets the task.
 //! let other = Holder::parse("worker-2")?;
-//! assert!(store::claim_next(&mut conn, &other, ttl).await?.is_none());
+//! assert!(store::claim_next(&mut conn, &schema, &other, ttl).await?.is_none());
 //!
 //! // The holder completes it with its token; the task completes only once.
 //! let output = json!({"sent": true});
-//! let done = store::complete(&mut conn, task.id, &worker, token, Some(&output)).await?;
+//! let done = store::complete(&mut conn, &schema, task.id, &worker, token, Some(&output)).await?;
 //! assert_eq!(done.status, TaskStatus::Processed);
 //! assert_eq!(done.task_output, Some(output));
-//! let again = store::complete(&mut conn, task.id, &worker, token, None).await;
+//! let again = store::complete(&mut conn, &schema, task.id, &worker, token, None).await;
 //! assert!(matches!(again, Err(TaskError::Stale { .. })));
 //! # Ok(())
 //! # }
@@ -93,13 +94,13 @@ pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, sch
 pub enum TaskError {
     /// No task with that id.
     #[error("no task with id {0}")]
-    NotFound(i32),
+    NotFound(i64),
     /// The write came from a processor that does not hold the current claim
     /// (wrong processor or token, lease expired, or task already finished).
     #[error("task {id}: {reason}")]
     Stale {
         /// The task.
-        id: i32,
+        id: i64,
         /// Why it was refused, for the caller and the history.
         reason: String,
     },
@@ -145,7 +146,7 @@ impl RetryPolicy {
 /// [`heartbeat_each`], [`complete_each`]) may name.
 pub const MAX_BATCH: usize = 1000;
 
-pub(super) fn task_resource(id: i32) -> Result<Resource, TaskError> {
+pub(super) fn task_resource(id: i64) -> Result<Resource, TaskError> {
     Resource::parse(Task::resource_name(id)).map_err(|e| TaskError::BadInput(e.to_string()))
 }
 

@@ -2,7 +2,8 @@
 //! list run, for a DBA to `EXPLAIN` against their own data or load-test
 //! with pgbench (the benchmark's raw ceilings do exactly that, and a test
 //! checks the lists' plans), without reading this crate's source. The store
-//! runs these very strings.
+//! runs these very strings, with the schema put in for `$schema`
+//! ([`crate::db::Schema::sql`]).
 
 use super::TASK_COLUMNS;
 use crate::queue::TaskStatus;
@@ -26,13 +27,13 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
     let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
     format!(
         "WITH late AS (
-            SELECT id, attempts, max_attempts, true AS late, last_heartbeat_at AS last_seen FROM tasks
+            SELECT id, attempts, max_attempts, true AS late, last_heartbeat_at AS last_seen FROM $schema.tasks
              WHERE status = 'started' AND must_heartbeat_before <= now()
                AND queue = $3 {kinds}
              ORDER BY must_heartbeat_before, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), fresh AS (
-            SELECT id, attempts, max_attempts, false AS late, NULL::timestamptz AS last_seen FROM tasks
+            SELECT id, attempts, max_attempts, false AS late, NULL::timestamptz AS last_seen FROM $schema.tasks
              WHERE status = 'pending' AND scheduled_at <= now()
                AND queue = $3 {kinds}
                AND NOT EXISTS (SELECT 1 FROM late)
@@ -44,9 +45,9 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
          ), holder AS (
             SELECT h.name, h.n FROM unnest($1::text[]) WITH ORDINALITY AS h(name, n)
          ), lease AS (
-            INSERT INTO leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
+            INSERT INTO $schema.leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
             SELECT 'task:' || c.id, h.name, now(), now() + make_interval(secs => $2::float8 / 1000), $2,
-                   COALESCE((SELECT f.last_token FROM lease_fencing f
+                   COALESCE((SELECT f.last_token FROM $schema.lease_fencing f
                               WHERE f.resource = 'task:' || c.id), 0) + 1
               FROM candidate c JOIN holder h ON h.n = c.n
              WHERE NOT c.late OR c.attempts < c.max_attempts
@@ -59,7 +60,7 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
              WHERE l.expires_at <= now()
             RETURNING resource, holder, fencing_token, expires_at
          ), claimed AS (
-            UPDATE tasks t
+            UPDATE $schema.tasks t
                SET status = 'started', processor = lease.holder, fencing_token = lease.fencing_token,
                    started_at = now(), last_heartbeat_at = now(),
                    must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
@@ -88,10 +89,10 @@ pub fn complete() -> String {
 pub(super) fn complete_at(clock: &str) -> String {
     format!(
         "WITH claim AS (
-            SELECT * FROM unnest($1::int4[], $2::int8[], $3::text[], $4::jsonb[])
+            SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::jsonb[])
                        AS c(id, token, processor, output)
          ), done AS (
-            UPDATE tasks t
+            UPDATE $schema.tasks t
                SET status = 'processed', processed_at = {clock}, task_output = claim.output,
                    must_heartbeat_before = NULL
               FROM claim
@@ -99,7 +100,7 @@ pub(super) fn complete_at(clock: &str) -> String {
                AND t.status = 'started' AND t.must_heartbeat_before > {clock}
             RETURNING t.*
          ), released AS (
-            UPDATE leases l
+            UPDATE $schema.leases l
                SET released_at = {clock}, expires_at = date_trunc('milliseconds', {clock})
               FROM done
              WHERE l.resource = 'task:' || done.id AND l.holder = done.processor
@@ -128,9 +129,11 @@ pub fn list(status: Option<TaskStatus>, newest_first: bool) -> String {
     };
     if newest_first {
         format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id < $1 {and_status} ORDER BY id DESC LIMIT $2"
+            "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id < $1 {and_status} ORDER BY id DESC LIMIT $2"
         )
     } else {
-        format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 {and_status} ORDER BY id LIMIT $2")
+        format!(
+            "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id > $1 {and_status} ORDER BY id LIMIT $2"
+        )
     }
 }

@@ -444,6 +444,14 @@ impl<T: Transport> Worker<T> {
                 self.give_back(&claim, &e.to_string()).await;
                 Flow::Claim
             }
+            Ok(Ok(done)) if let Err(why) = crate::json::storable(&done.output, "its output") => {
+                // Stored, it could not be read back (and the task with it):
+                // a failed attempt, and the handler's writes roll back with
+                // its transaction.
+                let why = format!("the handler's answer cannot be stored: {why}");
+                self.give_back(&claim, &why).await;
+                Flow::Claim
+            }
             Ok(Ok(done)) => match done.transaction {
                 None => {
                     // A batching transport takes the completion over (and

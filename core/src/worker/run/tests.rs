@@ -12,10 +12,10 @@ use std::sync::Mutex;
 #[derive(Clone, Debug, PartialEq)]
 enum Call {
     Claim,
-    Heartbeat(i32, i64),
-    Complete(i32, i64, Value),
-    Fail(i32, i64, String),
-    Report(WorkerState, Option<i32>, i32, i32),
+    Heartbeat(i64, i64),
+    Complete(i64, i64, Value),
+    Fail(i64, i64, String),
+    Report(WorkerState, Option<i64>, i64, i64),
 }
 
 /// How the scripted queue answers heartbeats.
@@ -126,7 +126,7 @@ impl Transport for Fake {
     }
 }
 
-fn claim(task_id: i32, token: i64, data: Value, remaining: Duration) -> Claim {
+fn claim(task_id: i64, token: i64, data: Value, remaining: Duration) -> Claim {
     Claim {
         task_id,
         token,
@@ -408,7 +408,7 @@ async fn stopping_gives_the_task_back() {
     );
 }
 
-fn kind_claim(task_id: i32, kind: &str) -> Claim {
+fn kind_claim(task_id: i64, kind: &str) -> Claim {
     Claim {
         kind: kind.into(),
         ..claim(task_id, 7, json!({}), secs(3.0))

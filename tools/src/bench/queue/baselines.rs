@@ -13,9 +13,9 @@ pub(super) async fn original_claim(
     conn: &mut PgConnection,
     me: &Holder,
     offset: i64,
-) -> Result<Option<(i32, i64)>> {
+) -> Result<Option<(i64, i64)>> {
     let mut tx = conn.begin().await?;
-    let id: Option<i32> = sqlx::query_scalar(
+    let id: Option<i64> = sqlx::query_scalar(
         "SELECT id FROM tasks WHERE status = 'pending' AND scheduled_at <= now()
           ORDER BY scheduled_at LIMIT 1 OFFSET $1 FOR UPDATE",
     )
@@ -63,7 +63,7 @@ pub(super) async fn original_claim(
 pub(super) async fn original_complete(
     conn: &mut PgConnection,
     me: &Holder,
-    id: i32,
+    id: i64,
     token: i64,
 ) -> Result<()> {
     let mut tx = conn.begin().await?;

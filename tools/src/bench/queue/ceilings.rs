@@ -22,14 +22,16 @@ const MINIMAL_TABLE: &str = "bench_minimal_queue";
 
 /// The raw ceiling's script: [`tasks::sql::claim`] for one task, then
 /// [`tasks::sql::complete`] for it, with pgbench variables for the binds.
-fn raw_script() -> String {
+fn raw_script(schema: &Schema) -> String {
     let processor = "('raw-' || :client_id)";
-    let claim = tasks::sql::claim(1, false)
+    let claim = schema
+        .sql(&tasks::sql::claim(1, false))
         .replace("$1::text[]", &format!("ARRAY[{processor}]"))
         .replace("$2", "30000")
         .replace("$3", "'default'");
-    let complete = tasks::sql::complete()
-        .replace("$1::int4[]", "ARRAY[:id]::int4[]")
+    let complete = schema
+        .sql(&tasks::sql::complete())
+        .replace("$1::int8[]", "ARRAY[:id]::int8[]")
         .replace("$2::int8[]", "ARRAY[:fencing_token]::int8[]")
         .replace("$3::text[]", &format!("ARRAY[{processor}]"))
         .replace("$4::jsonb[]", "ARRAY[NULL]::jsonb[]");
@@ -60,7 +62,7 @@ pub(super) async fn raw_ceiling(
     clients: usize,
     plan: &Plan,
 ) -> Result<f64> {
-    pgbench(conninfo, schema, clients, plan, &raw_script()).await
+    pgbench(conninfo, schema, clients, plan, &raw_script(schema)).await
 }
 
 /// Tasks per second of the bare SKIP LOCKED queue under pgbench with
@@ -188,7 +190,9 @@ mod tests {
 
     #[test]
     fn the_raw_script_is_the_stores_sql_with_every_bind_replaced() {
-        let script = raw_script();
+        let script = raw_script(&Schema::default());
+        assert!(!script.contains("$schema"), "{script}");
+        assert!(script.contains("\"leasekeeper\".tasks"), "{script}");
         for n in 1..=4 {
             assert!(
                 !script.contains(&format!("${n}")),
@@ -197,7 +201,7 @@ mod tests {
         }
         assert!(script.contains("FOR UPDATE SKIP LOCKED"));
         assert!(script.contains("\\gset"));
-        assert!(script.contains("ARRAY[:id]::int4[]"));
+        assert!(script.contains("ARRAY[:id]::int8[]"));
         assert!(script.trim_end().ends_with(';'));
     }
 

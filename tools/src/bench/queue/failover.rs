@@ -35,6 +35,7 @@ pub(super) async fn failovers(
     rounds: usize,
     progress: &Progress,
 ) -> Result<Failover> {
+    let schema = &leasekeeper_core::db::Schema::of(pool);
     prepare(pool, 0).await?;
     let mut settings = settings.clone();
     settings.lease_ttl = FAILOVER_TTL;
@@ -72,6 +73,7 @@ pub(super) async fn failovers(
         for round in 0..rounds {
             let task = tasks::enqueue(
                 &mut conn,
+                schema,
                 &leasekeeper_core::queue::NewTask::new(
                     leasekeeper_core::worker::simulated::KIND,
                     json!({"sleep_duration_seconds": 1}),
@@ -81,7 +83,7 @@ pub(super) async fn failovers(
             .await?;
             ids.push(task.id);
             let holder = wait_for(Duration::from_secs(20), || async {
-                let t = tasks::get(&mut *pool.acquire().await?, task.id).await?;
+                let t = tasks::get(&mut *pool.acquire().await?, schema, task.id).await?;
                 Ok(t.filter(|t| t.attempts == 1).and_then(|t| t.processor))
             })
             .await
@@ -116,7 +118,7 @@ pub(super) async fn failovers(
             .context("nobody took the killed worker's task over")?;
             times.push(took);
             wait_for(Duration::from_secs(20), || async {
-                let t = tasks::get(&mut *pool.acquire().await?, task.id).await?;
+                let t = tasks::get(&mut *pool.acquire().await?, schema, task.id).await?;
                 Ok(
                     t.filter(|t| t.status == leasekeeper_core::queue::TaskStatus::Processed)
                         .map(|_| ()),

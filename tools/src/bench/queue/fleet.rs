@@ -211,6 +211,7 @@ pub(super) async fn single_task_latency(
     n: usize,
 ) -> Result<Samples> {
     let pool = &db.pool;
+    let schema = &leasekeeper_core::db::Schema::of(pool);
     let service_pool = db.service_pool().await?;
     let runtime =
         noop_runtime_batching(service_pool.clone(), "bench-latency", CONCURRENCY, batching).await?;
@@ -219,6 +220,7 @@ pub(super) async fn single_task_latency(
     for _ in 0..n {
         let task = leasekeeper_core::queue::store::enqueue(
             &mut conn,
+            schema,
             &NewTask::new(NOOP, serde_json::json!({})),
         )
         .await?;

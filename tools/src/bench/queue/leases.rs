@@ -39,6 +39,7 @@ pub(super) async fn lease_ops(pool: &PgPool, plan: &Plan) -> Result<LeaseFigures
         let mut conn = pool.acquire().await?.detach();
         let stop = acquiring.clone();
         let warmup = plan.warmup;
+        let schema = leasekeeper_core::db::Schema::of(pool);
         handles.push(tokio::spawn(async move {
             let me = Holder::parse(format!("bench-c{c}"))?;
             let begun = Instant::now();
@@ -48,7 +49,7 @@ pub(super) async fn lease_ops(pool: &PgPool, plan: &Plan) -> Result<LeaseFigures
                 let resource = Resource::parse(format!("bench:c{c}-{k}"))?;
                 k += 1;
                 let t = Instant::now();
-                leases::acquire(&mut conn, &resource, &me, TTL).await?;
+                leases::acquire(&mut conn, &schema, &resource, &me, TTL).await?;
                 if begun.elapsed() >= warmup {
                     samples.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
@@ -69,14 +70,15 @@ pub(super) async fn lease_ops(pool: &PgPool, plan: &Plan) -> Result<LeaseFigures
     for c in 0..LEASE_CLIENTS {
         let mut conn = pool.acquire().await?.detach();
         let (stop, renewed, measuring) = (stop.clone(), renewed.clone(), measuring.clone());
+        let schema = leasekeeper_core::db::Schema::of(pool);
         handles.push(tokio::spawn(async move {
             let me = Holder::parse(format!("bench-c{c}"))?;
             let resource = Resource::parse(format!("bench:hold-{c}"))?;
-            leases::acquire(&mut conn, &resource, &me, TTL).await?;
+            leases::acquire(&mut conn, &schema, &resource, &me, TTL).await?;
             let mut samples = Vec::new();
             while !stop.is_cancelled() {
                 let t = Instant::now();
-                leases::renew(&mut conn, &resource, &me, None, None).await?;
+                leases::renew(&mut conn, &schema, &resource, &me, None, None).await?;
                 if measuring.load(Ordering::Relaxed) {
                     samples.push(t.elapsed().as_secs_f64() * 1000.0);
                     renewed.fetch_add(1, Ordering::Relaxed);

@@ -40,6 +40,7 @@ pub(super) async fn drive(
     plan: &Plan,
     progress: &Progress,
 ) -> Result<Run> {
+    let schema = leasekeeper_core::db::Schema::of(pool);
     let done = Arc::new(AtomicU64::new(0));
     let measuring = Arc::new(AtomicBool::new(false));
     let ran_dry = Arc::new(AtomicBool::new(false));
@@ -54,29 +55,31 @@ pub(super) async fn drive(
             stop.clone(),
         );
         let me = Holder::parse(format!("bench-w{w}"))?;
+        let schema = schema.clone();
         handles.push(tokio::spawn(async move {
             let mut claims = Vec::new();
             while !stop.is_cancelled() {
                 let started = Instant::now();
                 let n = match algo {
-                    Algo::Ours => match tasks::claim_next(&mut conn, &me, TTL).await? {
+                    Algo::Ours => match tasks::claim_next(&mut conn, &schema, &me, TTL).await? {
                         Some(task) => {
                             if measuring.load(Ordering::Relaxed) {
                                 claims.push(started.elapsed().as_secs_f64() * 1000.0);
                             }
                             let token = task.fencing_token.context("a claim has a token")?;
-                            tasks::complete(&mut conn, task.id, &me, token, None).await?;
+                            tasks::complete(&mut conn, &schema, task.id, &me, token, None).await?;
                             1
                         }
                         None => 0,
                     },
                     Algo::Batched => {
-                        let batch = tasks::claim_batch(&mut conn, &me, TTL, BATCH).await?;
-                        let ids: Vec<(i32, i64)> = batch
+                        let batch = tasks::claim_batch(&mut conn, &schema, &me, TTL, BATCH).await?;
+                        let ids: Vec<(i64, i64)> = batch
                             .iter()
                             .map(|t| (t.id, t.fencing_token.unwrap_or_default()))
                             .collect();
-                        let completed = tasks::complete_all_of(&mut conn, &me, &ids, None).await?;
+                        let completed =
+                            tasks::complete_all_of(&mut conn, &schema, &me, &ids, None).await?;
                         if completed.len() != ids.len() {
                             bail!("a batch completion was refused");
                         }

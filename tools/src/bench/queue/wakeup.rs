@@ -24,12 +24,13 @@ pub(super) async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wa
         let mut signal = WorkSignal::new(hub);
         let stop = stop.clone();
         let me = Holder::parse("bench-idle")?;
+        let schema = leasekeeper_core::db::Schema::of(pool);
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                while let Some(task) = tasks::claim_next(&mut conn, &me, TTL).await? {
+                while let Some(task) = tasks::claim_next(&mut conn, &schema, &me, TTL).await? {
                     let _ = claimed_tx.send(Instant::now());
                     let token = task.fencing_token.unwrap_or_default();
-                    tasks::complete(&mut conn, task.id, &me, token, None).await?;
+                    tasks::complete(&mut conn, &schema, task.id, &me, token, None).await?;
                 }
                 tokio::select! {
                     () = stop.cancelled() => break,
@@ -39,6 +40,7 @@ pub(super) async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wa
             anyhow::Ok(())
         })
     };
+    let schema = &leasekeeper_core::db::Schema::of(pool);
     let mut conn = pool.acquire().await?;
     let (mut from_commit, mut from_call) = (Vec::new(), Vec::new());
     for _ in 0..n {
@@ -49,6 +51,7 @@ pub(super) async fn wakeups(pool: &PgPool, hub: &LiveHub, n: usize) -> Result<Wa
         let started = Instant::now();
         tasks::enqueue(
             &mut conn,
+            schema,
             &leasekeeper_core::queue::NewTask::new(
                 leasekeeper_core::worker::simulated::KIND,
                 json!({"sleep_duration_seconds": 0}),

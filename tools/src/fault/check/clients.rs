@@ -11,7 +11,7 @@ use std::time::Duration;
 /// granted once, and a claim sent after another claim's answer arrived gets
 /// a higher token.
 pub(super) fn tokens_seen_by_clients(history: &[Op], c: &mut Checks) {
-    let mut grants: HashMap<i32, Vec<&Op>> = HashMap::new();
+    let mut grants: HashMap<i64, Vec<&Op>> = HashMap::new();
     for op in history {
         if let (OpKind::Claim, Outcome::Ok, Some(task), Some(_)) =
             (op.op, op.outcome, op.task, op.token)
@@ -62,7 +62,7 @@ pub(super) fn holders_believed_at_once(
 ) {
     let trusted_ms = (ttl.as_secs_f64() * 900.0) as i64;
     // (task, worker, token) -> (granted at, believed until)
-    let mut beliefs: BTreeMap<(i32, String, i64), (i64, i64)> = BTreeMap::new();
+    let mut beliefs: BTreeMap<(i64, String, i64), (i64, i64)> = BTreeMap::new();
     let mut ops: Vec<&Op> = history.iter().collect();
     ops.sort_by_key(|op| op.sent_ms);
     for op in ops {
@@ -89,7 +89,7 @@ pub(super) fn holders_believed_at_once(
             _ => {}
         }
     }
-    let mut by_task: BTreeMap<i32, Vec<(&String, i64, i64, i64)>> = BTreeMap::new();
+    let mut by_task: BTreeMap<i64, Vec<(&String, i64, i64, i64)>> = BTreeMap::new();
     for ((task, worker, token), (from, until)) in &beliefs {
         by_task
             .entry(*task)

@@ -47,9 +47,9 @@ pub struct Checks {
     /// mid-call): the database's word only.
     pub confirmed_by_database_only: usize,
     /// Tasks neither processed nor failed at the end, or failed early.
-    pub lost: Vec<i32>,
+    pub lost: Vec<i64>,
     /// Tasks with more than one accepted completion.
-    pub duplicates: Vec<i32>,
+    pub duplicates: Vec<i64>,
     /// Accepted writes that carried a stale token (described).
     pub stale_accepted: Vec<String>,
     /// Writes the workers saw refused, by kind.
@@ -79,7 +79,7 @@ pub struct Checks {
     pub believed_overlaps: Vec<String>,
     pub generator_terms: usize,
     pub generated_tasks: usize,
-    pub generated_outside_term: Vec<i32>,
+    pub generated_outside_term: Vec<i64>,
     /// History lines that could not be read (a writer killed mid-line).
     pub torn_history_lines: usize,
 }
@@ -97,7 +97,7 @@ impl Checks {
                 ));
             }
         };
-        let ids = |v: &[i32]| v.iter().map(|id| format!("task {id}")).collect::<Vec<_>>();
+        let ids = |v: &[i64]| v.iter().map(|id| format!("task {id}")).collect::<Vec<_>>();
         list("lost tasks", &ids(&self.lost));
         list("tasks processed twice", &ids(&self.duplicates));
         list("stale writes accepted", &self.stale_accepted);
@@ -144,7 +144,7 @@ pub(super) type EventRow = (
 );
 
 type TaskRow = (
-    i32,
+    i64,
     String,
     i32,
     i32,
@@ -198,7 +198,7 @@ pub async fn check(
     .fetch_all(pool)
     .await?;
     c.tasks = tasks.len();
-    let mut completions: HashMap<i32, Vec<&Op>> = HashMap::new();
+    let mut completions: HashMap<i64, Vec<&Op>> = HashMap::new();
     for op in history {
         let (Some(task), Some(token)) = (op.task, op.token) else {
             if op.outcome == Outcome::Unknown {
