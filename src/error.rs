@@ -149,7 +149,9 @@ mod server {
             use leasekeeper_core::queue::store::TaskError;
             match err {
                 TaskError::NotFound(_) => AppError::NotFound(err.to_string()),
-                TaskError::Stale { .. } => AppError::Conflict(err.to_string()),
+                TaskError::Stale { .. } | TaskError::Conflict(_) => {
+                    AppError::Conflict(err.to_string())
+                }
                 TaskError::BadInput(msg) => AppError::BadRequest(msg),
                 TaskError::Lease(e) => AppError::from(e),
                 TaskError::Db(e) => AppError::from(e),

@@ -14,6 +14,7 @@ use leasekeeper_core::instance::{self, Registration};
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::live::LiveHub;
 use leasekeeper_core::maintenance::Maintenance;
+use leasekeeper_core::schedule::runtime::Scheduler;
 use leptos::config::{Env, LeptosOptions};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use std::sync::Arc;
@@ -114,6 +115,12 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
         settings.maintenance_config(),
     );
+    // Schedules fire on whichever instance holds `singleton:scheduler`.
+    let scheduler = Scheduler::spawn(
+        db.pool.clone(),
+        Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
+        settings.scheduler_config(),
+    );
     let live = LiveHub::start(db.pool.clone());
     let fleet = Fleet::new(
         db.pool.clone(),
@@ -128,6 +135,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings: Arc::new(settings.clone()),
         instance_id: instance_id.clone(),
         generator: Some(generator.handle()),
+        scheduler: Some(scheduler.handle()),
         fleet: fleet.clone(),
         overview: crate::overview::sampler::Sampler::spawn(db.pool.clone()),
     };
@@ -153,6 +161,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Release the generator lease if held, so another instance takes over
     // at once rather than after the TTL; then say goodbye.
     generator.shutdown().await;
+    scheduler.shutdown().await;
     maintenance.shutdown().await;
     if let Err(e) = registration.shutdown().await {
         tracing::warn!(error = %e, "cannot mark this instance stopped");

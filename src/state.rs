@@ -25,6 +25,9 @@ pub struct AppState {
     pub instance_id: Arc<str>,
     /// The local generator runtime, when one runs in this process.
     pub generator: Option<GeneratorHandle>,
+    /// The local scheduler, when one runs in this process (nudged after a
+    /// schedule changes through this instance).
+    pub scheduler: Option<leasekeeper_core::schedule::runtime::SchedulerHandle>,
     /// This instance's simulated workers.
     pub fleet: Fleet,
     /// The fan-out of database changes to this instance's browsers.

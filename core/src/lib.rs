@@ -54,6 +54,9 @@
 //!   generator (whether it should run, and its fenced inserts).
 //! - [`live`]: change announcements on a PostgreSQL channel, batched, so
 //!   listeners (the dashboard, idle workers) hear about changes at once.
+//! - [`schedule`]: cron-declared periodic tasks, each tick fired once by
+//!   the holder of `singleton:scheduler`, fenced, with a catch-up policy
+//!   for ticks missed while nobody led.
 //! - [`maintenance`]: retention, on one replica (a singleton): deletes
 //!   finished tasks with their leases and history, old history and dead
 //!   instances/workers, in small batches that never hold up a claim.
@@ -86,6 +89,7 @@ pub mod lease;
 pub mod live;
 pub mod paging;
 pub mod queue;
+pub mod schedule;
 pub mod worker;
 
 mod text;

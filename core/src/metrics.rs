@@ -27,6 +27,12 @@ pub const FAILOVER_SECONDS: &str = "leasekeeper_failover_seconds";
 /// Counter, label `table`: rows the maintenance job deleted because they
 /// were older than the retention.
 pub const PRUNED_ROWS_TOTAL: &str = "leasekeeper_pruned_rows_total";
+/// Counter, label `schedule`: ticks fired by this process.
+pub const SCHEDULE_TICKS_TOTAL: &str = "leasekeeper_schedule_ticks_total";
+/// Histogram: seconds from a tick's time to its firing (`fired_at - tick_at`).
+pub const SCHEDULE_LATENESS_SECONDS: &str = "leasekeeper_schedule_lateness_seconds";
+/// Counter: ticks fired late to catch up a gap nobody led through.
+pub const SCHEDULE_TICKS_CAUGHT_UP_TOTAL: &str = "leasekeeper_schedule_ticks_caught_up_total";
 /// Gauge, label `status`: tasks by status (set by the host when scraped).
 pub const TASKS: &str = "leasekeeper_tasks";
 
@@ -53,6 +59,19 @@ pub fn describe() {
         "Time from the old holder's last renewal to another holder's term."
     );
     describe_gauge!(TASKS, "Tasks by status.");
+    describe_counter!(
+        SCHEDULE_TICKS_TOTAL,
+        "Schedule ticks fired by this process, by schedule."
+    );
+    describe_histogram!(
+        SCHEDULE_LATENESS_SECONDS,
+        Unit::Seconds,
+        "Time from a schedule tick's time to its firing."
+    );
+    describe_counter!(
+        SCHEDULE_TICKS_CAUGHT_UP_TOTAL,
+        "Schedule ticks fired late to catch up a gap nobody led through."
+    );
     describe_counter!(
         PRUNED_ROWS_TOTAL,
         "Rows deleted by the maintenance job as older than the retention, by table."
@@ -90,5 +109,14 @@ pub(crate) fn renewed(took: Duration, n: usize) {
 pub(crate) fn pruned(table: &'static str, n: u64) {
     if n > 0 {
         metrics::counter!(PRUNED_ROWS_TOTAL, "table" => table).increment(n);
+    }
+}
+
+/// A tick of `schedule` fired `lateness_ms` after its time.
+pub(crate) fn schedule_tick(schedule: &str, lateness_ms: i64, caught_up: bool) {
+    metrics::counter!(SCHEDULE_TICKS_TOTAL, "schedule" => schedule.to_string()).increment(1);
+    metrics::histogram!(SCHEDULE_LATENESS_SECONDS).record(lateness_ms.max(0) as f64 / 1000.0);
+    if caught_up {
+        metrics::counter!(SCHEDULE_TICKS_CAUGHT_UP_TOTAL).increment(1);
     }
 }

@@ -15,6 +15,7 @@ pub mod overview;
 pub mod paging;
 pub mod params;
 pub mod responses;
+pub mod schedules;
 pub mod server_fns;
 pub mod tasks;
 pub mod workers;
@@ -43,6 +44,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(tasks::routes())
         .merge(workers::routes())
         .merge(generator::routes())
+        .merge(schedules::routes())
         .merge(instances::routes())
         .merge(overview::routes())
         .merge(audit::routes())

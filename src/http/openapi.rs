@@ -9,7 +9,8 @@
 //! definitions in `src/http/`, both ways.
 
 use super::{
-    audit, events, generator, health, instances, leases, metrics, overview, tasks, workers,
+    audit, events, generator, health, instances, leases, metrics, overview, schedules, tasks,
+    workers,
 };
 use crate::error::ErrorBody;
 use axum::Router;
@@ -30,7 +31,7 @@ This document covers every REST route: everything under `/api`, plus \
 (`/sfn/...`) are its internals, not a public API, and are left out.
 
 **Errors** are JSON `{\"error\": \"...\"}`: 400 for bad input, 404, 409, \
-413 for bodies over 64 KiB, 500 with a generic message (details go to the \
+413 for bodies over 64 KiB (16 MiB for `POST /api/tasks/batch`), 500 with a generic message (details go to the \
 server's log). An unknown `/api` path answers 404, a known path with another \
 method 405, both with the same body.
 
@@ -48,7 +49,7 @@ Lease and task lists also take `after=ID` instead, oldest first, without a \
 `Link` header; `before` and `after` together are refused.
 
 **Operator routes** (generator start/stop, worker spawn/pause/kill, \
-instance kill, force-release, task cancel/retry) need the admin token when \
+instance kill, force-release, task cancel/retry, every schedule change) need the admin token when \
 the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
 <token>`, else 401. Without one set they are open. Each writes an \
 `operator` row to `lease_events` in the action's own transaction \
@@ -73,6 +74,7 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         leases::force_release,
         tasks::list_all,
         tasks::enqueue,
+        tasks::enqueue_batch,
         tasks::list_pending,
         tasks::list_started,
         tasks::list_processed,
@@ -96,6 +98,14 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         generator::status,
         generator::start,
         generator::stop,
+        schedules::list,
+        schedules::get_one,
+        schedules::declare,
+        schedules::ticks,
+        schedules::pause,
+        schedules::resume,
+        schedules::trigger,
+        schedules::delete_one,
         instances::list,
         instances::kill,
         overview::overview,
@@ -113,6 +123,7 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         (name = "tasks", description = "The task queue: every claim is a lease on `task:<id>`"),
         (name = "workers", description = "Simulated workers and worker processes"),
         (name = "generator", description = "The lease-guarded task generator"),
+        (name = "schedules", description = "Cron-declared periodic tasks, each tick fired once under the scheduler's fenced lease"),
         (name = "instances", description = "The leasekeeper processes sharing the database"),
         (name = "overview", description = "Counts, throughput, the split-brain check"),
         (name = "audit", description = "Operator actions"),

@@ -16,9 +16,9 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::queue::control::{self, TaskFilter};
-use leasekeeper_core::queue::store::{self, RetryPolicy};
+use leasekeeper_core::queue::store::{self, Enqueued, RetryPolicy};
 use leasekeeper_core::queue::{
-    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, Task, TaskStatus,
+    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, Task, TaskStatus, UniqueScope,
 };
 use leasekeeper_core::worker::simulated;
 use serde::Deserialize;
@@ -29,6 +29,10 @@ use std::time::Duration;
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/tasks", get(list_all).post(enqueue))
+        .route(
+            "/api/tasks/batch",
+            post(enqueue_batch).layer(axum::extract::DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES)),
+        )
         .route("/api/tasks/pending", get(list_pending))
         .route("/api/tasks/started", get(list_started))
         .route("/api/tasks/processed", get(list_processed))
@@ -186,6 +190,84 @@ pub struct EnqueueBody {
     #[serde(default, deserialize_with = "leasekeeper_core::json::opt_int")]
     #[schema(minimum = -32768, maximum = 32767)]
     priority: Option<i16>,
+    /// A key that keeps the task unique among tasks of its kind (1 to 256
+    /// characters): while a task of the kind holds it (see `unique_scope`),
+    /// the enqueue adds nothing and answers that task with 200.
+    #[schema(min_length = 1, max_length = 256, pattern = "^[^\\x00]*$")]
+    unique_key: Option<String>,
+    /// Among which tasks the key is unique: `active` (pending or started;
+    /// the default), `period` (enqueued in the same `unique_period_seconds`)
+    /// or `always` (every task still on record).
+    #[schema(pattern = "^(active|period|always)$")]
+    unique_scope: Option<String>,
+    /// The period of the `period` scope, 1 to 31,622,400 seconds (fixed
+    /// periods counted from the Unix epoch).
+    #[schema(minimum = 1, maximum = 31622400)]
+    unique_period_seconds: Option<f64>,
+}
+
+impl EnqueueBody {
+    /// The task this body asks for; what is wrong with it otherwise.
+    fn task(self, default_max_attempts: u32) -> Result<NewTask, String> {
+        if self.task_data.is_null() {
+            return Err("task_data must not be null".into());
+        }
+        leasekeeper_core::json::storable(&self.task_data, "task_data")?;
+        let delay = match self.delay_seconds {
+            None => None,
+            Some(secs) if secs.is_finite() && (0.0..=86_400.0).contains(&secs) => {
+                Some(Duration::from_secs_f64(secs))
+            }
+            Some(_) => return Err("delay_seconds must be between 0 and 86400".into()),
+        };
+        let max_attempts = self
+            .max_attempts
+            .unwrap_or(i32::try_from(default_max_attempts).unwrap_or(5));
+        let mut task = NewTask::new(
+            self.kind.unwrap_or_else(|| simulated::KIND.to_string()),
+            self.task_data,
+        )
+        .max_attempts(max_attempts)
+        .priority(self.priority.unwrap_or(0));
+        task.delay = delay;
+        if let Some(queue) = self.queue {
+            task = task.queue(queue);
+        }
+        let scope = match self.unique_scope.as_deref() {
+            None => None,
+            Some(name) => Some(UniqueScope::parse(name).ok_or_else(|| {
+                format!("unique_scope must be active, period or always; got {name:?}")
+            })?),
+        };
+        let period = match self.unique_period_seconds {
+            None => None,
+            Some(secs) if secs.is_finite() && (1.0..=31_622_400.0).contains(&secs) => {
+                Some(Duration::from_secs_f64(secs))
+            }
+            Some(_) => {
+                return Err("unique_period_seconds must be between 1 and 31622400".into());
+            }
+        };
+        task = match (self.unique_key, scope, period) {
+            (None, None, None) => task,
+            (None, _, _) => {
+                return Err("unique_scope and unique_period_seconds need a unique_key".into());
+            }
+            (Some(key), None | Some(UniqueScope::Active), None) => task.unique(key),
+            (Some(key), None | Some(UniqueScope::Period), Some(period)) => {
+                task.unique_for(key, period)
+            }
+            (Some(_), Some(UniqueScope::Period), None) => {
+                return Err("the period scope needs unique_period_seconds".into());
+            }
+            (Some(key), Some(UniqueScope::Always), None) => task.unique_always(key),
+            (Some(_), Some(_), Some(_)) => {
+                return Err("unique_period_seconds applies only to the period scope".into());
+            }
+        };
+        store::check_new(&task)?;
+        Ok(task)
+    }
 }
 
 #[utoipa::path(
@@ -196,7 +278,8 @@ pub struct EnqueueBody {
     request_body = EnqueueBody,
     responses(
         (status = 201, description = "The new task, pending", body = Task),
-        (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind or queue", body = ErrorBody),
+        (status = 200, description = "A task of its kind already holds its `unique_key`: that task (nothing added)", body = Task),
+        (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind, queue or unique key", body = ErrorBody),
         TooLarge,
     )
 )]
@@ -204,36 +287,65 @@ async fn enqueue(
     State(s): State<AppState>,
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
-    if body.task_data.is_null() {
-        return Err(AppError::BadRequest("task_data must not be null".into()));
-    }
-    storable(&body.task_data, "task_data")?;
-    let delay = match body.delay_seconds {
-        None => None,
-        Some(secs) if secs.is_finite() && (0.0..=86_400.0).contains(&secs) => {
-            Some(Duration::from_secs_f64(secs))
-        }
-        Some(_) => {
-            return Err(AppError::BadRequest(
-                "delay_seconds must be between 0 and 86400".into(),
-            ));
-        }
-    };
-    let max_attempts = body
-        .max_attempts
-        .unwrap_or(i32::try_from(s.settings.max_attempts).unwrap_or(5));
-    let mut task = NewTask::new(
-        body.kind.unwrap_or_else(|| simulated::KIND.to_string()),
-        body.task_data,
+    let task = body
+        .task(s.settings.max_attempts)
+        .map_err(AppError::BadRequest)?;
+    Ok(
+        match store::enqueue_outcome(&mut *s.pool.acquire().await?, s.schema(), &task).await? {
+            Enqueued::New(task) => (StatusCode::CREATED, Json(task)),
+            Enqueued::Existing(task) => (StatusCode::OK, Json(task)),
+        },
     )
-    .max_attempts(max_attempts)
-    .priority(body.priority.unwrap_or(0));
-    task.delay = delay;
-    if let Some(queue) = body.queue {
-        task = task.queue(queue);
+}
+
+/// The largest body of `POST /api/tasks/batch`: 10,000 tasks of about
+/// 1.5 KiB each.
+pub const MAX_BATCH_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+#[utoipa::path(
+    post,
+    path = "/api/tasks/batch",
+    tag = "tasks",
+    summary = "Enqueue many tasks at once",
+    description = "Each body as for `POST /api/tasks`, at most 10,000 (and 16 MiB), all in one transaction and one statement: one bad body answers 400 naming its index, and nothing is added. The answer lists one task per body, in order; a body whose `unique_key` a task of its kind already holds (or an earlier body of the batch) answers that task.",
+    request_body(content = Vec<EnqueueBody>, description = "The tasks"),
+    responses(
+        (status = 201, description = "The tasks, in the order of the bodies", body = Vec<Task>),
+        (status = 400, description = "Bad JSON, not an array, more than 10,000 bodies, or a bad body (its index named: `tasks[3]: …`)", body = ErrorBody),
+        TooLarge,
+    )
+)]
+async fn enqueue_batch(
+    State(s): State<AppState>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Vec<Task>>), AppError> {
+    let items: Vec<Value> = serde_json::from_slice(&body).map_err(|e| {
+        AppError::BadRequest(format!("the body must be a JSON array of tasks: {e}"))
+    })?;
+    if items.len() > store::MAX_ENQUEUE_BATCH {
+        return Err(AppError::BadRequest(format!(
+            "at most {} tasks at once, got {}",
+            store::MAX_ENQUEUE_BATCH,
+            items.len()
+        )));
     }
-    let task = store::enqueue(&mut *s.pool.acquire().await?, s.schema(), &task).await?;
-    Ok((StatusCode::CREATED, Json(task)))
+    let mut tasks = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let body: EnqueueBody = serde_json::from_value(item)
+            .map_err(|e| AppError::BadRequest(format!("tasks[{i}]: {e}")))?;
+        tasks.push(
+            body.task(s.settings.max_attempts)
+                .map_err(|e| AppError::BadRequest(format!("tasks[{i}]: {e}")))?,
+        );
+    }
+    let mut conn = s.pool.acquire().await?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let enqueued = store::enqueue_many(&mut tx, s.schema(), &tasks).await?;
+    tx.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(enqueued.into_iter().map(Enqueued::into_task).collect()),
+    ))
 }
 
 #[utoipa::path(

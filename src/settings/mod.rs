@@ -352,6 +352,23 @@ impl Settings {
         }
     }
 
+    /// The scheduler's timing: the lease on `singleton:scheduler` held like
+    /// every other (`lease_ttl`, renewed every `renew_interval`, a
+    /// non-holder retrying once per renew interval), the default catch-up
+    /// cap and on-time bound.
+    pub fn scheduler_config(&self) -> leasekeeper_core::schedule::runtime::SchedulerConfig {
+        use leasekeeper_core::lease::client::LeaseTiming;
+        leasekeeper_core::schedule::runtime::SchedulerConfig {
+            timing: LeaseTiming {
+                ttl: self.lease_ttl,
+                renew_interval: self.renew_interval,
+                safety_margin: self.lease_ttl / 10,
+            },
+            retry: self.renew_interval,
+            ..leasekeeper_core::schedule::runtime::SchedulerConfig::from_ttl(self.lease_ttl)
+        }
+    }
+
     /// The chaos settings (`chaos`, `crash_probability`,
     /// `stall_probability`), with crash checks every 5 ticks and 4-15 s stalls.
     pub fn chaos_settings(&self) -> leasekeeper_core::worker::chaos::ChaosSettings {

@@ -57,6 +57,7 @@ impl Api {
             instance_id,
             fleet: fleet.clone(),
             generator: None,
+            scheduler: None,
             live: live.clone(),
             overview: Default::default(),
         };

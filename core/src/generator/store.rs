@@ -105,71 +105,37 @@ pub async fn insert_task(
     token: i64,
     mut task: NewTask,
 ) -> Result<Option<Task>, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Option<Task>, TaskError>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::TASKS);
-        if let Value::Object(map) = &mut task.data {
-            map.insert("generator".into(), json!(holder.as_str()));
-            map.insert("generator_token".into(), json!(token));
-        }
-        let mut tx = conn.begin().await?;
-        // Race prevented: two generators inserting at once around a failover.
-        // The old holder checked `is_held()` locally, then stalls (GC pause,
-        // overloaded host, slow network) past its lease's expiry; meanwhile
-        // another instance takes the lease over and starts inserting. Without
-        // this check the old holder's insert would land in the new term.
-        //
-        // The check and the insert share one transaction, and FOR SHARE locks
-        // the lease row until commit: a takeover (an UPDATE of that row) waits
-        // for this insert to commit, and if the takeover committed first, the
-        // row no longer matches holder and token (READ COMMITTED re-reads the
-        // newest version under the lock) and nothing is inserted. So every task
-        // of term N commits before term N+1 begins. clock_timestamp(), not
-        // now(): now() is the transaction's start, a little earlier.
-        let live: Option<i64> = schema
-            .query_scalar(
-                "SELECT fencing_token FROM $schema.leases
-              WHERE resource = $1 AND holder = $2 AND fencing_token = $3
-                AND released_at IS NULL AND expires_at > clock_timestamp()
-              FOR SHARE",
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Option<Task>, TaskError>,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::TASKS);
+            if let Value::Object(map) = &mut task.data {
+                map.insert("generator".into(), json!(holder.as_str()));
+                map.insert("generator_token".into(), json!(token));
+            }
+            let mut tx = conn.begin().await?;
+            // Race prevented: two generators inserting at once around a failover
+            // (see `lease::store::fence`): the check and the insert share one
+            // transaction, so every task of term N commits before term N+1 begins.
+            let held = crate::lease::store::fence(
+                &mut tx,
+                schema,
+                RESOURCE,
+                holder,
+                token,
+                "generator_insert",
             )
-            .bind(RESOURCE)
-            .bind(holder.as_str())
-            .bind(token)
-            .fetch_optional(&mut *tx)
             .await?;
-        if live.is_none() {
-            let current: Option<(Option<String>, i64)> = schema
-                .query_as(
-                    "SELECT holder, fencing_token FROM $schema.leases
-                  WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
-                )
-                .bind(RESOURCE)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let (current_holder, current_token) = current.unzip();
-            schema
-                .query(
-                    "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
-                 VALUES ($1, $2, $3, 'stale_write_refused', $4)",
-                )
-                .bind(RESOURCE)
-                .bind(holder.as_str())
-                .bind(token)
-                .bind(json!({
-                    "op": "generator_insert",
-                    "reason": "the generator lease is not held with this token",
-                    "current_holder": current_holder.flatten(),
-                    "current_token": current_token,
-                }))
-                .execute(&mut *tx)
-                .await?;
-            crate::metrics::refused();
+            if held.is_none() {
+                tx.commit().await?;
+                return Ok(None);
+            }
+            let task = tasks::enqueue(&mut tx, schema, &task).await?;
             tx.commit().await?;
-            return Ok(None);
+            Ok(Some(task))
         }
-        let task = tasks::enqueue(&mut tx, schema, &task).await?;
-        tx.commit().await?;
-        Ok(Some(task))
-    }
-    .await)
+        .await
+    )
 }

@@ -409,6 +409,77 @@ pub async fn record_operator_action(
     .await)
 }
 
+/// The fenced check of a singleton's protected write: in the caller's
+/// transaction, answers the database clock when `holder` still holds the
+/// live lease on `resource` with fencing token `token`, and locks the lease
+/// row (FOR SHARE) until that transaction ends. When it does not, answers
+/// `None` and records the refusal (`stale_write_refused`, naming `op` and
+/// who holds the lease now) in the same transaction; the caller commits
+/// that and writes nothing.
+///
+/// Race prevented: two holders writing at once around a failover. The old
+/// holder checked its lease locally, then stalls (GC pause, overloaded
+/// host, slow network) past its lease's expiry; meanwhile another replica
+/// takes the lease over and starts writing. Without this check the old
+/// holder's write would land in the new term. With it, a takeover (an
+/// UPDATE of the locked row) waits for the old holder's transaction to
+/// commit, and if the takeover committed first, the row no longer matches
+/// holder and token (READ COMMITTED re-reads the newest version under the
+/// lock) and nothing is written. So every write of term N commits before
+/// term N+1 begins. clock_timestamp(), not now(): now() is the
+/// transaction's start, a little earlier.
+pub async fn fence(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    resource: &str,
+    holder: &Holder,
+    token: i64,
+    op: &str,
+) -> sqlx::Result<Option<chrono::DateTime<chrono::Utc>>> {
+    let live: Option<chrono::DateTime<chrono::Utc>> = schema
+        .query_scalar(
+            "SELECT clock_timestamp() FROM $schema.leases
+              WHERE resource = $1 AND holder = $2 AND fencing_token = $3
+                AND released_at IS NULL AND expires_at > clock_timestamp()
+              FOR SHARE",
+        )
+        .bind(resource)
+        .bind(holder.as_str())
+        .bind(token)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if live.is_some() {
+        return Ok(live);
+    }
+    let current: Option<(Option<String>, i64)> = schema
+        .query_as(
+            "SELECT holder, fencing_token FROM $schema.leases
+              WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
+        )
+        .bind(resource)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let (current_holder, current_token) = current.unzip();
+    schema
+        .query(
+            "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
+             VALUES ($1, $2, $3, 'stale_write_refused', $4)",
+        )
+        .bind(resource)
+        .bind(holder.as_str())
+        .bind(token)
+        .bind(serde_json::json!({
+            "op": op,
+            "reason": format!("the lease on {resource} is not held with this token"),
+            "current_holder": current_holder.flatten(),
+            "current_token": current_token,
+        }))
+        .execute(&mut *conn)
+        .await?;
+    crate::metrics::refused();
+    Ok(None)
+}
+
 fn no_live_lease(resource: &Resource, holder: &Holder) -> LeaseError {
     LeaseError::NotFound(format!("{holder} holds no live lease on {resource}"))
 }

@@ -1,5 +1,5 @@
-//! Live updates: every change to leases, tasks, workers, instances and the
-//! generator is announced on a PostgreSQL channel; one `LISTEN` connection
+//! Live updates: every change to leases, tasks, workers, instances, the
+//! generator and schedules is announced on a PostgreSQL channel; one `LISTEN` connection
 //! per instance fans the announcements out to the browsers over server-sent
 //! events (`GET /api/events`), so a browser on instance B sees a change made
 //! through instance A.
@@ -62,18 +62,21 @@ impl Topics {
     /// New claimable work (an enqueue): idle workers wake up and claim.
     /// Sent at once, not batched (see [`Announcer`]).
     pub const WORK: Topics = Topics(32);
+    /// Schedules and their ticks.
+    pub const SCHEDULES: Topics = Topics(64);
     /// Nothing.
     pub const NONE: Topics = Topics(0);
     /// Everything (after a reconnect, when changes may have been missed).
-    pub const ALL: Topics = Topics(63);
+    pub const ALL: Topics = Topics(127);
 
-    const NAMES: [(Topics, &'static str); 6] = [
+    const NAMES: [(Topics, &'static str); 7] = [
         (Topics::LEASES, "leases"),
         (Topics::TASKS, "tasks"),
         (Topics::WORKERS, "workers"),
         (Topics::INSTANCES, "instances"),
         (Topics::GENERATOR, "generator"),
         (Topics::WORK, "work"),
+        (Topics::SCHEDULES, "schedules"),
     ];
 
     /// Whether no topic is set.
@@ -134,13 +137,13 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for bits in 0..=63u8 {
+        for bits in 0..=127u8 {
             let t = Topics(bits);
             assert_eq!(Topics::from_names(&t.to_names()), t, "{bits}");
         }
         assert_eq!(
             Topics::ALL.to_names(),
-            "leases,tasks,workers,instances,generator,work"
+            "leases,tasks,workers,instances,generator,work,schedules"
         );
     }
 

@@ -166,7 +166,8 @@ pub async fn apply(
         ))
         .bind(id)
         .fetch_optional(&mut *tx)
-        .await?;
+        .await
+        .map_err(|e| key_taken(e, &format!("task {id} cannot be retried")))?;
         let Some(row) = changed else {
             let status: Option<TaskStatus> = schema
                 .query_scalar("SELECT status FROM $schema.tasks WHERE id = $1")
@@ -201,6 +202,22 @@ pub async fn apply(
         Ok(task)
     }
     .await)
+}
+
+/// A retry that would give a unique key (scope active) a second pending
+/// or started holder, as a conflict; any other error as it is.
+fn key_taken(e: sqlx::Error, what: &str) -> TaskError {
+    let taken = e
+        .as_database_error()
+        .and_then(|d| d.constraint())
+        .is_some_and(|c| c == "tasks_unique_idx");
+    if taken {
+        TaskError::Conflict(format!(
+            "{what}: another pending or started task of its kind holds its unique key"
+        ))
+    } else {
+        TaskError::Db(e)
+    }
 }
 
 /// Cancels every task matching `filter` (which must be pending or started
@@ -253,6 +270,7 @@ pub async fn apply_matching(
            FROM (SELECT id AS pick_id, status AS was FROM $schema.tasks
                   WHERE status = '{status}'
                     AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
+                    {free_key}
                   ORDER BY id LIMIT {BATCH}
                   FOR UPDATE SKIP LOCKED) pick
           WHERE t.id = pick.pick_id AND t.{applies}
@@ -260,6 +278,22 @@ pub async fn apply_matching(
         set = action.set_clause(),
         status = filter.status.as_str(),
         applies = action.applies_sql(),
+        free_key = match action {
+            Action::Cancel => "",
+            // A retried task whose unique key (scope active) another
+            // pending or started task holds would break the key: left as it
+            // is. Of several matching tasks sharing a key, the oldest only.
+            // (One enqueued between this look and the update makes the
+            // batch fail with a conflict, and nothing of it is changed.)
+            Action::Retry => {
+                "AND (unique_scope IS DISTINCT FROM 'active' OR NOT EXISTS (
+                        SELECT 1 FROM $schema.tasks o
+                         WHERE o.kind = tasks.kind AND o.unique_slot = tasks.unique_slot
+                           AND o.id <> tasks.id
+                           AND (o.status IN ('pending', 'started')
+                                OR (o.status = tasks.status AND o.id < tasks.id))))"
+            }
+        },
     );
     let mut total = 0u64;
     let mut retries = 0;
@@ -275,7 +309,8 @@ pub async fn apply_matching(
             .bind(filter.kind.as_deref())
             .bind(filter.queue.as_deref())
             .fetch_all(&mut *tx)
-            .await?;
+            .await
+            .map_err(|e| key_taken(e, "a task of this batch cannot be retried"))?;
         if changed.is_empty() {
             tx.rollback().await?;
             let left: bool = schema

@@ -132,6 +132,16 @@ pub struct Task {
     pub created_at: DateTime<Utc>,
     /// Milliseconds until the claim's deadline at read time (negative when late).
     pub heartbeat_in_ms: Option<i64>,
+    /// The key that keeps it unique among tasks of its kind, if it has one
+    /// ([`NewTask::unique`]).
+    pub unique_key: Option<String>,
+    /// Among which tasks the key is unique, when it has one.
+    pub unique_scope: Option<UniqueScope>,
+    /// The schedule that enqueued it, if one did (a tick or a trigger).
+    pub schedule: Option<String>,
+    /// The schedule's tick it fired for (null for a trigger and for tasks
+    /// no schedule enqueued).
+    pub tick_at: Option<DateTime<Utc>>,
 }
 
 impl Task {
@@ -197,6 +207,38 @@ pub struct NewTask {
     pub max_attempts: i32,
     /// Not claimed before this much time has passed (by the database clock).
     pub delay: Option<std::time::Duration>,
+    /// A key that keeps it unique among tasks of its kind ([`NewTask::unique`]).
+    #[serde(default)]
+    pub unique: Option<Unique>,
+    /// The schedule enqueuing it, and the tick (set by the scheduler).
+    #[serde(skip)]
+    pub(crate) scheduled_by: Option<(String, Option<DateTime<Utc>>)>,
+}
+
+text_enum! {
+    stored;
+    /// Among which tasks of its kind a unique key is unique.
+    pub enum UniqueScope {
+        /// The pending and started ones: once the task is processed, failed
+        /// or cancelled, its key is free again. The default.
+        Active = "active",
+        /// Those enqueued in the same period (fixed periods, counted from
+        /// the Unix epoch by the database clock), whatever their state.
+        Period = "period",
+        /// Every one still on record (until retention deletes it).
+        Always = "always",
+    }
+}
+
+/// A unique key and its scope; see [`NewTask::unique`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unique {
+    /// The key: 1 to 256 characters.
+    pub key: String,
+    /// Among which tasks it is unique.
+    pub scope: UniqueScope,
+    /// The period, for [`UniqueScope::Period`] (1 s to 366 days).
+    pub period: Option<std::time::Duration>,
 }
 
 impl NewTask {
@@ -209,7 +251,54 @@ impl NewTask {
             priority: 0,
             max_attempts: 5,
             delay: None,
+            unique: None,
+            scheduled_by: None,
         }
+    }
+
+    /// Unique among the pending and started tasks of its kind: enqueueing
+    /// it while another such task has the same key enqueues nothing and
+    /// answers that task ([`Enqueued::Existing`](store::Enqueued)). Once that
+    /// task is processed, failed or cancelled, the key is free again. The
+    /// database enforces it (a unique index), so concurrent enqueues of one
+    /// key make one task.
+    ///
+    /// ```
+    /// use leasekeeper_core::queue::{NewTask, UniqueScope};
+    /// use serde_json::json;
+    /// let sync = NewTask::new("sync", json!({"customer": 7})).unique("customer-7");
+    /// assert_eq!(sync.unique.unwrap().scope, UniqueScope::Active);
+    /// ```
+    pub fn unique(mut self, key: impl Into<String>) -> Self {
+        self.unique = Some(Unique {
+            key: key.into(),
+            scope: UniqueScope::Active,
+            period: None,
+        });
+        self
+    }
+
+    /// Unique among the tasks of its kind enqueued in the same `period`
+    /// (periods are fixed, counted from the Unix epoch: with an hour, one
+    /// task per key from 10:00 to 10:59:59), whatever their state.
+    pub fn unique_for(mut self, key: impl Into<String>, period: std::time::Duration) -> Self {
+        self.unique = Some(Unique {
+            key: key.into(),
+            scope: UniqueScope::Period,
+            period: Some(period),
+        });
+        self
+    }
+
+    /// Unique among every task of its kind still on record, whatever its
+    /// state (a processed task keeps its key until retention deletes it).
+    pub fn unique_always(mut self, key: impl Into<String>) -> Self {
+        self.unique = Some(Unique {
+            key: key.into(),
+            scope: UniqueScope::Always,
+            period: None,
+        });
+        self
     }
 
     /// Waits in `queue`.

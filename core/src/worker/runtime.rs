@@ -60,6 +60,9 @@ use crate::live::LiveHub;
 use crate::queue::store::RetryPolicy;
 use crate::queue::wake::WorkSignal;
 use crate::queue::{ClaimFilter, DEFAULT_QUEUE, check_name};
+use crate::schedule::NewSchedule;
+use crate::schedule::runtime::{Scheduler, SchedulerConfig};
+use crate::schedule::store::ScheduleError;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +91,8 @@ pub struct RuntimeBuilder {
     host_search_path: String,
     shutdown_grace: Duration,
     batching: Batching,
+    schedules: Vec<NewSchedule>,
+    scheduler: Option<SchedulerConfig>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -173,9 +178,40 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Registers the instance and its workers and starts them. Refuses a
-    /// runtime without handlers, a bad queue name, a concurrency of 0 or
-    /// over 1,000, and a bad id.
+    /// Declares `schedule`: upserted when the runtime starts (safe from many
+    /// replicas at once; an unchanged declaration changes nothing, and an
+    /// operator's pause stays), then fired by whichever replica holds
+    /// `singleton:scheduler` (see [`crate::schedule`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool, report: impl leasekeeper_core::worker::handler::Handler) -> Result<(), Box<dyn std::error::Error>> {
+    /// use leasekeeper_core::schedule::NewSchedule;
+    /// use leasekeeper_core::Runtime;
+    /// let runtime = Runtime::builder(pool)
+    ///     .handler("report", report)
+    ///     .schedule(NewSchedule::new("nightly-report", "0 2 * * *", "report"))
+    ///     .start()
+    ///     .await?;
+    /// # let _ = runtime; Ok(()) }
+    /// ```
+    pub fn schedule(mut self, schedule: NewSchedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// How this runtime's scheduler competes for `singleton:scheduler` and
+    /// fires; `None` runs no scheduler here (another replica, or the
+    /// dashboard, fires the schedules). Default:
+    /// [`SchedulerConfig::default`].
+    pub fn scheduler(mut self, config: Option<SchedulerConfig>) -> Self {
+        self.scheduler = config;
+        self
+    }
+
+    /// Registers the instance and its workers and starts them, declares
+    /// the schedules and starts the scheduler. Refuses a runtime without
+    /// handlers, a bad queue name, a concurrency of 0 or over 1,000, a bad
+    /// id and a bad schedule (naming it and the field).
     pub async fn start(self) -> Result<Runtime, RuntimeError> {
         let kinds = self.handlers.kinds();
         if kinds.is_empty() {
@@ -200,6 +236,32 @@ impl RuntimeBuilder {
             .unwrap_or_else(|| format!("rt-{:04x}", rand::random::<u16>()));
         Holder::parse(format!("{id}-x-1")).map_err(|e| RuntimeError::Config(e.to_string()))?;
         let id: Arc<str> = Arc::from(id);
+        for schedule in &self.schedules {
+            crate::schedule::store::check(schedule)
+                .map_err(|e| RuntimeError::Config(format!("schedule {:?}: {e}", schedule.name)))?;
+        }
+        {
+            let schema = crate::db::Schema::of(&self.pool);
+            let mut conn = self.pool.acquire().await?;
+            for schedule in &self.schedules {
+                crate::schedule::store::upsert(&mut conn, &schema, schedule, &id)
+                    .await
+                    .map_err(|e| match e {
+                        ScheduleError::Db(e) => RuntimeError::Db(e),
+                        other => {
+                            RuntimeError::Config(format!("schedule {:?}: {other}", schedule.name))
+                        }
+                    })?;
+            }
+        }
+        let scheduler = match self.scheduler {
+            Some(config) => Some(Scheduler::spawn(
+                self.pool.clone(),
+                Holder::parse(id.as_ref()).map_err(|e| RuntimeError::Config(e.to_string()))?,
+                config,
+            )),
+            None => None,
+        };
         let registration = Registration::start(
             self.pool.clone(),
             id.clone(),
@@ -235,6 +297,7 @@ impl RuntimeBuilder {
         tracing::info!(runtime = %id, queues = ?queues, kinds = ?kinds, "runtime started");
         Ok(Runtime {
             id,
+            scheduler,
             registration,
             live,
             workers,
@@ -250,6 +313,7 @@ impl RuntimeBuilder {
 #[derive(Debug)]
 pub struct Runtime {
     id: Arc<str>,
+    scheduler: Option<Scheduler>,
     registration: Registration,
     live: LiveHub,
     workers: Vec<(Controls, JoinHandle<Exit>)>,
@@ -273,6 +337,8 @@ impl Runtime {
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
             shutdown_grace: Duration::from_secs(10),
             batching: Batching::default(),
+            schedules: Vec::new(),
+            scheduler: Some(SchedulerConfig::default()),
         }
     }
 
@@ -292,6 +358,11 @@ impl Runtime {
     /// given back (a failed attempt, retried after the backoff, so a
     /// deploy never waits out a lease). Then the instance is marked stopped.
     pub async fn shutdown(self) {
+        // The scheduler first: it releases its lease so another replica
+        // fires the next tick without waiting out the TTL.
+        if let Some(scheduler) = self.scheduler {
+            scheduler.shutdown().await;
+        }
         for (controls, _) in &self.workers {
             controls.drain();
         }

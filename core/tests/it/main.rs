@@ -15,5 +15,7 @@ mod lease_store;
 mod overview;
 mod pooler;
 mod retention;
+mod schedules;
 mod singleton;
 mod task_store;
+mod unique;

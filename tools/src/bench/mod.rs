@@ -162,6 +162,7 @@ impl BenchServer {
             settings: Arc::new(settings),
             instance_id,
             generator: None,
+            scheduler: None,
             live,
             overview: sampler.clone(),
         };

@@ -1,50 +1,335 @@
-//! Enqueueing: a task added, in the caller's transaction when it is one.
+//! Enqueueing: tasks added, one or many in one statement, in the caller's
+//! transaction when it is one; a unique key answered with the task that
+//! holds it.
 
 use super::{TASK_COLUMNS, TaskError, millis};
 use crate::db::Schema;
-use crate::queue::{NewTask, Task, check_name};
-use sqlx::PgConnection;
+use crate::queue::{NewTask, Task, UniqueScope, check_name};
+use sqlx::{FromRow, PgConnection, Row};
+use std::time::Duration;
 
-/// Adds `task` and answers it as stored. Refuses (with
-/// [`TaskError::BadInput`]) an empty or over-long kind or queue and
-/// `max_attempts` outside 1 to 1000. In the caller's transaction when
-/// `conn` is one, so a service can enqueue together with its own writes.
+/// The most tasks one [`enqueue_many`] takes.
+pub const MAX_ENQUEUE_BATCH: usize = 10_000;
+
+/// The longest unique key, in characters.
+pub const MAX_UNIQUE_KEY_CHARS: usize = 256;
+
+/// The shortest and longest period of [`NewTask::unique_for`].
+pub const UNIQUE_PERIODS: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(366 * 24 * 3600));
+
+/// What an enqueue did: added the task, or found the task that holds its
+/// unique key (then nothing was added).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Enqueued {
+    /// The task was added.
+    New(Task),
+    /// A task of the same kind already holds the unique key: this one.
+    Existing(Task),
+}
+
+impl Enqueued {
+    /// The task added or found.
+    pub fn task(&self) -> &Task {
+        match self {
+            Enqueued::New(t) | Enqueued::Existing(t) => t,
+        }
+    }
+
+    /// The task added or found.
+    pub fn into_task(self) -> Task {
+        match self {
+            Enqueued::New(t) | Enqueued::Existing(t) => t,
+        }
+    }
+
+    /// True when the task was added.
+    pub fn is_new(&self) -> bool {
+        matches!(self, Enqueued::New(_))
+    }
+}
+
+/// Adds `task` and answers it as stored; with a unique key that a task of
+/// its kind already holds, adds nothing and answers that task (see
+/// [`enqueue_outcome`] to tell which). Refuses (with
+/// [`TaskError::BadInput`]) an empty or over-long kind or queue,
+/// `max_attempts` outside 1 to 1000, and a bad unique key or period. In
+/// the caller's transaction when `conn` is one, so a service can enqueue
+/// together with its own writes.
 pub async fn enqueue(
     conn: &mut PgConnection,
     schema: &Schema,
     task: &NewTask,
 ) -> Result<Task, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
-        let _announced =
-            crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::WORK);
-        if !(1..=1000).contains(&task.max_attempts) {
-            return Err(TaskError::BadInput(
-                "max_attempts must be between 1 and 1000".into(),
+    Ok(enqueue_outcome(conn, schema, task).await?.into_task())
+}
+
+/// [`enqueue`], telling a new task from the one that already held its
+/// unique key.
+pub async fn enqueue_outcome(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    task: &NewTask,
+) -> Result<Enqueued, TaskError> {
+    let mut all = enqueue_many(conn, schema, std::slice::from_ref(task)).await?;
+    Ok(all.pop().expect("one outcome per task"))
+}
+
+/// Checks one task to enqueue; the error names what is wrong.
+pub fn check(task: &NewTask) -> Result<(), String> {
+    if !(1..=1000).contains(&task.max_attempts) {
+        return Err("max_attempts must be between 1 and 1000".into());
+    }
+    check_name("kind", &task.kind)?;
+    check_name("queue", &task.queue)?;
+    crate::json::storable(&task.data, "task_data")?;
+    if let Some(unique) = &task.unique {
+        let chars = unique.key.chars().count();
+        if chars == 0 || chars > MAX_UNIQUE_KEY_CHARS {
+            return Err(format!(
+                "unique_key must be 1 to {MAX_UNIQUE_KEY_CHARS} characters, got {chars}"
             ));
         }
-        check_name("kind", &task.kind).map_err(TaskError::BadInput)?;
-        check_name("queue", &task.queue).map_err(TaskError::BadInput)?;
-        crate::json::storable(&task.data, "task_data").map_err(TaskError::BadInput)?;
-        let delay_ms = millis(task.delay.unwrap_or_default());
-        // scheduled_at is truncated to the column's milliseconds, not rounded:
-        // rounded up, a task enqueued without delay was "not yet due" for up to
-        // half a millisecond, and a worker woken by its announcement could find
-        // nothing to claim and go back to sleep.
-        let task = schema.query_as(&format!(
-            "INSERT INTO $schema.tasks (task_data, max_attempts, scheduled_at, kind, queue, priority)
-             VALUES ($1, $2, date_trunc('milliseconds', now() + make_interval(secs => $3::float8 / 1000)),
-                     $4, $5, $6)
-             RETURNING {TASK_COLUMNS}"
-        ))
-        .bind(&task.data)
-        .bind(task.max_attempts)
-        .bind(delay_ms)
-        .bind(&task.kind)
-        .bind(&task.queue)
-        .bind(task.priority)
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(task)
+        if unique.key.contains('\0') {
+            return Err("unique_key must not contain NUL".into());
+        }
+        match (unique.scope, unique.period) {
+            (UniqueScope::Period, Some(p)) if p >= UNIQUE_PERIODS.0 && p <= UNIQUE_PERIODS.1 => {}
+            (UniqueScope::Period, _) => {
+                return Err("a unique period must be 1 second to 366 days".into());
+            }
+            (_, Some(_)) => {
+                return Err("a unique period applies only to the period scope".into());
+            }
+            _ => {}
+        }
     }
-    .await)
+    Ok(())
+}
+
+/// Adds every task of `tasks` (at most [`MAX_ENQUEUE_BATCH`]) in one statement,
+/// in the caller's transaction when `conn` is one, and answers one outcome
+/// per task, in order. Nothing is added when any task is bad (the error
+/// names its index: `tasks[3]: …`).
+///
+/// Unique keys are honoured as by [`enqueue`]: a task whose key a task of
+/// its kind already holds (committed, or earlier in the same batch) is not
+/// added, and its outcome is that task.
+pub async fn enqueue_many(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, TaskError> {
+    if tasks.len() > MAX_ENQUEUE_BATCH {
+        return Err(TaskError::BadInput(format!(
+            "at most {MAX_ENQUEUE_BATCH} tasks at once, got {}",
+            tasks.len()
+        )));
+    }
+    for (i, task) in tasks.iter().enumerate() {
+        check(task).map_err(|e| {
+            TaskError::BadInput(if tasks.len() == 1 {
+                e
+            } else {
+                format!("tasks[{i}]: {e}")
+            })
+        })?;
+    }
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Enqueued>, TaskError>,
+        async {
+            let _announced = crate::live::announce_on_return(
+                crate::live::Topics::TASKS | crate::live::Topics::WORK,
+            );
+            insert_all(conn, schema, tasks).await
+        }
+        .await
+    )
+}
+
+/// The columns of a batch, as arrays bound to one statement.
+#[derive(Default)]
+struct Columns {
+    data: Vec<serde_json::Value>,
+    max_attempts: Vec<i32>,
+    delay_ms: Vec<f64>,
+    kind: Vec<String>,
+    queue: Vec<String>,
+    priority: Vec<i16>,
+    unique_key: Vec<Option<String>>,
+    unique_scope: Vec<Option<&'static str>>,
+    period_s: Vec<Option<f64>>,
+    schedule: Vec<Option<String>>,
+    tick_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+}
+
+impl Columns {
+    fn of(tasks: &[NewTask]) -> Self {
+        let mut c = Columns::default();
+        for t in tasks {
+            c.data.push(t.data.clone());
+            c.max_attempts.push(t.max_attempts);
+            c.delay_ms.push(millis(t.delay.unwrap_or_default()) as f64);
+            c.kind.push(t.kind.clone());
+            c.queue.push(t.queue.clone());
+            c.priority.push(t.priority);
+            c.unique_key.push(t.unique.as_ref().map(|u| u.key.clone()));
+            c.unique_scope
+                .push(t.unique.as_ref().map(|u| u.scope.as_str()));
+            c.period_s.push(
+                t.unique
+                    .as_ref()
+                    .and_then(|u| u.period)
+                    .map(|p| p.as_secs_f64().floor()),
+            );
+            c.schedule
+                .push(t.scheduled_by.as_ref().map(|(s, _)| s.clone()));
+            c.tick_at
+                .push(t.scheduled_by.as_ref().and_then(|(_, t)| *t));
+        }
+        c
+    }
+}
+
+/// How often a unique key whose holder disappeared between the insert and
+/// the look-up (it finished, or its transaction rolled back) is tried again.
+const UNIQUE_ROUNDS: usize = 5;
+
+async fn insert_all(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, TaskError> {
+    let mut outcomes: Vec<Option<Enqueued>> = vec![None; tasks.len()];
+    // Indices still to insert: all of them, then those whose key's holder
+    // could not be found.
+    let mut todo: Vec<usize> = (0..tasks.len()).collect();
+    for _ in 0..UNIQUE_ROUNDS {
+        let batch: Vec<NewTask> = todo.iter().map(|&i| tasks[i].clone()).collect();
+        let c = Columns::of(&batch);
+        // Race prevented: two enqueues of one unique key at once (64 in the
+        // test). The unique index decides, not a look before the insert:
+        // the second insert waits for the first's transaction; if that
+        // commits, ON CONFLICT DO NOTHING adds nothing, and the holder is
+        // read below by a statement of its own (a new snapshot, in which the
+        // committed row is visible). If it rolls back, the second is added.
+        // A key repeated within the batch is added once: the later rows
+        // conflict with the earlier row of the same statement.
+        //
+        // Ids are drawn in the input's order before the insert, so each row
+        // of the answer is matched to its input by id (`n`).
+        //
+        // scheduled_at is truncated to the column's milliseconds, not
+        // rounded: rounded up, a task enqueued without delay was "not yet
+        // due" for up to half a millisecond, and a worker woken by its
+        // announcement could find nothing to claim and go back to sleep.
+        let rows = schema
+            .query(&format!(
+                "WITH input AS MATERIALIZED (
+                    SELECT i.*, nextval('$schema.tasks_id_seq') AS id,
+                           CASE WHEN i.unique_scope = 'period'
+                                THEN i.unique_key || '@'
+                                     || (floor(EXTRACT(EPOCH FROM now()) / i.period_s) * i.period_s)::bigint
+                                ELSE i.unique_key END AS slot
+                      FROM unnest($1::jsonb[], $2::int4[], $3::float8[], $4::text[], $5::text[],
+                                  $6::int2[], $7::text[], $8::text[], $9::float8[], $10::text[],
+                                  $11::timestamptz[])
+                           WITH ORDINALITY
+                           AS i(task_data, max_attempts, delay_ms, kind, queue, priority,
+                                unique_key, unique_scope, period_s, schedule, tick_at, n)
+                     ORDER BY i.n
+                 ), added AS (
+                    INSERT INTO $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue,
+                                               priority, unique_key, unique_scope, unique_slot,
+                                               schedule, tick_at)
+                    SELECT id, task_data, max_attempts,
+                           date_trunc('milliseconds', now() + make_interval(secs => delay_ms / 1000)),
+                           kind, queue, priority, unique_key, unique_scope, slot, schedule, tick_at
+                      FROM input ORDER BY n
+                    ON CONFLICT (kind, unique_slot)
+                       WHERE unique_slot IS NOT NULL
+                         AND (unique_scope <> 'active' OR status IN ('pending', 'started'))
+                       DO NOTHING
+                    RETURNING {TASK_COLUMNS}
+                 )
+                 SELECT input.n, input.slot AS wanted_slot, added.*
+                   FROM input LEFT JOIN added ON added.id = input.id
+                  ORDER BY input.n"
+            ))
+            .bind(&c.data)
+            .bind(&c.max_attempts)
+            .bind(&c.delay_ms)
+            .bind(&c.kind)
+            .bind(&c.queue)
+            .bind(&c.priority)
+            .bind(&c.unique_key)
+            .bind(&c.unique_scope)
+            .bind(&c.period_s)
+            .bind(&c.schedule)
+            .bind(&c.tick_at)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut taken: Vec<(usize, String)> = Vec::new();
+        for row in &rows {
+            let n: i64 = row.try_get("n")?;
+            let index = todo[usize::try_from(n - 1).expect("ordinals start at 1")];
+            let added: Option<i64> = row.try_get("id")?;
+            if added.is_some() {
+                outcomes[index] = Some(Enqueued::New(Task::from_row(row)?));
+            } else {
+                let slot: String = row.try_get("wanted_slot")?;
+                taken.push((index, slot));
+            }
+        }
+        if taken.is_empty() {
+            break;
+        }
+        // The holders of the keys that were taken, each as it is now.
+        let kinds: Vec<String> = taken.iter().map(|(i, _)| tasks[*i].kind.clone()).collect();
+        let slots: Vec<String> = taken.iter().map(|(_, s)| s.clone()).collect();
+        let holders = schema
+            .query(&format!(
+                "SELECT w.n, t.* FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS w(kind, slot, n)
+                   JOIN LATERAL (
+                        SELECT {TASK_COLUMNS} FROM $schema.tasks
+                         WHERE kind = w.kind AND unique_slot = w.slot
+                           AND (unique_scope <> 'active' OR status IN ('pending', 'started'))
+                   ) t ON true"
+            ))
+            .bind(&kinds)
+            .bind(&slots)
+            .fetch_all(&mut *conn)
+            .await?;
+        for row in &holders {
+            let n: i64 = row.try_get("n")?;
+            let index = taken[usize::try_from(n - 1).expect("ordinals start at 1")].0;
+            let holder = Task::from_row(row)?;
+            // A key repeated in the batch: the holder is the batch's own
+            // earlier task (new in its own outcome).
+            outcomes[index] = Some(Enqueued::Existing(holder));
+        }
+        todo = taken
+            .iter()
+            .map(|(i, _)| *i)
+            .filter(|i| outcomes[*i].is_none())
+            .collect();
+        if todo.is_empty() {
+            break;
+        }
+    }
+    if let Some(i) = outcomes.iter().position(Option::is_none) {
+        return Err(TaskError::Conflict(format!(
+            "the unique key {:?} is held by a task this transaction cannot see; try again",
+            tasks[i].unique.as_ref().map(|u| u.key.as_str())
+        )));
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.expect("every task answered"))
+        .collect())
 }

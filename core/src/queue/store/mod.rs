@@ -70,7 +70,10 @@ pub mod sql;
 
 pub use claim::{Claimed, claim_batch, claim_for, claim_next, claim_next_in};
 pub use complete::{Completion, complete, complete_all_of, complete_each};
-pub use enqueue::enqueue;
+pub use enqueue::{
+    Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, check as check_new, enqueue, enqueue_many,
+    enqueue_outcome,
+};
 pub use fail::{MAX_ERROR_CHARS, bounded_error, fail};
 pub use fenced::FencedTransaction;
 pub use heartbeat::{heartbeat, heartbeat_each};
@@ -87,7 +90,8 @@ pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, sch
     must_heartbeat_before, started_at, processed_at, task_output, status, attempts, max_attempts, \
     fencing_token, last_error, failed_at, cancelled_at, created_at, \
     CASE WHEN status = 'started' \
-         THEN (EXTRACT(EPOCH FROM (must_heartbeat_before - now())) * 1000)::bigint END AS heartbeat_in_ms";
+         THEN (EXTRACT(EPOCH FROM (must_heartbeat_before - now())) * 1000)::bigint END AS heartbeat_in_ms, \
+    unique_key, unique_scope, schedule, tick_at";
 
 /// Why a task operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +111,10 @@ pub enum TaskError {
     /// A value the store cannot accept.
     #[error("{0}")]
     BadInput(String),
+    /// The change would break a rule another task's state decides (a
+    /// unique key another task holds).
+    #[error("{0}")]
+    Conflict(String),
     /// The task's lease could not be handled.
     #[error(transparent)]
     Lease(#[from] LeaseError),

@@ -1,0 +1,304 @@
+//! Unique tasks and bulk enqueue against a real database: the unique index
+//! decides (64 enqueues of one key at once make one task), the scopes, the
+//! key freed when its holder finishes, a retry that would double a key
+//! refused, and a batch in one statement, in order, all or nothing.
+
+use crate::common::{TestDb, holder};
+use leasekeeper_core::db::Schema;
+use leasekeeper_core::queue::control;
+use leasekeeper_core::queue::store::{self, Enqueued, TaskError};
+use leasekeeper_core::queue::{NewTask, TaskStatus, UniqueScope};
+use serde_json::json;
+use sqlx::Connection;
+use std::time::Duration;
+
+fn sync(customer: i64) -> NewTask {
+    NewTask::new("sync", json!({ "customer": customer })).unique(format!("customer-{customer}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_enqueues_of_one_key_make_one_task() {
+    let db = TestDb::with_connections(70).await;
+    // All 64 start together: each waits at the barrier with its connection
+    // in hand, so the inserts really race in the database.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+    let mut racers = Vec::new();
+    for _ in 0..64 {
+        let pool = db.pool.clone();
+        let barrier = barrier.clone();
+        racers.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            barrier.wait().await;
+            store::enqueue_outcome(&mut conn, &Schema::default(), &sync(7))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for r in racers {
+        outcomes.push(r.await.unwrap());
+    }
+    let new: Vec<_> = outcomes.iter().filter(|o| o.is_new()).collect();
+    assert_eq!(new.len(), 1, "exactly one enqueue added the task");
+    let id = new[0].task().id;
+    assert!(
+        outcomes.iter().all(|o| o.task().id == id),
+        "all answered the one task"
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 1);
+    let task = new[0].task();
+    assert_eq!(task.unique_key.as_deref(), Some("customer-7"));
+    assert_eq!(task.unique_scope, Some(UniqueScope::Active));
+}
+
+#[tokio::test]
+async fn an_active_key_is_free_again_once_its_task_finishes() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first = store::enqueue_outcome(&mut conn, &schema, &sync(1))
+        .await
+        .unwrap();
+    assert!(first.is_new());
+    // Another key, or another kind with the same key: not the same.
+    assert!(
+        store::enqueue_outcome(&mut conn, &schema, &sync(2))
+            .await
+            .unwrap()
+            .is_new()
+    );
+    let other_kind = NewTask::new("mail", json!({})).unique("customer-1");
+    assert!(
+        store::enqueue_outcome(&mut conn, &schema, &other_kind)
+            .await
+            .unwrap()
+            .is_new()
+    );
+    // Started still holds it.
+    let w = holder("w");
+    let claimed = store::claim_next(&mut conn, &schema, &w, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.id, first.task().id);
+    let again = store::enqueue_outcome(&mut conn, &schema, &sync(1))
+        .await
+        .unwrap();
+    assert_eq!(again, Enqueued::Existing(again.task().clone()));
+    assert_eq!(again.task().id, first.task().id);
+    assert_eq!(again.task().status, TaskStatus::Started);
+    // Processed: the key is free.
+    store::complete(
+        &mut conn,
+        &schema,
+        claimed.id,
+        &w,
+        claimed.fencing_token.unwrap(),
+        None,
+    )
+    .await
+    .unwrap();
+    let after = store::enqueue_outcome(&mut conn, &schema, &sync(1))
+        .await
+        .unwrap();
+    assert!(after.is_new());
+    assert_ne!(after.task().id, first.task().id);
+    // Cancelled frees it too.
+    control::cancel(&mut conn, &schema, after.task().id, "test")
+        .await
+        .unwrap();
+    let third = store::enqueue_outcome(&mut conn, &schema, &sync(1))
+        .await
+        .unwrap();
+    assert!(third.is_new());
+    // A retry of the cancelled one would give the key a second holder.
+    let refused = control::retry(&mut conn, &schema, after.task().id, "test").await;
+    assert!(
+        matches!(&refused, Err(TaskError::Conflict(_))),
+        "{refused:?}"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
+        .bind(after.task().id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "cancelled", "the refused retry changed nothing");
+    // The bulk retry leaves it too, and retries what it can.
+    let filter = control::TaskFilter {
+        status: TaskStatus::Cancelled,
+        kind: Some("sync".into()),
+        queue: None,
+    };
+    assert_eq!(
+        control::retry_matching(&db.pool, &schema, &filter, "test")
+            .await
+            .unwrap(),
+        0
+    );
+    // Once the holder is gone, the retry goes through.
+    control::cancel(&mut conn, &schema, third.task().id, "test")
+        .await
+        .unwrap();
+    assert_eq!(
+        control::retry_matching(&db.pool, &schema, &filter, "test")
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn period_and_always_scopes_hold_the_key_whatever_the_state() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    // A period of a year: the two enqueues fall in the same one unless the
+    // test runs across New Year's midnight.
+    let yearly =
+        NewTask::new("digest", json!({})).unique_for("d", Duration::from_secs(366 * 24 * 3600));
+    let a = store::enqueue_outcome(&mut conn, &schema, &yearly)
+        .await
+        .unwrap();
+    control::cancel(&mut conn, &schema, a.task().id, "test")
+        .await
+        .unwrap();
+    let b = store::enqueue_outcome(&mut conn, &schema, &yearly)
+        .await
+        .unwrap();
+    assert!(!b.is_new(), "the period holds the key even once cancelled");
+    assert_eq!(b.task().unique_scope, Some(UniqueScope::Period));
+    // One-second periods: a later period takes a new task.
+    let brief = NewTask::new("digest", json!({})).unique_for("s", Duration::from_secs(1));
+    assert!(
+        store::enqueue_outcome(&mut conn, &schema, &brief)
+            .await
+            .unwrap()
+            .is_new()
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(
+        store::enqueue_outcome(&mut conn, &schema, &brief)
+            .await
+            .unwrap()
+            .is_new()
+    );
+    // Always: even a processed task keeps it.
+    let once = NewTask::new("migrate", json!({})).unique_always("v2");
+    let first = store::enqueue_outcome(&mut conn, &schema, &once)
+        .await
+        .unwrap();
+    control::cancel(&mut conn, &schema, first.task().id, "test")
+        .await
+        .unwrap();
+    let again = store::enqueue_outcome(&mut conn, &schema, &once)
+        .await
+        .unwrap();
+    assert_eq!(again.task().id, first.task().id);
+    assert!(!again.is_new());
+}
+
+#[tokio::test]
+async fn bad_unique_keys_and_periods_are_refused() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let long = "k".repeat(257);
+    for (task, says) in [
+        (NewTask::new("k", json!({})).unique(""), "unique_key"),
+        (NewTask::new("k", json!({})).unique(long), "unique_key"),
+        (NewTask::new("k", json!({})).unique("a\0b"), "NUL"),
+        (
+            NewTask::new("k", json!({})).unique_for("p", Duration::ZERO),
+            "period",
+        ),
+    ] {
+        let e = store::enqueue(&mut conn, &Schema::default(), &task)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, TaskError::BadInput(m) if m.contains(says)),
+            "{e:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_batch_is_one_statement_in_order_all_or_nothing() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let held = store::enqueue(&mut conn, &schema, &sync(9)).await.unwrap();
+    let mut batch: Vec<NewTask> = (0..1000)
+        .map(|i| NewTask::new("bulk", json!({ "i": i })).priority((i % 7) as i16))
+        .collect();
+    batch[10] = sync(9); // held by a committed task
+    batch[20] = sync(10); // new ...
+    batch[30] = sync(10); // ... and again in the same batch
+    let out = store::enqueue_many(&mut conn, &schema, &batch)
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 1000);
+    for (i, o) in out.iter().enumerate() {
+        match i {
+            10 => assert_eq!(o, &Enqueued::Existing(o.task().clone())),
+            30 => {
+                assert!(!o.is_new());
+                assert_eq!(o.task().id, out[20].task().id);
+            }
+            _ => {
+                assert!(o.is_new(), "{i}");
+                if i != 20 {
+                    assert_eq!(o.task().task_data, json!({ "i": i }), "in order");
+                }
+            }
+        }
+    }
+    assert_eq!(out[10].task().id, held.id);
+    // Ids follow the order of the batch.
+    let ids: Vec<i64> = out
+        .iter()
+        .filter(|o| o.is_new())
+        .map(|o| o.task().id)
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids ascend with the batch"
+    );
+
+    // One bad task: nothing added, its index named.
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let mut bad: Vec<NewTask> = (0..5)
+        .map(|i| NewTask::new("bulk", json!({ "i": i })))
+        .collect();
+    bad[3].max_attempts = 0;
+    let e = store::enqueue_many(&mut conn, &schema, &bad)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, TaskError::BadInput(m) if m.starts_with("tasks[3]: ")),
+        "{e:?}"
+    );
+    // In the caller's transaction: rolled back, nothing stays.
+    let mut tx = conn.begin().await.unwrap();
+    store::enqueue_many(&mut tx, &schema, &bad[..3])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(after, before);
+    // Too many at once.
+    let many = vec![NewTask::new("bulk", json!({})); store::MAX_ENQUEUE_BATCH + 1];
+    assert!(matches!(
+        store::enqueue_many(&mut conn, &schema, &many).await,
+        Err(TaskError::BadInput(_))
+    ));
+}
