@@ -111,7 +111,8 @@ pub struct ScheduleBody {
     max_attempts: Option<i32>,
     /// Ticks missed while no replica led: `all` (up to 100), `latest` (the
     /// default) or `none`.
-    catch_up: Option<CatchUp>,
+    #[schema(value_type = Option<CatchUp>)]
+    catch_up: Option<String>,
     /// An IANA time zone the expression is read in (`UTC` when absent).
     #[schema(min_length = 1, max_length = 64)]
     time_zone: Option<String>,
@@ -193,7 +194,11 @@ async fn declare(
         new = new.max_attempts(max_attempts);
     }
     if let Some(catch_up) = body.catch_up {
-        new = new.catch_up(catch_up);
+        new = new.catch_up(CatchUp::parse(&catch_up).ok_or_else(|| {
+            AppError::BadRequest(format!(
+                "catch_up: must be all, latest or none; got {catch_up:?}"
+            ))
+        })?);
     }
     if let Some(tz) = body.time_zone {
         new = new.time_zone(tz);
