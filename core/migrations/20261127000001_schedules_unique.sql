@@ -4,10 +4,10 @@
 --    scope (`unique_scope`):
 --      active  unique among the pending and started tasks of its kind (the
 --              default: once processed, failed or cancelled the key is free);
---      period  unique among the tasks of its kind enqueued in the same
---              period (fixed buckets: `unique_slot` is the key with the
---              bucket's start), whatever their state;
---      always  unique among every task of its kind still in the table.
+--      always  unique among every task of its kind still in the table;
+--    and, either way, a period: then unique only among the tasks enqueued
+--    in the same period (fixed buckets: `unique_slot` is the key with the
+--    bucket's start; without a period it is the key).
 --    The database enforces it, one partial unique index on (kind,
 --    unique_slot): enqueue inserts with ON CONFLICT DO NOTHING, so 64
 --    enqueues of one key at once make one task (the others wait for the
@@ -32,7 +32,7 @@
 
 ALTER TABLE tasks
     ADD COLUMN unique_key text CHECK (char_length(unique_key) BETWEEN 1 AND 256),
-    ADD COLUMN unique_scope text CHECK (unique_scope IN ('active', 'period', 'always')),
+    ADD COLUMN unique_scope text CHECK (unique_scope IN ('active', 'always')),
     ADD COLUMN unique_slot text CHECK (char_length(unique_slot) BETWEEN 1 AND 300),
     ADD COLUMN schedule text CHECK (char_length(schedule) BETWEEN 1 AND 128),
     ADD COLUMN tick_at timestamptz,

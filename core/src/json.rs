@@ -90,7 +90,11 @@ mod tests {
     }
 }
 
-/// Whether `value` reads back as it was written once stored as `jsonb`:
+/// The largest magnitude of a number [`storable`] takes.
+pub const MAX_NUMBER: f64 = 1e300;
+
+/// Whether `value` reads back as it was written once stored as `jsonb`
+/// (numbers within ±[`MAX_NUMBER`]):
 /// PostgreSQL keeps a number exactly, as decimal digits (`1.7976931348623157e308`
 /// becomes 17976931348623157 and 292 zeros), and a number that close to
 /// `f64`'s limit does not parse as an `f64` again, so the row could be
@@ -100,6 +104,14 @@ pub fn storable(value: &serde_json::Value, field: &str) -> Result<(), String> {
     use serde_json::Value;
     match value {
         Value::Number(n) => {
+            // One plain limit a client can know (and an OpenAPI document can
+            // say): beyond it lies the edge where a stored number may not
+            // read back.
+            if n.as_f64().is_some_and(|f| f.abs() > MAX_NUMBER) {
+                return Err(format!(
+                    "{field} holds the number {n}, beyond ±1e300, the largest stored"
+                ));
+            }
             let stored = as_postgres_prints(&n.to_string());
             if serde_json::from_str::<serde_json::Number>(&stored).is_err() {
                 return Err(format!(
@@ -168,6 +180,7 @@ mod storable_tests {
     fn what_reads_back_is_storable_and_the_rest_is_refused() {
         assert!(storable(&json!({"a": [1, 2.5, -3e30, "x", null, true]}), "d").is_ok());
         assert!(storable(&json!({"big": 1.0e300}), "d").is_ok());
+        assert!(storable(&json!({"big": -1.0000000000000002e300}), "d").is_err());
         let edge = serde_json::from_str(r#"{"x": [-1.7976931348623157e308]}"#).unwrap();
         let err = storable(&edge, "task_data").unwrap_err();
         assert!(err.contains("task_data"), "{err}");

@@ -135,7 +135,54 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
 )]
 pub struct ApiDoc;
 
-/// Adds the `admin_token` bearer scheme the operator routes name.
+/// The name of the component schema of JSON that `jsonb` stores and gives
+/// back: no NUL character in a string or a key at any depth, and numbers
+/// within ±1e300 ([`leasekeeper_core::json::storable`]; nearer `f64`'s limit
+/// a stored number may not read back). Recursive, so a generator of test
+/// data keeps to it at every depth.
+pub const STORABLE_JSON: &str = "StorableJson";
+
+/// [`STORABLE_JSON`]'s shapes, `null` among them when `null_too`; nested
+/// values refer to the component.
+pub fn storable_json(null_too: bool) -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    use utoipa::openapi::schema::{
+        AdditionalProperties, AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, Type,
+    };
+    use utoipa::openapi::{Ref, RefOr};
+    let nested = || Ref::from_schema_name(STORABLE_JSON);
+    let no_nul = "^[^\\x00]*$";
+    let mut any = AnyOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property_names(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .pattern(Some(no_nul)),
+                ))
+                .additional_properties(Some(AdditionalProperties::RefOr(RefOr::Ref(nested())))),
+        )
+        .item(ArrayBuilder::new().items(RefOr::Ref(nested())))
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(no_nul)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .minimum(Some(-1e300))
+                .maximum(Some(1e300)),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Boolean));
+    if null_too {
+        any = any.item(ObjectBuilder::new().schema_type(Type::Null));
+    }
+    RefOr::T(Schema::AnyOf(any.build()))
+}
+
+/// Adds the `admin_token` bearer scheme the operator routes name, and the
+/// [`STORABLE_JSON`] component.
 struct AdminToken;
 
 impl Modify for AdminToken {
@@ -147,6 +194,9 @@ impl Modify for AdminToken {
                 .into(),
         );
         components.add_security_scheme("admin_token", SecurityScheme::Http(bearer));
+        components
+            .schemas
+            .insert(STORABLE_JSON.to_string(), storable_json(true));
     }
 }
 

@@ -100,6 +100,7 @@ pub struct ScheduleBody {
     )]
     queue: Option<String>,
     /// Its data (`{}` when absent; the simulated work sleeps 1 s then).
+    #[schema(schema_with = super::tasks::any_but_null)]
     data: Option<Value>,
     /// Its priority (0 when absent; lower runs first).
     #[serde(default, deserialize_with = "leasekeeper_core::json::opt_int")]

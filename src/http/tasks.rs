@@ -18,7 +18,8 @@ use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::queue::control::{self, TaskFilter};
 use leasekeeper_core::queue::store::{self, Enqueued, RetryPolicy};
 use leasekeeper_core::queue::{
-    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, Task, TaskStatus, UniqueScope,
+    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, Task, TaskStatus, Unique,
+    UniqueScope,
 };
 use leasekeeper_core::worker::simulated;
 use serde::Deserialize;
@@ -138,22 +139,11 @@ fn storable(value: &Value, field: &str) -> Result<(), AppError> {
     leasekeeper_core::json::storable(value, field).map_err(AppError::BadRequest)
 }
 
-/// Any JSON value but `null`, for the document.
-fn any_but_null() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
-    use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, Schema, Type};
-    let any = [
-        Type::Object,
-        Type::Array,
-        Type::String,
-        Type::Number,
-        Type::Boolean,
-    ]
-    .into_iter()
-    .fold(AnyOfBuilder::new(), |any, ty| {
-        any.item(ObjectBuilder::new().schema_type(ty))
-    })
-    .build();
-    utoipa::openapi::RefOr::T(Schema::AnyOf(any))
+/// Any JSON value but `null` that PostgreSQL's `jsonb` stores and gives
+/// back, for the document: [`super::openapi::STORABLE_JSON`] without null
+/// at the top.
+pub fn any_but_null() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    super::openapi::storable_json(false)
 }
 
 /// Body of `POST /api/tasks`. `kind` defaults to the simulated work
@@ -196,12 +186,13 @@ pub struct EnqueueBody {
     #[schema(min_length = 1, max_length = 256, pattern = "^[^\\x00]*$")]
     unique_key: Option<String>,
     /// Among which tasks the key is unique: `active` (pending or started;
-    /// the default), `period` (enqueued in the same `unique_period_seconds`)
-    /// or `always` (every task still on record).
-    #[schema(pattern = "^(active|period|always)$")]
+    /// the default) or `always` (every task still on record). Ignored
+    /// without `unique_key`.
+    #[schema(pattern = "^(active|always)$")]
     unique_scope: Option<String>,
-    /// The period of the `period` scope, 1 to 31,622,400 seconds (fixed
-    /// periods counted from the Unix epoch).
+    /// When given, the key is unique only among the tasks enqueued in the
+    /// same period of this many seconds (1 to 31,622,400; fixed periods
+    /// counted from the Unix epoch). Ignored without `unique_key`.
     #[schema(minimum = 1, maximum = 31622400)]
     unique_period_seconds: Option<f64>,
 }
@@ -234,10 +225,9 @@ impl EnqueueBody {
             task = task.queue(queue);
         }
         let scope = match self.unique_scope.as_deref() {
-            None => None,
-            Some(name) => Some(UniqueScope::parse(name).ok_or_else(|| {
-                format!("unique_scope must be active, period or always; got {name:?}")
-            })?),
+            None => UniqueScope::Active,
+            Some(name) => UniqueScope::parse(name)
+                .ok_or_else(|| format!("unique_scope must be active or always; got {name:?}"))?,
         };
         let period = match self.unique_period_seconds {
             None => None,
@@ -248,23 +238,7 @@ impl EnqueueBody {
                 return Err("unique_period_seconds must be between 1 and 31622400".into());
             }
         };
-        task = match (self.unique_key, scope, period) {
-            (None, None, None) => task,
-            (None, _, _) => {
-                return Err("unique_scope and unique_period_seconds need a unique_key".into());
-            }
-            (Some(key), None | Some(UniqueScope::Active), None) => task.unique(key),
-            (Some(key), None | Some(UniqueScope::Period), Some(period)) => {
-                task.unique_for(key, period)
-            }
-            (Some(_), Some(UniqueScope::Period), None) => {
-                return Err("the period scope needs unique_period_seconds".into());
-            }
-            (Some(key), Some(UniqueScope::Always), None) => task.unique_always(key),
-            (Some(_), Some(_), Some(_)) => {
-                return Err("unique_period_seconds applies only to the period scope".into());
-            }
-        };
+        task.unique = self.unique_key.map(|key| Unique { key, scope, period });
         store::check_new(&task)?;
         Ok(task)
     }

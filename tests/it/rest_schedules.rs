@@ -26,7 +26,10 @@ async fn a_schedule_is_declared_read_paused_resumed_triggered_and_deleted() {
     let (s, same) = api.put("/api/schedules/nightly", body).await;
     assert_eq!(s, StatusCode::OK, "{same}");
     let (s, replaced) = api
-        .put("/api/schedules/nightly", json!({"cron": "0 2 * * *", "time_zone": "Europe/Berlin"}))
+        .put(
+            "/api/schedules/nightly",
+            json!({"cron": "0 2 * * *", "time_zone": "Europe/Berlin"}),
+        )
         .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(replaced["cron_text"], "At 02:00 (Europe/Berlin)");
@@ -36,21 +39,37 @@ async fn a_schedule_is_declared_read_paused_resumed_triggered_and_deleted() {
     for (bad, field) in [
         (json!({"cron": "61 * * * *"}), "cron"),
         (json!({"cron": "* * * *"}), "cron"),
-        (json!({"cron": "0 2 * * *", "time_zone": "Mars/Olympus"}), "time_zone"),
-        (json!({"cron": "0 2 * * *", "catch_up": "sometimes"}), "catch_up"),
-        (json!({"cron": "0 2 * * *", "max_attempts": 0}), "max_attempts"),
+        (
+            json!({"cron": "0 2 * * *", "time_zone": "Mars/Olympus"}),
+            "time_zone",
+        ),
+        (
+            json!({"cron": "0 2 * * *", "catch_up": "sometimes"}),
+            "catch_up",
+        ),
+        (
+            json!({"cron": "0 2 * * *", "max_attempts": 0}),
+            "max_attempts",
+        ),
     ] {
         for name in ["nightly", "fresh"] {
-            let (s, e) = api.put(&format!("/api/schedules/{name}"), bad.clone()).await;
+            let (s, e) = api
+                .put(&format!("/api/schedules/{name}"), bad.clone())
+                .await;
             assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {e}");
             assert!(error_of(&e).starts_with(field), "{bad}: {e}");
         }
     }
-    let (s, e) = api.put("/api/schedules/bad%20name", json!({"cron": "0 2 * * *"})).await;
+    let (s, e) = api
+        .put("/api/schedules/bad%20name", json!({"cron": "0 2 * * *"}))
+        .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
     let (_, all) = api.get("/api/schedules").await;
     assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
-    assert_eq!(all[0]["cron"], "0 2 * * *", "the bad replacements changed nothing");
+    assert_eq!(
+        all[0]["cron"], "0 2 * * *",
+        "the bad replacements changed nothing"
+    );
 
     let (s, one) = api.get("/api/schedules/nightly").await;
     assert_eq!(s, StatusCode::OK);
@@ -82,7 +101,13 @@ async fn a_schedule_is_declared_read_paused_resumed_triggered_and_deleted() {
         .collect();
     assert_eq!(
         actions,
-        ["schedule_trigger", "schedule_resume", "schedule_pause", "schedule_replace", "schedule_create"]
+        [
+            "schedule_trigger",
+            "schedule_resume",
+            "schedule_pause",
+            "schedule_replace",
+            "schedule_create"
+        ]
     );
 
     let (s, body) = api
@@ -100,11 +125,18 @@ async fn a_schedule_is_declared_read_paused_resumed_triggered_and_deleted() {
 async fn ticks_are_listed_newest_first_with_holder_and_token_and_paged() {
     let api = Api::new().await;
     let (s, _) = api
-        .put("/api/schedules/beat", json!({"cron": "* * * * * *", "catch_up": "all"}))
+        .put(
+            "/api/schedules/beat",
+            json!({"cron": "* * * * * *", "catch_up": "all"}),
+        )
         .await;
     assert_eq!(s, StatusCode::CREATED);
     let holder = leasekeeper_core::lease::Holder::parse("rep-a").unwrap();
-    let scheduler = Scheduler::spawn(api.db.pool.clone(), holder, SchedulerConfig::from_ttl(Duration::from_secs(3)));
+    let scheduler = Scheduler::spawn(
+        api.db.pool.clone(),
+        holder,
+        SchedulerConfig::from_ttl(Duration::from_secs(3)),
+    );
     let mut ticks = Value::Null;
     for _ in 0..100 {
         ticks = api.get("/api/schedules/beat/ticks").await.1;
@@ -118,7 +150,11 @@ async fn ticks_are_listed_newest_first_with_holder_and_token_and_paged() {
     scheduler.shutdown().await;
     let list = ticks.as_array().unwrap();
     assert!(list.len() >= 3, "{ticks}");
-    assert!(list.windows(2).all(|w| w[0]["tick_at"].as_str() > w[1]["tick_at"].as_str()), "newest first");
+    assert!(
+        list.windows(2)
+            .all(|w| w[0]["tick_at"].as_str() > w[1]["tick_at"].as_str()),
+        "newest first"
+    );
     for t in list {
         assert_eq!(t["holder"], "rep-a");
         assert_eq!(t["fencing_token"], one["leader"]["fencing_token"]);
@@ -131,7 +167,15 @@ async fn ticks_are_listed_newest_first_with_holder_and_token_and_paged() {
     assert_eq!(page.as_array().unwrap().len(), 2);
     assert!(next.is_some(), "a Link to the next page");
     let (all, _) = api.walk("/api/schedules/beat/ticks?limit=1").await;
-    assert_eq!(all.len(), api.get("/api/schedules/beat/ticks").await.1.as_array().unwrap().len());
+    assert_eq!(
+        all.len(),
+        api.get("/api/schedules/beat/ticks")
+            .await
+            .1
+            .as_array()
+            .unwrap()
+            .len()
+    );
     let (s, _) = api.get("/api/schedules/nope/ticks").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
@@ -149,19 +193,40 @@ async fn a_unique_key_answers_201_then_200_with_the_same_task() {
     assert_eq!(again["id"], first["id"]);
     for (bad, says) in [
         (json!({"task_data": {}, "unique_key": ""}), "unique_key"),
-        (json!({"task_data": {}, "unique_scope": "always"}), "unique_key"),
-        (json!({"task_data": {}, "unique_key": "k", "unique_scope": "sometimes"}), "unique_scope"),
-        (json!({"task_data": {}, "unique_key": "k", "unique_scope": "period"}), "unique_period_seconds"),
-        (json!({"task_data": {}, "unique_key": "k", "unique_period_seconds": 0}), "unique_period_seconds"),
+        (
+            json!({"task_data": {}, "unique_key": "k", "unique_scope": "sometimes"}),
+            "unique_scope",
+        ),
+        (
+            json!({"task_data": {}, "unique_key": "k", "unique_period_seconds": 0}),
+            "unique_period_seconds",
+        ),
     ] {
         let (s, e) = api.post("/api/tasks", bad.clone()).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {e}");
         assert!(error_of(&e).contains(says), "{bad}: {e}");
     }
     let (s, period) = api
-        .post("/api/tasks", json!({"task_data": {}, "unique_key": "p", "unique_period_seconds": 3600}))
+        .post(
+            "/api/tasks",
+            json!({"task_data": {}, "unique_key": "p", "unique_period_seconds": 3600}),
+        )
         .await;
-    assert_eq!((s, &period["unique_scope"]), (StatusCode::CREATED, &json!("period")));
+    assert_eq!(
+        (s, &period["unique_scope"]),
+        (StatusCode::CREATED, &json!("active"))
+    );
+    // Without a key, scope and period ask for nothing.
+    let (s, plain) = api
+        .post(
+            "/api/tasks",
+            json!({"task_data": {}, "unique_scope": "always"}),
+        )
+        .await;
+    assert_eq!(
+        (s, &plain["unique_key"]),
+        (StatusCode::CREATED, &Value::Null)
+    );
 }
 
 #[tokio::test]
@@ -170,7 +235,9 @@ async fn a_batch_answers_its_tasks_in_order_or_names_the_bad_one_and_adds_nothin
     let bodies: Vec<Value> = (0..50)
         .map(|i| json!({"task_data": {"i": i}, "kind": "bulk", "priority": i % 3}))
         .collect();
-    let (s, tasks) = api.post("/api/tasks/batch", Value::Array(bodies.clone())).await;
+    let (s, tasks) = api
+        .post("/api/tasks/batch", Value::Array(bodies.clone()))
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{tasks}");
     let tasks = tasks.as_array().unwrap();
     assert_eq!(tasks.len(), 50);
@@ -216,7 +283,9 @@ async fn a_batch_answers_its_tasks_in_order_or_names_the_bad_one_and_adds_nothin
     assert_eq!(s, StatusCode::CREATED);
     assert_eq!(tasks[0]["id"], tasks[1]["id"]);
     // 10,000 at once: one statement, under the body limit.
-    let many: Vec<Value> = (0..10_000).map(|i| json!({"task_data": {"i": i}, "kind": "bulk"})).collect();
+    let many: Vec<Value> = (0..10_000)
+        .map(|i| json!({"task_data": {"i": i}, "kind": "bulk"}))
+        .collect();
     let (s, tasks) = api.post("/api/tasks/batch", Value::Array(many)).await;
     assert_eq!(s, StatusCode::CREATED);
     assert_eq!(tasks.as_array().unwrap().len(), 10_000);

@@ -217,27 +217,28 @@ pub struct NewTask {
 
 text_enum! {
     stored;
-    /// Among which tasks of its kind a unique key is unique.
+    /// Among which tasks of its kind a unique key is unique (within its
+    /// period, when it has one).
     pub enum UniqueScope {
         /// The pending and started ones: once the task is processed, failed
         /// or cancelled, its key is free again. The default.
         Active = "active",
-        /// Those enqueued in the same period (fixed periods, counted from
-        /// the Unix epoch by the database clock), whatever their state.
-        Period = "period",
-        /// Every one still on record (until retention deletes it).
+        /// Every one still on record, whatever its state (until retention
+        /// deletes it).
         Always = "always",
     }
 }
 
-/// A unique key and its scope; see [`NewTask::unique`].
+/// A unique key, its scope and its period; see [`NewTask::unique`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unique {
     /// The key: 1 to 256 characters.
     pub key: String,
     /// Among which tasks it is unique.
     pub scope: UniqueScope,
-    /// The period, for [`UniqueScope::Period`] (1 s to 366 days).
+    /// When set, unique only among the tasks enqueued in the same period
+    /// (1 s to 366 days; fixed periods counted from the Unix epoch by the
+    /// database clock: with an hour, 10:00 to 10:59:59).
     pub period: Option<std::time::Duration>,
 }
 
@@ -280,11 +281,13 @@ impl NewTask {
 
     /// Unique among the tasks of its kind enqueued in the same `period`
     /// (periods are fixed, counted from the Unix epoch: with an hour, one
-    /// task per key from 10:00 to 10:59:59), whatever their state.
+    /// task per key from 10:00 to 10:59:59), whatever their state. (Any
+    /// [`Unique`] may be set as `task.unique`: active tasks of one period,
+    /// say.)
     pub fn unique_for(mut self, key: impl Into<String>, period: std::time::Duration) -> Self {
         self.unique = Some(Unique {
             key: key.into(),
-            scope: UniqueScope::Period,
+            scope: UniqueScope::Always,
             period: Some(period),
         });
         self

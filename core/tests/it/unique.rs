@@ -170,7 +170,7 @@ async fn period_and_always_scopes_hold_the_key_whatever_the_state() {
         .await
         .unwrap();
     assert!(!b.is_new(), "the period holds the key even once cancelled");
-    assert_eq!(b.task().unique_scope, Some(UniqueScope::Period));
+    assert_eq!(b.task().unique_scope, Some(UniqueScope::Always));
     // One-second periods: a later period takes a new task.
     let brief = NewTask::new("digest", json!({})).unique_for("s", Duration::from_secs(1));
     assert!(

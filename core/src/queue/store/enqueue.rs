@@ -4,7 +4,7 @@
 
 use super::{TASK_COLUMNS, TaskError, millis};
 use crate::db::Schema;
-use crate::queue::{NewTask, Task, UniqueScope, check_name};
+use crate::queue::{NewTask, Task, check_name};
 use sqlx::{FromRow, PgConnection, Row};
 use std::time::Duration;
 
@@ -93,15 +93,10 @@ pub fn check(task: &NewTask) -> Result<(), String> {
         if unique.key.contains('\0') {
             return Err("unique_key must not contain NUL".into());
         }
-        match (unique.scope, unique.period) {
-            (UniqueScope::Period, Some(p)) if p >= UNIQUE_PERIODS.0 && p <= UNIQUE_PERIODS.1 => {}
-            (UniqueScope::Period, _) => {
-                return Err("a unique period must be 1 second to 366 days".into());
-            }
-            (_, Some(_)) => {
-                return Err("a unique period applies only to the period scope".into());
-            }
-            _ => {}
+        if let Some(p) = unique.period
+            && !(UNIQUE_PERIODS.0..=UNIQUE_PERIODS.1).contains(&p)
+        {
+            return Err("a unique period must be 1 second to 366 days".into());
         }
     }
     Ok(())
@@ -232,7 +227,7 @@ async fn insert_all(
             .query(&format!(
                 "WITH input AS MATERIALIZED (
                     SELECT i.*, nextval('$schema.tasks_id_seq') AS id,
-                           CASE WHEN i.unique_scope = 'period'
+                           CASE WHEN i.period_s IS NOT NULL
                                 THEN i.unique_key || '@'
                                      || (floor(EXTRACT(EPOCH FROM now()) / i.period_s) * i.period_s)::bigint
                                 ELSE i.unique_key END AS slot
