@@ -467,6 +467,20 @@ fn TaskDetailView(detail: TaskDetail, one: ServerAction<ControlTask>) -> impl In
                 <div class="min-w-0 break-all"><dt class="inline text-slate-500">"output "</dt><dd class="inline font-mono" data-testid="detail-output">{task.task_output.as_ref().map(|o| o.to_string()).unwrap_or_default()}</dd></div>
                 <div class="min-w-0 break-words"><dt class="inline text-slate-500">"last error "</dt><dd class="inline" data-testid="detail-error">{task.last_error.clone().unwrap_or_default()}</dd></div>
                 <div><dt class="inline text-slate-500">"enqueued "</dt><dd class="inline tabular-nums"><LocalTime at=task.created_at/></dd></div>
+                {task.schedule.clone().map(|name| view! {
+                    <div><dt class="inline text-slate-500">"schedule "</dt><dd class="inline" data-testid="detail-schedule">
+                        <a class="font-mono text-indigo-700 underline" href=format!("/schedules#schedule-{name}")>{name.clone()}</a>
+                        {match task.tick_at {
+                            Some(at) => Either::Left(view! { <span>", tick of "<LocalTime at/></span> }),
+                            None => Either::Right(view! { <span>", run now by an operator"</span> }),
+                        }}
+                    </dd></div>
+                })}
+                {task.unique_key.clone().map(|key| view! {
+                    <div class="min-w-0 break-all"><dt class="inline text-slate-500">"unique key "</dt><dd class="inline font-mono" data-testid="detail-unique-key">
+                        {format!("{key} ({})", task.unique_scope.map(|s| s.as_str()).unwrap_or("active"))}
+                    </dd></div>
+                })}
             </dl>
             <HistoryList history=detail.history/>
         </section>

@@ -219,6 +219,8 @@ pub struct Schedule {
     pub paused: bool,
     /// The next tick that will fire (null while paused).
     pub next_tick_at: Option<DateTime<Utc>>,
+    /// Milliseconds until then, by the database clock at read time.
+    pub next_tick_in_ms: Option<i64>,
     /// The newest tick fired (or skipped by the catch-up policy).
     pub last_tick_at: Option<DateTime<Utc>>,
     /// When it was first declared.

@@ -126,6 +126,7 @@ impl Row {
             catch_up: self.catch_up,
             paused: self.paused,
             next_tick_at,
+            next_tick_in_ms: next_tick_at.map(|n| (n - self.db_now).num_milliseconds()),
             last_tick_at: self.last_tick_at,
             created_at: self.created_at,
             updated_at: self.updated_at,
