@@ -107,8 +107,11 @@ pub use db::Schema;
 #[cfg(feature = "postgres")]
 pub use lease::client::LeaseTiming;
 #[cfg(feature = "postgres")]
-pub use queue::store::{FencedTransaction, RetryPolicy, enqueue};
-pub use queue::{NewTask, Task};
+pub use queue::store::{
+    Enqueued, FencedTransaction, RetryPolicy, enqueue, enqueue_many, enqueue_outcome,
+};
+pub use queue::{NewTask, Task, Unique, UniqueScope};
+pub use schedule::{CatchUp, NewSchedule};
 #[cfg(feature = "postgres")]
 pub use worker::batch::Batching;
 #[cfg(feature = "postgres")]

@@ -12,6 +12,7 @@ const pages: [string, string][] = [
   ["leases", "/leases?id=1"],
   ["tasks", `/tasks?id=${process.env.SHOT_TASK ?? "1"}`],
   ["workers", "/workers"],
+  ["schedules", "/schedules"],
   ["instances", "/instances"],
   ["audit", "/audit"],
 ];

@@ -13,7 +13,8 @@
 //! - lease rows of other resources whose term ended before then (their
 //!   fencing rows stay, so tokens keep rising when such a resource is
 //!   acquired again);
-//! - history (`lease_events`) and failover kills older than that;
+//! - history (`lease_events`), failover kills and schedule ticks older
+//!   than that;
 //! - instances and workers not seen for that long.
 //!
 //! The SQL, and the race each statement prevents, is in [`store`]. A batch
@@ -131,6 +132,7 @@ pub async fn prune_once(
         Table::Leases,
         Table::LeaseEvents,
         Table::FailoverKills,
+        Table::ScheduleTicks,
         Table::Workers,
     ];
     let batch = batch.max(1);
@@ -151,6 +153,9 @@ pub async fn prune_once(
                 }
                 Table::FailoverKills => {
                     store::prune_failover_kills(&mut conn, schema, retention, batch).await?
+                }
+                Table::ScheduleTicks => {
+                    store::prune_schedule_ticks(&mut conn, schema, retention, batch).await?
                 }
                 _ => store::prune_dead(&mut conn, schema, retention, batch).await?,
             };
@@ -241,6 +246,7 @@ async fn run_term(
                         lease_events = pruned.lease_events,
                         lease_fencing = pruned.lease_fencing,
                         failover_kills = pruned.failover_kills,
+                        schedule_ticks = pruned.schedule_ticks,
                         instances = pruned.instances,
                         workers = pruned.workers,
                         took_ms = started.elapsed().as_millis() as u64,

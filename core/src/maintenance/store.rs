@@ -50,6 +50,8 @@ text_enum! {
         Instances = "instances",
         /// `workers`.
         Workers = "workers",
+        /// `schedule_ticks`.
+        ScheduleTicks = "schedule_ticks",
     }
 }
 
@@ -70,6 +72,8 @@ pub struct Pruned {
     pub instances: u64,
     /// Dead workers.
     pub workers: u64,
+    /// Old schedule ticks (the schedule keeps its newest tick's time).
+    pub schedule_ticks: u64,
 }
 
 impl Pruned {
@@ -83,6 +87,7 @@ impl Pruned {
             Table::FailoverKills => self.failover_kills,
             Table::Instances => self.instances,
             Table::Workers => self.workers,
+            Table::ScheduleTicks => self.schedule_ticks,
         }
     }
 
@@ -107,6 +112,7 @@ impl Pruned {
             Table::FailoverKills => &mut self.failover_kills,
             Table::Instances => &mut self.instances,
             Table::Workers => &mut self.workers,
+            Table::ScheduleTicks => &mut self.schedule_ticks,
         }
     }
 }
@@ -319,6 +325,28 @@ pub async fn prune_failover_kills(
     )
 }
 
+/// Deletes up to `batch` schedule ticks fired more than `older_than` ago.
+/// The schedule keeps `last_tick_at`, so its next tick is known however
+/// few ticks stay on record.
+pub async fn prune_schedule_ticks(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    older_than: Duration,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    // Append-only (ids follow fired_at). Race prevented: none to prevent; a
+    // firing inserts new rows with new ids, never one this batch can pick.
+    prune_oldest(
+        conn,
+        schema,
+        Table::ScheduleTicks,
+        "fired_at",
+        older_than,
+        batch,
+    )
+    .await
+}
+
 /// Deletes those of the `batch` oldest rows (by id) of an append-only
 /// `table` whose `at` column is before the cutoff.
 async fn prune_oldest(
@@ -337,9 +365,9 @@ async fn prune_oldest(
             let table_name = table.as_str();
             let statement = format!(
                 "WITH head AS (
-                SELECT id, {at} FROM {table_name} ORDER BY id LIMIT $2
+                SELECT id, {at} FROM $schema.{table_name} ORDER BY id LIMIT $2
              ), gone AS (
-                DELETE FROM {table_name} x USING head h
+                DELETE FROM $schema.{table_name} x USING head h
                  WHERE x.id = h.id AND h.{at} < now() - make_interval(secs => $1)
                 RETURNING 1
              )
@@ -412,12 +440,12 @@ async fn prune_unseen(
             let table_name = table.as_str();
             let statement = format!(
                 "WITH dead AS (
-                SELECT id FROM {table_name}
+                SELECT id FROM $schema.{table_name}
                  WHERE last_seen_at < now() - make_interval(secs => $1)
                  ORDER BY last_seen_at LIMIT $2
                    FOR UPDATE SKIP LOCKED
              ), gone AS (
-                DELETE FROM {table_name} x USING dead d WHERE x.id = d.id RETURNING 1
+                DELETE FROM $schema.{table_name} x USING dead d WHERE x.id = d.id RETURNING 1
              )
              SELECT count(*) FROM gone"
             );

@@ -6,7 +6,7 @@
 //! task each tick enqueues (kind, queue, data, priority, max attempts), a
 //! catch-up policy ([`CatchUp`]) and a paused flag. Schedules live in the
 //! library's table `schedules`: declared in code
-//! ([`RuntimeBuilder::schedule`](crate::worker::RuntimeBuilder::schedule),
+//! ([`RuntimeBuilder::schedule`](crate::worker::runtime::RuntimeBuilder::schedule),
 //! upserted at start, safe from many replicas at once) or through the
 //! dashboard's REST API, the same rows either way.
 //!

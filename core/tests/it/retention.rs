@@ -668,3 +668,48 @@ async fn a_claim_does_not_wait_on_an_open_pruning_batch() {
     assert_eq!(pruning.await.unwrap().tasks, 1);
     assert_counts_match_rows(&pool).await;
 }
+
+#[tokio::test]
+async fn old_schedule_ticks_go_and_the_schedule_keeps_its_place() {
+    use leasekeeper_core::schedule::{NewSchedule, store as schedules};
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let mut conn = pool.acquire().await.unwrap();
+    let schema = leasekeeper_core::db::Schema::default();
+    schedules::upsert(
+        &mut conn,
+        &schema,
+        &NewSchedule::new("s", "0 2 * * *", "k"),
+        "t",
+    )
+    .await
+    .unwrap();
+    // Two ticks on record, one fired two hours ago and one just now.
+    sqlx::query(
+        "INSERT INTO schedule_ticks (schedule, tick_at, task_id, holder, fencing_token, fired_at, caught_up)
+         VALUES ('s', now() - interval '2 hours', 1, 'h', 1, now() - interval '2 hours', false),
+                ('s', now(), 2, 'h', 1, now(), false)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE schedules SET last_tick_at = now() WHERE name = 's'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let pruned = prune_once(pool, HOUR, 1000, || true).await.unwrap();
+    assert_eq!(pruned.schedule_ticks, 1);
+    let left: Vec<i64> = sqlx::query_scalar("SELECT task_id FROM schedule_ticks")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [2]);
+    let s = schedules::get(&mut conn, &schema, "s")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        s.last_tick_at.is_some(),
+        "the schedule keeps its newest tick's time"
+    );
+}
