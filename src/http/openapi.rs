@@ -84,6 +84,7 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         tasks::heartbeat,
         tasks::complete,
         tasks::fail,
+        tasks::snooze,
         tasks::events,
         tasks::cancel_one,
         tasks::retry_one,

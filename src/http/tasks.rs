@@ -18,8 +18,8 @@ use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::queue::control::{self, TaskFilter};
 use leasekeeper_core::queue::store::{self, Enqueued, RetryPolicy};
 use leasekeeper_core::queue::{
-    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, Task, TaskStatus, Unique,
-    UniqueScope,
+    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, SnoozeBody, Task, TaskStatus,
+    Unique, UniqueScope,
 };
 use leasekeeper_core::worker::simulated;
 use serde::Deserialize;
@@ -43,6 +43,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/{id}/heartbeat", put(heartbeat))
         .route("/api/tasks/{id}/complete", put(complete))
         .route("/api/tasks/{id}/fail", put(fail))
+        .route("/api/tasks/{id}/snooze", put(snooze))
         .route("/api/tasks/{id}/events", get(events))
         .route("/api/tasks/{id}/cancel", post(cancel_one))
         .route("/api/tasks/{id}/retry", post(retry_one))
@@ -190,6 +191,11 @@ pub struct EnqueueBody {
     /// without `unique_key`.
     #[schema(pattern = "^(active|always)$")]
     unique_scope: Option<String>,
+    /// Each attempt may run at most this many seconds (0.001 to 86400):
+    /// then the handler is cancelled and the attempt fails ("timed out
+    /// after …"). Without it, the runtime's default for the kind, if any.
+    #[schema(minimum = 0.001, maximum = 86400)]
+    timeout_seconds: Option<f64>,
     /// When given, the key is unique only among the tasks enqueued in the
     /// same period of this many seconds (1 to 31,622,400; fixed periods
     /// counted from the Unix epoch). Ignored without `unique_key`.
@@ -239,6 +245,13 @@ impl EnqueueBody {
             }
         };
         task.unique = self.unique_key.map(|key| Unique { key, scope, period });
+        task.timeout = match self.timeout_seconds {
+            None => None,
+            Some(secs) if secs.is_finite() && (0.001..=86_400.0).contains(&secs) => {
+                Some(Duration::from_secs_f64(secs).max(Duration::from_millis(1)))
+            }
+            Some(_) => return Err("timeout_seconds must be between 0.001 and 86400".into()),
+        };
         store::check_new(&task)?;
         Ok(task)
     }
@@ -428,6 +441,44 @@ async fn complete(
     // 202 Accepted, as heartbeat answers: the contract of the original
     // design's clients.
     Ok((StatusCode::ACCEPTED, Json(task)))
+}
+
+#[utoipa::path(
+    put,
+    path = "/api/tasks/{id}/snooze",
+    tag = "tasks",
+    summary = "Snooze a claimed task",
+    description = "Back to pending, due in `seconds`, without using up an attempt; the claim's lease is released and the task's history records `snoozed`. Only from the claim's holder with its token, as complete and fail.",
+    params(TaskIdPath),
+    request_body = SnoozeBody,
+    responses(
+        (status = 200, description = "The task, pending again", body = Task),
+        (status = 400, description = "Bad JSON, a bad id, processor or delay", body = ErrorBody),
+        TaskNotFound,
+        StaleWrite,
+        TooLarge,
+    )
+)]
+async fn snooze(
+    State(s): State<AppState>,
+    Id(id): Id,
+    JsonBody(body): JsonBody<SnoozeBody>,
+) -> Result<Json<Task>, AppError> {
+    if !(body.seconds.is_finite() && (0.0..=31_622_400.0).contains(&body.seconds)) {
+        return Err(AppError::BadRequest(
+            "seconds must be between 0 and 31622400".into(),
+        ));
+    }
+    let task = store::snooze(
+        &mut *s.pool.acquire().await?,
+        s.schema(),
+        id,
+        &body.processor,
+        body.fencing_token,
+        Duration::from_secs_f64(body.seconds),
+    )
+    .await?;
+    Ok(Json(task))
 }
 
 #[utoipa::path(

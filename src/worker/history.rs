@@ -183,6 +183,12 @@ impl<T: Transport> Transport for Recorded<T> {
         result
     }
 
+    // Not recorded: the simulated work (the only work the fault harness
+    // runs through this) never snoozes, so the checker knows no such op.
+    async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
+        self.inner.snooze(claim, delay).await
+    }
+
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
         self.inner.report(worker, report).await
     }

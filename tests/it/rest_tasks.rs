@@ -323,3 +323,59 @@ async fn task_data_that_would_not_read_back_is_refused_and_stores_nothing() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(all, serde_json::json!([]));
 }
+
+#[tokio::test]
+async fn a_claimed_task_snoozes_back_to_pending_without_using_an_attempt() {
+    let api = Api::new().await;
+    let (s, task) = api
+        .post(
+            "/api/tasks",
+            json!({"task_data": {}, "kind": "poll", "timeout_seconds": 2.5}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{task}");
+    assert_eq!(task["timeout_ms"], 2500);
+    let (s, claimed) = api
+        .post("/api/tasks/next", json!({"processor": "w1"}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let id = claimed["id"].as_i64().unwrap();
+    let token = claimed["fencing_token"].as_i64().unwrap();
+    let uri = format!("/api/tasks/{id}/snooze");
+    for bad in [json!(-1), json!(31_622_401), json!("soon")] {
+        let (s, e) = api
+            .put(
+                &uri,
+                json!({"processor": "w1", "fencing_token": token, "seconds": bad}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {e}");
+    }
+    let (s, e) = api
+        .put(
+            &uri,
+            json!({"processor": "w1", "fencing_token": token + 1, "seconds": 60}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{e}");
+    let (s, snoozed) = api
+        .put(
+            &uri,
+            json!({"processor": "w1", "fencing_token": token, "seconds": 60}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{snoozed}");
+    assert_eq!(snoozed["status"], "pending");
+    assert_eq!(snoozed["attempts"], 0);
+    // Not due for a minute: nothing to claim.
+    let (s, _) = api
+        .post("/api/tasks/next", json!({"processor": "w2"}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, events) = api.get(&format!("/api/tasks/{id}/events")).await;
+    assert_eq!(events[0]["kind"], "snoozed", "{events}");
+    let (s, e) = api
+        .post("/api/tasks", json!({"task_data": {}, "timeout_seconds": 0}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+}

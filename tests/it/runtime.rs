@@ -443,3 +443,132 @@ async fn an_answer_that_could_not_be_read_back_is_a_failed_attempt() {
         .unwrap();
     assert_eq!(effects, 0, "the handler's write rolled back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snoozed_task_comes_back_later_without_using_an_attempt() {
+    let db = TestDb::new().await;
+    let t = enqueue(&db, NewTask::new("poll", json!({})).max_attempts(1)).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("rt-snooze")
+        .scheduler(None)
+        .handler("poll", move |job: Job, _: TaskContext| {
+            let log = log.clone();
+            async move {
+                let n = {
+                    let mut log = log.lock().unwrap();
+                    log.push(job.attempt);
+                    log.len()
+                };
+                // Not ready the first two times: come back in 300 ms.
+                HandlerResult::Ok(if n < 3 {
+                    Done::snooze(Duration::from_millis(300))
+                } else {
+                    Done::output(json!({"after": n}))
+                })
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    until("snoozed once", Duration::from_secs(5), || async {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    let between = task(&db, t.id).await;
+    until("processed", Duration::from_secs(10), || async {
+        task(&db, t.id).await.status == TaskStatus::Processed
+    })
+    .await;
+    runtime.shutdown().await;
+    // One attempt allowed, three claims: the snoozes used none.
+    let done = task(&db, t.id).await;
+    assert_eq!(done.task_output, Some(json!({"after": 3})));
+    assert_eq!(done.attempts, 1);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![1, 1, 1],
+        "each claim is attempt 1"
+    );
+    assert!(
+        between.status == TaskStatus::Pending || between.status == TaskStatus::Started,
+        "{between:?}"
+    );
+    let history: Vec<(String, Option<serde_json::Value>)> =
+        sqlx::query_as("SELECT kind, detail FROM lease_events WHERE resource = $1 ORDER BY id")
+            .bind(format!("task:{}", t.id))
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let kinds: Vec<&str> = history.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "acquired", "released", "snoozed", "acquired", "released", "snoozed", "acquired",
+            "released"
+        ]
+    );
+    assert_eq!(history[2].1, Some(json!({"for_ms": 300})));
+    // Due again only after the snooze: the second claim came >= 300 ms
+    // after the first release.
+    let at: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT at FROM lease_events WHERE resource = $1 AND kind IN ('snoozed', 'acquired') ORDER BY id",
+    )
+    .bind(format!("task:{}", t.id))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!((at[2] - at[1]).num_milliseconds() >= 290, "{at:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_past_its_timeout_is_cancelled_and_failed_and_the_kind_default_applies() {
+    let db = TestDb::new().await;
+    let own = enqueue(
+        &db,
+        NewTask::new("hang", json!({}))
+            .max_attempts(1)
+            .timeout(Duration::from_millis(300)),
+    )
+    .await;
+    let by_kind = enqueue(&db, NewTask::new("hang", json!({})).max_attempts(1)).await;
+    let cancelled = Arc::new(Mutex::new(0));
+    let count = cancelled.clone();
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("rt-timeout")
+        .scheduler(None)
+        .timeout("hang", Duration::from_millis(600))
+        .handler("hang", move |_: Job, ctx: TaskContext| {
+            let count = count.clone();
+            async move {
+                ctx.cancelled().await;
+                *count.lock().unwrap() += 1;
+                HandlerResult::Ok(Done::output(json!("too late")))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    until("both failed", Duration::from_secs(10), || async {
+        task(&db, own.id).await.status == TaskStatus::Failed
+            && task(&db, by_kind.id).await.status == TaskStatus::Failed
+    })
+    .await;
+    runtime.shutdown().await;
+    assert_eq!(
+        task(&db, own.id).await.last_error.as_deref(),
+        Some("timed out after 300ms")
+    );
+    assert_eq!(task(&db, own.id).await.timeout_ms, Some(300));
+    assert_eq!(
+        task(&db, by_kind.id).await.last_error.as_deref(),
+        Some("timed out after 600ms")
+    );
+    assert_eq!(*cancelled.lock().unwrap(), 2, "each handler saw its cancel");
+    assert_eq!(
+        task(&db, own.id).await.task_output,
+        None,
+        "its answer was discarded"
+    );
+}

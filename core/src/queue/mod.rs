@@ -142,6 +142,9 @@ pub struct Task {
     /// The schedule's tick it fired for (null for a trigger and for tasks
     /// no schedule enqueued).
     pub tick_at: Option<DateTime<Utc>>,
+    /// Its own time limit per attempt, in milliseconds (null: the runtime's
+    /// default for its kind, if any).
+    pub timeout_ms: Option<i32>,
 }
 
 impl Task {
@@ -210,6 +213,9 @@ pub struct NewTask {
     /// A key that keeps it unique among tasks of its kind ([`NewTask::unique`]).
     #[serde(default)]
     pub unique: Option<Unique>,
+    /// Its time limit per attempt ([`NewTask::timeout`]).
+    #[serde(default)]
+    pub timeout: Option<std::time::Duration>,
     /// The schedule enqueuing it, and the tick (set by the scheduler).
     #[serde(skip)]
     pub(crate) scheduled_by: Option<(String, Option<DateTime<Utc>>)>,
@@ -253,8 +259,21 @@ impl NewTask {
             max_attempts: 5,
             delay: None,
             unique: None,
+            timeout: None,
             scheduled_by: None,
         }
+    }
+
+    /// Each attempt may run at most `timeout` (1 ms to 24 h): then the
+    /// worker cancels the handler's context
+    /// ([`TaskContext::cancelled`](crate::worker::handler::TaskContext::cancelled)),
+    /// gives it its lost grace to return, and fails the attempt with
+    /// "timed out after …" (retried as any failed attempt). Without one, the
+    /// runtime's default for the kind applies
+    /// ([`RuntimeBuilder::timeout`](crate::worker::runtime::RuntimeBuilder::timeout)), if any.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// Unique among the pending and started tasks of its kind: enqueueing
@@ -488,6 +507,20 @@ pub struct FailBody {
         schema(max_length = 4096, pattern = "^[^\\x00]*$")
     )]
     pub error: String,
+}
+
+/// The body of `PUT /api/tasks/{id}/snooze` (server and HTTP transport).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnoozeBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
+    pub fencing_token: i64,
+    /// Due again in this many seconds (0 to 31,622,400).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 31622400))]
+    pub seconds: f64,
 }
 
 /// A task with the history of its lease, for the detail view.

@@ -55,6 +55,7 @@ pub type HandlerResult = Result<Done, HandlerError>;
 pub struct Done {
     pub(crate) output: Value,
     pub(crate) transaction: Option<FencedTransaction>,
+    pub(crate) snooze: Option<std::time::Duration>,
 }
 
 impl Done {
@@ -63,6 +64,7 @@ impl Done {
         Done {
             output,
             transaction: None,
+            snooze: None,
         }
     }
 
@@ -73,12 +75,25 @@ impl Done {
         Done {
             output,
             transaction: Some(transaction),
+            snooze: None,
         }
     }
 
     /// Completes the task with no output.
     pub fn empty() -> Self {
         Done::output(Value::Null)
+    }
+
+    /// Not now: puts the task back to pending, due again in `delay` (at
+    /// most 366 days), without using up an attempt; its claim's lease is
+    /// released and its history records the snooze. The task's next claim
+    /// gets the same attempt number.
+    pub fn snooze(delay: std::time::Duration) -> Self {
+        Done {
+            output: Value::Null,
+            transaction: None,
+            snooze: Some(delay),
+        }
     }
 }
 
@@ -102,6 +117,7 @@ impl std::error::Error for SimulatedCrash {}
 pub struct TaskContext {
     pub(crate) worker: Holder,
     pub(crate) lost: CancellationToken,
+    pub(crate) cancelled: CancellationToken,
     pub(crate) database: Option<HostDatabase>,
 }
 
@@ -132,6 +148,19 @@ impl TaskContext {
     /// Whether the claim has been lost.
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
+    }
+
+    /// Completes when the handler should stop: its claim was lost, or the
+    /// attempt ran past its time limit ([`NewTask::timeout`](crate::queue::NewTask::timeout)).
+    /// Whatever the handler answers after that is discarded; it has the
+    /// worker's lost grace (1 s by default) to return.
+    pub async fn cancelled(&self) {
+        self.cancelled.cancelled().await;
+    }
+
+    /// Whether [`TaskContext::cancelled`] has completed.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.is_cancelled()
     }
 
     /// Begins a transaction for the handler's own writes, to be handed back
@@ -176,6 +205,7 @@ where
 #[derive(Clone, Default)]
 pub struct Handlers {
     by_kind: HashMap<String, Arc<dyn Handler>>,
+    timeouts: HashMap<String, std::time::Duration>,
 }
 
 impl std::fmt::Debug for Handlers {
@@ -199,6 +229,18 @@ impl Handlers {
     /// The handler for `kind`.
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
         self.by_kind.get(kind)
+    }
+
+    /// Attempts of tasks of `kind` that set no timeout of their own run at
+    /// most `timeout`.
+    pub fn timeout(mut self, kind: impl Into<String>, timeout: std::time::Duration) -> Self {
+        self.timeouts.insert(kind.into(), timeout);
+        self
+    }
+
+    /// The default time limit of an attempt of `kind`, if one was set.
+    pub fn timeout_of(&self, kind: &str) -> Option<std::time::Duration> {
+        self.timeouts.get(kind).copied()
     }
 
     /// The kinds with a handler, sorted.

@@ -4,7 +4,9 @@
 use super::Report;
 use super::transport::{Claim, ClaimRef, Transport, TransportError, ms};
 use crate::lease::Holder;
-use crate::queue::{ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, Task};
+use crate::queue::{
+    ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody, Task,
+};
 use serde::Serialize;
 use serde_json::Value;
 use std::time::Duration;
@@ -130,8 +132,9 @@ impl Transport for Http {
                     kind: task.kind,
                     queue: task.queue,
                     attempt: task.attempts,
-                    task_data: task.task_data,
                     remaining: ms(task.heartbeat_in_ms),
+                    timeout: ms(task.timeout_ms.map(i64::from)),
+                    task_data: task.task_data,
                 }))
             }
             reqwest::StatusCode::OK => Ok(None),
@@ -178,6 +181,20 @@ impl Transport for Http {
                 processor: claim.worker.clone(),
                 fencing_token: claim.token,
                 error: error.to_owned(),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
+        self.task_write(
+            claim.task_id,
+            "snooze",
+            &SnoozeBody {
+                processor: claim.worker.clone(),
+                fencing_token: claim.token,
+                seconds: delay.as_secs_f64(),
             },
         )
         .await?;

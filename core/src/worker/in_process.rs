@@ -165,6 +165,19 @@ impl Transport for InProcess {
         Ok(())
     }
 
+    async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
+        store::snooze(
+            &mut *self.conn().await?,
+            &self.schema,
+            claim.task_id,
+            claim.worker,
+            claim.token,
+            delay,
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn complete_later(
         &self,
         worker: &Holder,

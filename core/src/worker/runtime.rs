@@ -112,6 +112,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Attempts of tasks of `kind` that set no timeout of their own
+    /// ([`NewTask::timeout`](crate::queue::NewTask::timeout)) run at most
+    /// `timeout`: then the handler's context is cancelled and the attempt
+    /// fails with "timed out after …". Default: no limit (the lease and its
+    /// heartbeats keep a long attempt alive as long as its process is).
+    pub fn timeout(mut self, kind: impl Into<String>, timeout: Duration) -> Self {
+        self.handlers = self.handlers.timeout(kind, timeout);
+        self
+    }
+
     /// Serves `queue` with `concurrency` workers (tasks at once). Without
     /// any, the runtime serves the default queue with 10.
     pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {

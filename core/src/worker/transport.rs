@@ -50,6 +50,8 @@ pub struct Claim {
     /// What is left of the lease by the database clock when it answered
     /// (`None` if the answer did not say; the worker then assumes its TTL).
     pub remaining: Option<Duration>,
+    /// The task's own time limit per attempt, if it has one.
+    pub timeout: Option<Duration>,
 }
 
 /// The claim a write to a claimed task presents: whose it is, and which
@@ -90,6 +92,14 @@ pub trait Transport: Send + Sync + 'static {
         &self,
         claim: ClaimRef<'_>,
         error: &str,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// Puts the task back to pending, due in `delay`, without using up an
+    /// attempt (the handler answered [`Done::snooze`](super::handler::Done::snooze)).
+    fn snooze(
+        &self,
+        claim: ClaimRef<'_>,
+        delay: Duration,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
     /// Records what the worker is doing in the `workers` table.
@@ -156,6 +166,7 @@ impl Claim {
             attempt: task.attempts,
             remaining: ms(task.heartbeat_in_ms),
             task_data: task.task_data,
+            timeout: ms(task.timeout_ms.map(i64::from)),
         }
     }
 }

@@ -83,6 +83,11 @@ pub fn check(task: &NewTask) -> Result<(), String> {
     check_name("kind", &task.kind)?;
     check_name("queue", &task.queue)?;
     crate::json::storable(&task.data, "task_data")?;
+    if let Some(t) = task.timeout
+        && !(Duration::from_millis(1)..=Duration::from_secs(86_400)).contains(&t)
+    {
+        return Err("timeout must be 1 millisecond to 24 hours".into());
+    }
     if let Some(unique) = &task.unique {
         let chars = unique.key.chars().count();
         if chars == 0 || chars > MAX_UNIQUE_KEY_CHARS {
@@ -161,6 +166,7 @@ struct Columns {
     period_s: Vec<Option<f64>>,
     schedule: Vec<Option<String>>,
     tick_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    timeout_ms: Vec<Option<i32>>,
 }
 
 impl Columns {
@@ -186,6 +192,10 @@ impl Columns {
                 .push(t.scheduled_by.as_ref().map(|(s, _)| s.clone()));
             c.tick_at
                 .push(t.scheduled_by.as_ref().and_then(|(_, t)| *t));
+            c.timeout_ms.push(
+                t.timeout
+                    .map(|d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX)),
+            );
         }
         c
     }
@@ -233,18 +243,20 @@ async fn insert_all(
                                 ELSE i.unique_key END AS slot
                       FROM unnest($1::jsonb[], $2::int4[], $3::float8[], $4::text[], $5::text[],
                                   $6::int2[], $7::text[], $8::text[], $9::float8[], $10::text[],
-                                  $11::timestamptz[])
+                                  $11::timestamptz[], $12::int4[])
                            WITH ORDINALITY
                            AS i(task_data, max_attempts, delay_ms, kind, queue, priority,
-                                unique_key, unique_scope, period_s, schedule, tick_at, n)
+                                unique_key, unique_scope, period_s, schedule, tick_at,
+                                timeout_ms, n)
                      ORDER BY i.n
                  ), added AS (
                     INSERT INTO $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue,
                                                priority, unique_key, unique_scope, unique_slot,
-                                               schedule, tick_at)
+                                               schedule, tick_at, timeout_ms)
                     SELECT id, task_data, max_attempts,
                            date_trunc('milliseconds', now() + make_interval(secs => delay_ms / 1000)),
-                           kind, queue, priority, unique_key, unique_scope, slot, schedule, tick_at
+                           kind, queue, priority, unique_key, unique_scope, slot, schedule, tick_at,
+                           timeout_ms
                       FROM input ORDER BY n
                     ON CONFLICT (kind, unique_slot)
                        WHERE unique_slot IS NOT NULL
@@ -267,6 +279,7 @@ async fn insert_all(
             .bind(&c.period_s)
             .bind(&c.schedule)
             .bind(&c.tick_at)
+            .bind(&c.timeout_ms)
             .fetch_all(&mut *conn)
             .await?;
         let mut taken: Vec<(usize, String)> = Vec::new();

@@ -71,6 +71,67 @@ pub async fn fail(
     .await)
 }
 
+/// The longest a handler may snooze a task: 366 days.
+pub const MAX_SNOOZE: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
+
+/// Puts claimed task `id` back to pending, due in `delay`, without using up
+/// an attempt (its attempt count goes back by one), and releases the
+/// claim's lease; the task's history records the snooze (`snoozed`, with
+/// `{"for_ms": …}`). Accepted only from the current claim's holder, as
+/// [`fail`] is.
+pub async fn snooze(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    processor: &Holder,
+    token: i64,
+    delay: std::time::Duration,
+) -> Result<Task, TaskError> {
+    if delay > MAX_SNOOZE {
+        return Err(TaskError::BadInput(
+            "a snooze must be at most 366 days".into(),
+        ));
+    }
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        let _announced = crate::live::announce_on_return(
+            crate::live::Topics::TASKS | crate::live::Topics::LEASES | crate::live::Topics::WORK,
+        );
+        // Race prevented: a snooze from a processor that lost the claim
+        // (its lease ran out and another worker took the task over); it
+        // would put a task another worker holds back to pending. Same guard
+        // as complete and fail, re-checked on the locked row.
+        let delay_ms = millis(delay);
+        let (mut tx, task) = update_claim(
+            conn,
+            schema,
+            id,
+            processor,
+            token,
+            "snooze",
+            "status = 'pending', attempts = GREATEST(attempts - 1, 0),
+             scheduled_at = date_trunc('milliseconds', now() + make_interval(secs => $4::float8 / 1000)),
+             must_heartbeat_before = NULL",
+            |q| q.bind(delay_ms as f64),
+        )
+        .await?;
+        release_claim(&mut tx, schema, id, processor, token).await?;
+        schema
+            .query(
+                "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
+                 VALUES ($1, $2, $3, 'snoozed', jsonb_build_object('for_ms', $4::bigint))",
+            )
+            .bind(Task::resource_name(id))
+            .bind(processor.as_str())
+            .bind(token)
+            .bind(delay_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+    .await)
+}
+
 async fn release_claim(
     conn: &mut PgConnection,
     schema: &Schema,

@@ -74,7 +74,7 @@ pub use enqueue::{
     Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, check as check_new, enqueue, enqueue_many,
     enqueue_outcome,
 };
-pub use fail::{MAX_ERROR_CHARS, bounded_error, fail};
+pub use fail::{MAX_ERROR_CHARS, bounded_error, fail, snooze};
 pub use fenced::FencedTransaction;
 pub use heartbeat::{heartbeat, heartbeat_each};
 pub use read::{get, list, list_page};
@@ -91,7 +91,7 @@ pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, sch
     fencing_token, last_error, failed_at, cancelled_at, created_at, \
     CASE WHEN status = 'started' \
          THEN (EXTRACT(EPOCH FROM (must_heartbeat_before - now())) * 1000)::bigint END AS heartbeat_in_ms, \
-    unique_key, unique_scope, schedule, tick_at";
+    unique_key, unique_scope, schedule, tick_at, timeout_ms";
 
 /// Why a task operation did not happen.
 #[derive(Debug, thiserror::Error)]

@@ -352,11 +352,19 @@ impl<T: Transport> Worker<T> {
             return Flow::Claim;
         };
         let lost = CancellationToken::new();
+        // Cancelled with `lost`, and at the attempt's time limit.
+        let cancelled = lost.child_token();
         let ctx = TaskContext {
             worker: self.id.clone(),
             lost: lost.clone(),
+            cancelled: cancelled.clone(),
             database: self.transport.database(),
         };
+        let limit = claim
+            .timeout
+            .or_else(|| self.handlers.timeout_of(&claim.kind));
+        // From the claim's send, like the deadline: the attempt began then.
+        let time_up = limit.map(|l| sent + l);
         let mut running = Running::start(handler.as_ref(), &claim, ctx);
         let mut next_beat = sent + interval;
         let mut in_flight: Option<Beat> = None;
@@ -373,6 +381,11 @@ impl<T: Transport> Worker<T> {
                 () = sleep_until(deadline), if !self.config.trust_claims => {
                     return self.lose(&claim, &lost, running,
                         "its local deadline passed without an accepted heartbeat").await;
+                }
+                () = sleep_until(time_up.unwrap_or(deadline)), if time_up.is_some() => {
+                    drop(in_flight.take());
+                    let limit = limit.unwrap_or_default();
+                    return self.time_out(&claim, &cancelled, running, limit).await;
                 }
                 Some(Command::Pause(duration)) = self.commands.recv() => {
                     drop(in_flight.take());
@@ -452,6 +465,28 @@ impl<T: Transport> Worker<T> {
                 self.give_back(&claim, &why).await;
                 Flow::Claim
             }
+            Ok(Ok(done)) if let Some(delay) = done.snooze => {
+                match self.transport.snooze(claim.by(&self.id), delay).await {
+                    Ok(()) => {
+                        tracing::debug!(worker = %self.id, task_id = claim.task_id,
+                            delay_ms = delay.as_millis() as u64, "snoozed a task");
+                    }
+                    Err(TransportError::Lost(why)) => {
+                        self.abandon(&claim, &format!("snooze refused: {why}"))
+                            .await;
+                        return Flow::Claim;
+                    }
+                    Err(TransportError::Transient(why)) => {
+                        // Not snoozed: the attempt fails instead (retried
+                        // after the backoff), rather than waiting out the lease.
+                        self.give_back(&claim, &format!("could not snooze: {why}"))
+                            .await;
+                        return Flow::Claim;
+                    }
+                }
+                self.report(WorkerState::Idle, None, false, false).await;
+                Flow::Claim
+            }
             Ok(Ok(done)) => match done.transaction {
                 None => {
                     // A batching transport takes the completion over (and
@@ -492,6 +527,25 @@ impl<T: Transport> Worker<T> {
         let _ = tokio::time::timeout(self.config.lost_grace, &mut running.0).await;
         drop(running);
         self.abandon(claim, why).await;
+        Flow::Claim
+    }
+
+    /// The attempt ran past its time limit `limit`: cancels the handler's
+    /// context, gives it [`WorkerConfig::lost_grace`] to return (discarding
+    /// what it answers; its fenced transaction rolls back), and fails the
+    /// attempt ("timed out after …").
+    async fn time_out(
+        &mut self,
+        claim: &Claim,
+        cancelled: &CancellationToken,
+        mut running: Running,
+        limit: Duration,
+    ) -> Flow {
+        cancelled.cancel();
+        let _ = tokio::time::timeout(self.config.lost_grace, &mut running.0).await;
+        drop(running);
+        self.give_back(claim, &format!("timed out after {limit:?}"))
+            .await;
         Flow::Claim
     }
 

@@ -15,6 +15,7 @@ enum Call {
     Heartbeat(i64, i64),
     Complete(i64, i64, Value),
     Fail(i64, i64, String),
+    Snooze(i64, i64, Duration),
     Report(WorkerState, Option<i64>, i64, i64),
 }
 
@@ -61,7 +62,7 @@ impl Fake {
     fn completions(&self) -> Vec<(Duration, Call)> {
         self.calls()
             .into_iter()
-            .filter(|(_, c)| matches!(c, Call::Complete(..) | Call::Fail(..)))
+            .filter(|(_, c)| matches!(c, Call::Complete(..) | Call::Fail(..) | Call::Snooze(..)))
             .collect()
     }
 
@@ -115,6 +116,11 @@ impl Transport for Fake {
         Ok(())
     }
 
+    async fn snooze(&self, c: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
+        self.log(Call::Snooze(c.task_id, c.token, delay));
+        Ok(())
+    }
+
     async fn report(&self, _: &Holder, r: &Report) -> Result<(), TransportError> {
         self.log(Call::Report(
             r.state,
@@ -135,6 +141,7 @@ fn claim(task_id: i64, token: i64, data: Value, remaining: Duration) -> Claim {
         attempt: 1,
         task_data: data,
         remaining: Some(remaining),
+        timeout: None,
     }
 }
 
@@ -499,6 +506,74 @@ async fn a_lost_claim_signals_the_handler_and_discards_its_answer() {
     );
     assert_eq!(fake.completions(), vec![], "nothing written after the loss");
     assert_eq!(fake.claims()[1], secs(1.0), "back to claiming at once");
+    controls.stop();
+    worker.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_snooze_puts_the_task_back_without_completing_or_failing_it() {
+    let fake = Fake::new(vec![kind_claim(1, "later")], Beats::Accept(secs(3.0)));
+    let handlers = Handlers::new().register("later", |_: Job, _: TaskContext| async {
+        Ok(Done::snooze(secs(30.0)))
+    });
+    let config = WorkerConfig::new(secs(3.0), secs(1.0));
+    let (worker, controls) = start_with(&fake, handlers, config, ChaosSettings::off());
+    sleep(secs(1.0)).await;
+    let done: Vec<Call> = fake.completions().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(done, vec![Call::Snooze(1, 7, secs(30.0))]);
+    controls.stop();
+    worker.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_past_its_time_limit_is_cancelled_and_failed() {
+    // Task 1 sets its own limit (2 s); task 2 gets the kind's default (4 s);
+    // task 3 has none and finishes after 5 s.
+    let own = Claim {
+        timeout: Some(secs(2.0)),
+        ..kind_claim(1, "slow")
+    };
+    let fake = Fake::new(
+        vec![own, kind_claim(2, "slow"), kind_claim(3, "unlimited")],
+        Beats::Accept(secs(3.0)),
+    );
+    let noticed = Arc::new(Mutex::new(Vec::new()));
+    let seen = noticed.clone();
+    let slow = move |job: Job, ctx: TaskContext| {
+        let seen = seen.clone();
+        async move {
+            let started = Instant::now();
+            ctx.cancelled().await;
+            seen.lock()
+                .unwrap()
+                .push((job.id, started.elapsed(), ctx.is_lost()));
+            HandlerResult::Ok(Done::output(json!("discarded")))
+        }
+    };
+    let handlers = Handlers::new()
+        .register("slow", slow)
+        .timeout("slow", secs(4.0))
+        .register("unlimited", |_: Job, _: TaskContext| async {
+            sleep(secs(5.0)).await;
+            Ok(Done::output(json!("in its own time")))
+        });
+    let config = WorkerConfig::new(secs(3.0), secs(1.0));
+    let (worker, controls) = start_with(&fake, handlers, config, ChaosSettings::off());
+    sleep(secs(12.0)).await;
+    assert_eq!(
+        *noticed.lock().unwrap(),
+        vec![(1, secs(2.0), false), (2, secs(4.0), false)],
+        "cancelled at the limit, not lost"
+    );
+    let done: Vec<Call> = fake.completions().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(
+        done,
+        vec![
+            Call::Fail(1, 7, "timed out after 2s".into()),
+            Call::Fail(2, 7, "timed out after 4s".into()),
+            Call::Complete(3, 7, json!("in its own time")),
+        ]
+    );
     controls.stop();
     worker.await.unwrap();
 }
