@@ -496,3 +496,90 @@ async fn many_replicas_declaring_at_once_make_one_schedule_and_keep_a_pause() {
             .is_none()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_mid_tick_leaves_nothing_half_done_and_the_next_fires_it_once() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let schema = Schema::default();
+    store::upsert(
+        &mut pool.acquire().await.unwrap(),
+        &schema,
+        &every_second("m", CatchUp::All),
+        "test",
+    )
+    .await
+    .unwrap();
+    nobody_led_for(pool, "m", 3).await;
+    let old = lead(pool, "old").await;
+    // Hold the schedule's row so the old leader's firing stops half-way:
+    // fenced (the lease row locked) but not yet inserted.
+    let mut blocker = pool.acquire().await.unwrap();
+    let mut hold = blocker.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM schedules WHERE name = 'm' FOR UPDATE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let firing = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            store::fire(
+                &mut conn,
+                &Schema::default(),
+                &holder("old"),
+                old,
+                "m",
+                POLICY,
+            )
+            .await
+        })
+    };
+    until("the firing waits on the row", Duration::from_secs(5), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        waiting > 0
+    })
+    .await;
+    // The old leader dies mid-tick (its process gone: the task dropped,
+    // its connection closed, its transaction rolled back).
+    firing.abort();
+    let _ = firing.await;
+    hold.rollback().await.unwrap();
+    // Its lease runs out; a new leader takes over.
+    sqlx::query("UPDATE leases SET expires_at = now() WHERE resource = $1")
+        .bind(RESOURCE)
+        .execute(pool)
+        .await
+        .unwrap();
+    let new = lead(pool, "new").await;
+    assert_eq!(new, old + 1);
+    let mut conn = pool.acquire().await.unwrap();
+    let Fired::Ticks { ticks: fired, .. } =
+        store::fire(&mut conn, &schema, &holder("new"), new, "m", POLICY)
+            .await
+            .unwrap()
+    else {
+        panic!("the new leader fires the missed ticks");
+    };
+    assert!(fired.len() >= 3, "{fired:?}");
+    let all = ticks(pool, "m").await;
+    assert_consecutive(&all);
+    assert!(
+        all.iter().all(|t| t.2 == "new"),
+        "nothing of the dead leader's: {all:?}"
+    );
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE schedule = 'm'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        tasks as usize,
+        all.len(),
+        "one task per tick, none orphaned"
+    );
+}
