@@ -127,6 +127,54 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
     )
     .await
     .unwrap();
+    // A schedule whose leader fires three missed ticks at once (two of
+    // them caught up).
+    let ticked = {
+        use leasekeeper_core::schedule::store::{FirePolicy, Fired, fire, upsert};
+        use leasekeeper_core::schedule::{CatchUp, NewSchedule, RESOURCE};
+        upsert(
+            &mut conn,
+            &Default::default(),
+            &NewSchedule::new("m-sched", "* * * * * *", "tick").catch_up(CatchUp::All),
+            "test",
+        )
+        .await
+        .unwrap();
+        sqlx::query(
+            "UPDATE schedules SET fire_after = date_trunc('second', now()) - interval '3 seconds' + interval '1 millisecond'
+              WHERE name = 'm-sched'",
+        )
+        .execute(&api.db.pool)
+        .await
+        .unwrap();
+        let lease = leases::acquire(
+            &mut conn,
+            &Default::default(),
+            &resource(RESOURCE),
+            &holder("m-s"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        let policy = FirePolicy {
+            cap: 100,
+            on_time: Duration::from_secs(5),
+        };
+        let fired = fire(
+            &mut conn,
+            &Default::default(),
+            &holder("m-s"),
+            lease.lease().fencing_token,
+            "m-sched",
+            policy,
+        )
+        .await
+        .unwrap();
+        match fired {
+            Fired::Ticks { ticks, .. } if ticks.len() >= 3 => ticks.len() as f64,
+            other => panic!("{other:?}"),
+        }
+    };
 
     let after = scrape(&api).await;
     for name in [
@@ -146,10 +194,11 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
         );
     }
     assert!(after.contains("# TYPE leasekeeper_tasks gauge"), "{after}");
-    // This test's database: 5 tasks, 2 started by m-b, 1 by m-c.
+    // This test's database: 5 tasks, 2 started by m-b, 1 by m-c; and the
+    // schedule's tasks, pending.
     assert_eq!(
         sample(&after, r#"leasekeeper_tasks{status="pending"}"#),
-        Some(2.0),
+        Some(2.0 + ticked),
         "{after}"
     );
     assert_eq!(
@@ -169,6 +218,18 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
         "{after}"
     );
     assert!(rose("leasekeeper_failover_seconds_count") >= 2.0, "{after}");
+    assert!(
+        rose(r#"leasekeeper_schedule_ticks_total{schedule="m-sched"}"#) >= 3.0,
+        "{after}"
+    );
+    assert!(
+        rose("leasekeeper_schedule_ticks_caught_up_total") >= 2.0,
+        "{after}"
+    );
+    assert!(
+        rose("leasekeeper_schedule_lateness_seconds_count") >= 3.0,
+        "{after}"
+    );
     // Both takeovers came some 300 ms after their holder's last renewal.
     assert!(
         rose(r#"leasekeeper_failover_seconds_bucket{le="2"}"#) >= 2.0,
