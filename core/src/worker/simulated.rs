@@ -69,7 +69,8 @@ async fn work(job: Job, ctx: TaskContext, mut chaos: Chaos) -> HandlerResult {
     while !left.is_zero() {
         tokio::select! {
             biased;
-            () = ctx.lease_lost() => return Err("the claim was lost".into()),
+            // Lost, or past its time limit: stop sleeping at once.
+            () = ctx.cancelled() => return Err("the claim was lost or timed out".into()),
             () = sleep_until(next_tick) => {}
         }
         left -= left.min(TICK);
