@@ -572,3 +572,69 @@ async fn an_attempt_past_its_timeout_is_cancelled_and_failed_and_the_kind_defaul
         "its answer was discarded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_declared_in_code_fire_once_across_replicas_and_run_on_their_handlers() {
+    use leasekeeper_core::schedule::runtime::SchedulerConfig;
+    use leasekeeper_core::schedule::{CatchUp, NewSchedule};
+    let db = TestDb::new().await;
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let replica = |id: &'static str| {
+        let ran = ran.clone();
+        Runtime::builder(db.pool.clone())
+            .id(id)
+            .scheduler(Some(SchedulerConfig::from_ttl(Duration::from_secs(3))))
+            .schedule(
+                NewSchedule::new("beat", "* * * * * *", "beat")
+                    .catch_up(CatchUp::All)
+                    .data(json!({"from": "code"})),
+            )
+            .handler("beat", move |job: Job, _: TaskContext| {
+                let ran = ran.clone();
+                async move {
+                    ran.lock().unwrap().push(job.id);
+                    HandlerResult::Ok(Done::empty())
+                }
+            })
+            .start()
+    };
+    let (a, b) = (
+        replica("rt-a").await.unwrap(),
+        replica("rt-b").await.unwrap(),
+    );
+    until("three ticks run", Duration::from_secs(10), || async {
+        ran.lock().unwrap().len() >= 3
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+    let ticks: Vec<(String, i64)> =
+        sqlx::query_as("SELECT holder, task_id FROM schedule_ticks ORDER BY tick_at")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let schedules: i64 = sqlx::query_scalar("SELECT count(*) FROM schedules")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(schedules, 1, "declared twice, stored once");
+    assert!(
+        ticks.iter().all(|(h, _)| h == "rt-a" || h == "rt-b"),
+        "{ticks:?}"
+    );
+    let mut ran = ran.lock().unwrap().clone();
+    ran.sort();
+    let before = ran.len();
+    ran.dedup();
+    assert_eq!(ran.len(), before, "each tick's task ran once");
+    // A bad declaration refuses to start, naming the schedule and field.
+    let bad = Runtime::builder(db.pool.clone())
+        .schedule(NewSchedule::new("broken", "99 * * * *", "beat"))
+        .handler("beat", |_: Job, _: TaskContext| async { Ok(Done::empty()) })
+        .start()
+        .await;
+    assert!(
+        matches!(&bad, Err(RuntimeError::Config(m)) if m.contains("broken") && m.contains("cron")),
+        "{bad:?}"
+    );
+}
