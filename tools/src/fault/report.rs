@@ -387,6 +387,7 @@ pub(super) fn report(
         "schedule_ticks_unexpected": sum(&|c| c.schedule.unexpected.len()),
         "schedule_ticks_late": sum(&|c| c.schedule.late.len()),
         "schedule_worst_lateness_ms": results.iter().filter_map(|r| r.checks.schedule.worst_lateness_ms).max(),
+        "schedule_worst_lateness_outside_db_outages_ms": results.iter().filter_map(|r| r.checks.schedule.worst_lateness_outside_outages_ms).max(),
         "schedule_lateness_bound_ms": timing.schedule_bound.as_millis() as u64,
         "schedule_holder_hits": results.iter().flat_map(|r| &r.faults).filter(|f| f.scheduler_holder.is_some()).count(),
     });

@@ -86,6 +86,8 @@ pub struct ScheduleChecks {
     pub late: Vec<String>,
     /// The worst `fired_at - tick_at`, in ms.
     pub worst_lateness_ms: Option<i64>,
+    /// The same over the ticks no outage's allowance covers.
+    pub worst_lateness_outside_outages_ms: Option<i64>,
     /// The bound outside outages, in ms.
     pub bound_ms: i64,
 }
@@ -228,11 +230,14 @@ pub fn check_ticks(
     // Lateness.
     for t in &ticks {
         let late = t.fired_at - t.tick_at;
-        c.worst_lateness_ms = Some(
-            c.worst_lateness_ms
-                .map_or(late.num_milliseconds(), |w| w.max(late.num_milliseconds())),
-        );
+        let worse = |w: Option<i64>| {
+            Some(w.map_or(late.num_milliseconds(), |w| w.max(late.num_milliseconds())))
+        };
+        c.worst_lateness_ms = worse(c.worst_lateness_ms);
         let deadline = expected.deadline(t.tick_at);
+        if deadline == t.tick_at + expected.bound {
+            c.worst_lateness_outside_outages_ms = worse(c.worst_lateness_outside_outages_ms);
+        }
         if t.fired_at > deadline {
             c.late.push(format!(
                 "tick at {} fired {} ms late, {} ms past its deadline",
@@ -375,6 +380,8 @@ mod tests {
         });
         let c = check_ticks(&e, &ticks, &tasks_of(&ticks));
         assert!(c.violations().is_empty(), "{c:?}");
+        assert_eq!(c.worst_lateness_ms, Some(3200));
+        assert_eq!(c.worst_lateness_outside_outages_ms, Some(5), "{c:?}");
         // An outage long before the tick allows nothing.
         e.outages[0] = Outage {
             from: at(-20, 0),
