@@ -3,8 +3,8 @@
 //!
 //! - with synchronous replication (the supported configuration), primary
 //!   failovers, partitions of an instance from the database and a failover
-//!   to a standby whose clock is off break no invariant, and every process
-//!   recovers by itself;
+//!   to a standby whose clock is off break no invariant (the every-second
+//!   schedule's ticks included), and every process recovers by itself;
 //! - with asynchronous replication, the same failover (the standby a second
 //!   behind when the primary dies) loses acknowledged commits, and the
 //!   checks catch it: the proof that they can fail.
@@ -53,9 +53,18 @@ fn failovers_keep_every_invariant_with_sync_replication_and_async_is_caught() {
         "two_live_holders",
         "two_believing_holders",
         "generated_outside_term",
+        "schedule_ticks_missing",
+        "schedule_ticks_doubled",
+        "schedule_tokens_backwards",
+        "schedule_task_mismatches",
+        "schedule_ticks_late",
     ] {
         assert_eq!(report["totals"][zero], 0, "{zero}:\n{out}");
     }
+    assert!(
+        report["totals"]["schedule_ticks"].as_u64().unwrap_or(0) >= 40,
+        "{out}"
+    );
     let failovers: Vec<&Value> = faults_of(&report, "pg_failover")
         .into_iter()
         .chain(faults_of(&report, "clock_skew"))

@@ -1,9 +1,10 @@
-//! `leasekeeper-tools chaos --quick`: one 45-second round of every fault kind
+//! `leasekeeper-tools chaos --quick`: one 60-second round of every fault kind
 //! against real worker and server processes on the harness's own
-//! PostgreSQL cluster, then 500 barrier races. The harness itself fails
-//! (non-zero exit) when an invariant breaks; here we also read its JSON
-//! report: every fault kind was injected, no task lost or done twice, no
-//! stale write accepted, every refusal recorded, the races real.
+//! PostgreSQL cluster, with a schedule ticking every second, then 500
+//! barrier races. The harness itself fails (non-zero exit) when an
+//! invariant breaks; here we also read its JSON report: every fault kind
+//! was injected, no task lost or done twice, no stale write accepted, every
+//! refusal recorded, every tick fired once and in time, the races real.
 //! Its own test binary, so it runs alone.
 
 use leasekeeper_tools::testing;
@@ -12,12 +13,14 @@ const TOOLS: &str = env!("CARGO_BIN_EXE_leasekeeper-tools");
 
 use serde_json::Value;
 
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 7] = [
     "killworker",
     "pauseworker",
     "killgeneratorholder",
     "restartpostgres",
     "loseanswer",
+    "killschedulerholder",
+    "pauseschedulerholder",
 ];
 
 #[test]
@@ -47,9 +50,29 @@ fn a_quick_chaos_round_breaks_no_invariant() {
         "two_live_holders",
         "two_believing_holders",
         "generated_outside_term",
+        "schedule_ticks_missing",
+        "schedule_ticks_doubled",
+        "schedule_tokens_backwards",
+        "schedule_task_mismatches",
+        "schedule_ticks_unexpected",
+        "schedule_ticks_late",
     ] {
         assert_eq!(totals[zero], 0, "{zero}:\n{stdout}");
     }
+    // The schedule ticked through the whole round (a tick a second), and
+    // the faults hit its holder (killed and paused at least).
+    assert!(
+        totals["schedule_ticks"].as_u64().unwrap_or(0) >= 50,
+        "{stdout}"
+    );
+    assert!(
+        totals["schedule_worst_lateness_ms"].as_u64().is_some(),
+        "{stdout}"
+    );
+    assert!(
+        totals["schedule_holder_hits"].as_u64().unwrap_or(0) >= 2,
+        "{stdout}"
+    );
     // Work was done, by both the enqueuer and the generator, and some of it
     // was taken over from dead or paused holders.
     assert!(totals["processed"].as_u64().unwrap_or(0) >= 100, "{stdout}");

@@ -1,6 +1,6 @@
 //! The faults: what each kind does, whom it picks (a worker holding a task,
-//! the generator's holder, PostgreSQL, a request whose answer is lost), and
-//! the record of each one injected.
+//! the generator's or the scheduler's holder, PostgreSQL, a request whose
+//! answer is lost), and the record of each one injected.
 
 use super::db::Database;
 use super::rig::{Rig, signal};
@@ -8,6 +8,7 @@ use super::{STANDBY_LAG, Setup, Timing, proxy};
 use anyhow::{Result, bail};
 use leasekeeper::worker::history::now_ms;
 use leasekeeper_core::generator::RESOURCE;
+use leasekeeper_core::schedule::RESOURCE as SCHEDULER;
 use nix::sys::signal::{Signal, kill};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -37,10 +38,14 @@ pub enum FaultKind {
     Partition,
     /// The standby's clock set off by `--skew-ms`, then a failover to it.
     ClockSkew,
+    /// kill -9 of the instance holding `singleton:scheduler`.
+    KillSchedulerHolder,
+    /// SIGSTOP of the instance holding `singleton:scheduler` past the TTL.
+    PauseSchedulerHolder,
 }
 
 impl FaultKind {
-    pub(super) const ALL: [FaultKind; 8] = [
+    pub(super) const ALL: [FaultKind; 10] = [
         FaultKind::KillWorker,
         FaultKind::PauseWorker,
         FaultKind::KillGeneratorHolder,
@@ -49,16 +54,20 @@ impl FaultKind {
         FaultKind::PgFailover,
         FaultKind::Partition,
         FaultKind::ClockSkew,
+        FaultKind::KillSchedulerHolder,
+        FaultKind::PauseSchedulerHolder,
     ];
 
     /// What a run injects when `--faults` is not given: the kinds that need
     /// no highly available cluster.
-    pub(super) const DEFAULT: [FaultKind; 5] = [
+    pub(super) const DEFAULT: [FaultKind; 7] = [
         FaultKind::KillWorker,
         FaultKind::PauseWorker,
         FaultKind::KillGeneratorHolder,
         FaultKind::RestartPostgres,
         FaultKind::LoseAnswer,
+        FaultKind::KillSchedulerHolder,
+        FaultKind::PauseSchedulerHolder,
     ];
 
     /// Whether it needs the highly available cluster.
@@ -81,6 +90,8 @@ impl FaultKind {
             FaultKind::PgFailover => "primary killed, failover",
             FaultKind::Partition => "instance cut off from db",
             FaultKind::ClockSkew => "failover to a skewed clock",
+            FaultKind::KillSchedulerHolder => "kill -9 scheduler holder",
+            FaultKind::PauseSchedulerHolder => "SIGSTOP scheduler holder",
         }
     }
 }
@@ -125,6 +136,10 @@ pub(super) struct Fault {
     /// The generator holder a partition cut off.
     #[serde(skip)]
     pub(super) holder: Option<String>,
+    /// The holder of `singleton:scheduler`, when the instance the fault
+    /// hit (killed, paused, cut off) held it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) scheduler_holder: Option<String>,
     /// For a failover: two instances found running the generator at once
     /// (by their own state, polled as A, B, A: A running at both ends and B
     /// in between), described.
@@ -165,7 +180,9 @@ impl Fault {
             // generator, that too) within the takeover bound of the cut.
             FaultKind::Partition if self.tasks.is_empty() && self.holder.is_none() => None,
             FaultKind::Partition => Some(t.takeover_bound),
-            FaultKind::KillGeneratorHolder => Some(t.takeover_bound),
+            FaultKind::KillGeneratorHolder
+            | FaultKind::KillSchedulerHolder
+            | FaultKind::PauseSchedulerHolder => Some(t.takeover_bound),
             FaultKind::LoseAnswer if self.lost != Some(proxy::Target::Claim) => None,
             _ if self.tasks.is_empty() => None,
             _ => Some(t.takeover_bound),
@@ -186,11 +203,17 @@ async fn held(pool: &PgPool) -> Vec<(i64, String)> {
 
 /// The instance holding the generator's live lease, and the holder's id.
 async fn generator_holder(rig: &Rig, pool: &PgPool) -> Option<(usize, String)> {
+    singleton_holder(rig, pool, RESOURCE).await
+}
+
+/// The instance holding the live lease on singleton `resource`, and the
+/// holder's id.
+async fn singleton_holder(rig: &Rig, pool: &PgPool, resource: &str) -> Option<(usize, String)> {
     let holder: String = sqlx::query_scalar(
         "SELECT holder FROM leases
           WHERE resource = $1 AND released_at IS NULL AND expires_at > now()",
     )
-    .bind(RESOURCE)
+    .bind(resource)
     .fetch_optional(pool)
     .await
     .ok()
@@ -199,6 +222,14 @@ async fn generator_holder(rig: &Rig, pool: &PgPool) -> Option<(usize, String)> {
     let port = holder.split('-').nth(1)?.parse::<u16>().ok()?;
     let slot = rig.instances.iter().position(|i| i.port == port)?;
     Some((slot, holder))
+}
+
+/// The holder of `singleton:scheduler` when it is instance `slot`.
+async fn scheduler_holder_at(rig: &Rig, pool: &PgPool, slot: usize) -> Option<String> {
+    singleton_holder(rig, pool, SCHEDULER)
+        .await
+        .filter(|(s, _)| *s == slot)
+        .map(|(_, holder)| holder)
 }
 
 /// How long after `from` each instance answered a database-backed request
@@ -348,6 +379,7 @@ pub(super) async fn inject(
         taken_over_ms: None,
         late_writes_refused: None,
         holder: None,
+        scheduler_holder: None,
         events_before: None,
         db_clock_offset_ms: None,
         two_generators: None,
@@ -393,10 +425,16 @@ pub(super) async fn inject(
             fault.worker = Some(w.id.clone());
             fault.tasks = tasks;
         }
-        FaultKind::KillGeneratorHolder => {
-            let Some((slot, holder)) = generator_holder(rig, pool).await else {
+        FaultKind::KillGeneratorHolder | FaultKind::KillSchedulerHolder => {
+            let resource = if kind == FaultKind::KillGeneratorHolder {
+                RESOURCE
+            } else {
+                SCHEDULER
+            };
+            let Some((slot, holder)) = singleton_holder(rig, pool, resource).await else {
                 return Ok(None);
             };
+            fault.scheduler_holder = scheduler_holder_at(rig, pool, slot).await;
             let tasks = held_by_instance(rig, pool, slot).await;
             fault.at_ms = now_ms();
             signal(&rig.instances[slot].child, Signal::SIGKILL);
@@ -406,17 +444,41 @@ pub(super) async fn inject(
             fault.target = holder;
             fault.tasks = tasks;
         }
+        FaultKind::PauseSchedulerHolder => {
+            let Some((slot, holder)) = singleton_holder(rig, pool, SCHEDULER).await else {
+                return Ok(None);
+            };
+            fault.tasks = held_by_instance(rig, pool, slot).await;
+            fault.at_ms = now_ms();
+            signal(&rig.instances[slot].child, Signal::SIGSTOP);
+            let resume_at = Instant::now() + setup.timing.pause;
+            rig.instances[slot].resume_at = Some(resume_at);
+            // The pause plays out here, not alongside the next fault: a
+            // frozen instance would stall that fault's own measurements
+            // (an instance answering again, a holder's takeover).
+            while rig.instances[slot].resume_at.is_some() {
+                rig.resume_due(false);
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            fault.target = format!("instance :{}, {holder}", rig.instances[slot].port);
+            fault.scheduler_holder = Some(holder);
+        }
         FaultKind::Partition => {
             // The generator's holder when there is one (the case that tests
-            // stepping down), else any instance (its workers' tasks).
+            // stepping down), else the scheduler's, else any instance (its
+            // workers' tasks).
             let (slot, holder) = match generator_holder(rig, pool).await {
                 Some((slot, holder)) => (slot, Some(holder)),
-                None => (rng.random_range(0..rig.instances.len()), None),
+                None => match singleton_holder(rig, pool, SCHEDULER).await {
+                    Some((slot, _)) => (slot, None),
+                    None => (rng.random_range(0..rig.instances.len()), None),
+                },
             };
             if rig.instances[slot].heal_at.is_some() {
                 return Ok(None);
             }
             fault.tasks = held_by_instance(rig, pool, slot).await;
+            fault.scheduler_holder = scheduler_holder_at(rig, pool, slot).await;
             fault.at_ms = now_ms();
             let cut = Instant::now();
             rig.instances[slot].link.cut();

@@ -8,7 +8,8 @@
 //! `leasekeeper serve` instances (the generator running, 2 s TTL unless
 //! `--ttl-secs`) reach it through links a partition can cut (`cut.rs`); six
 //! `leasekeeper worker` processes reach the instances through
-//! [`proxy::Proxy`], while the harness enqueues a task every 150 ms. Every
+//! [`proxy::Proxy`], while the harness enqueues a task every 150 ms and a
+//! schedule ticks every second (catch-up `all`, `schedule.rs`). Every
 //! 5-10 s (3-5 s with `--quick`) it injects the next fault of a shuffled
 //! cycle of the chosen kinds:
 //!
@@ -25,11 +26,17 @@
 //!    Patroni promotes the standby, the dead node rejoins as standby;
 //! 7. `partition`: the generator holder's link to the database is cut for
 //!    the TTL + 2.5 s, then healed;
-//! 8. `clock_skew`: a failover to a standby whose clock is `--skew-ms` off.
+//! 8. `clock_skew`: a failover to a standby whose clock is `--skew-ms` off;
+//! 9. `kill -9` of the instance holding `singleton:scheduler` (restarted at
+//!    once);
+//! 10. `SIGSTOP` of the instance holding `singleton:scheduler` for the TTL +
+//!     1.5 s, then `SIGCONT`.
 //!
-//! Then the round drains (faults stop, the generator is stopped, the queue
-//! runs empty), the processes stop, and [`check::check`] compares the
-//! database with the workers' history ([`history`]). Once per run, 500
+//! Then the round drains (faults stop, the schedule is paused once it has
+//! caught up, the generator is stopped, the queue runs empty), the
+//! processes stop, [`check::check`] compares the database with the
+//! workers' history ([`history`]), and the schedule's ticks are checked
+//! ([`check::schedule`]). Once per run, 500
 //! barrier races ([`race`]) run on a database of their own. The report
 //! gives, per fault kind, faults injected, tasks affected and how they
 //! ended, stale writes refused and recovery times; the run fails when any
@@ -37,8 +44,8 @@
 //!
 //! One file per idea: `rig.rs` (the processes of a round), `inject.rs` (the
 //! faults), `report.rs` (recoveries and the report), `db.rs` (which
-//! database), `ha.rs` (the highly available one), `cut.rs` (the links);
-//! this one runs the rounds.
+//! database), `ha.rs` (the highly available one), `cut.rs` (the links),
+//! `schedule.rs` (the round's schedule); this one runs the rounds.
 
 pub mod check;
 mod cut;
@@ -49,11 +56,13 @@ pub mod proxy;
 pub mod race;
 mod report;
 mod rig;
+mod schedule;
 
 pub use ha::Replication;
 pub use inject::FaultKind;
 
 use anyhow::{Context, Result, bail};
+use chrono::{DateTime, Utc};
 use db::Database;
 use inject::{Fault, inject};
 use leasekeeper::settings::Settings;
@@ -79,6 +88,13 @@ const TTL: Duration = Duration::from_secs(2);
 /// Every process must work again within this long after PostgreSQL is back
 /// (or the TTL and 3 s, when longer).
 const RECOVERY_BOUND: Duration = Duration::from_secs(10);
+/// What every bound on a holder's replacement allows on top of the protocol's
+/// own waits, for a loaded two-core machine.
+const SLACK: Duration = Duration::from_millis(2500);
+/// The longest a claimer waits between claims when idle.
+const CLAIM_POLL: Duration = Duration::from_millis(500);
+/// The schedule's period (it ticks every second).
+const TICK: Duration = Duration::from_secs(1);
 
 /// The durations of a run, from its lease TTL.
 #[derive(Clone, Copy, Debug)]
@@ -93,6 +109,12 @@ pub(super) struct Timing {
     /// TTL, plus the claimers' idle poll (at most 0.5 s) and slack for a
     /// loaded two-core machine.
     pub(super) takeover_bound: Duration,
+    /// A schedule's tick must fire within this long of coming due, outside
+    /// database outages: a dead or paused scheduler holder's lease runs out
+    /// (the TTL), another instance tries again within a renew interval
+    /// (TTL/3, the harness's default), the tick may have come due just
+    /// before the death (a tick), and the same slack as a takeover's.
+    pub(super) schedule_bound: Duration,
     /// After a primary's death, every instance must serve again, claims
     /// resume and the generator runs within this long: Patroni's leader key
     /// TTL (5 s) and its loop, HAProxy's checks, and the lease TTL on top,
@@ -110,7 +132,8 @@ impl Timing {
             ttl,
             pause: ttl + Duration::from_millis(1500),
             partition: ttl + Duration::from_millis(2500),
-            takeover_bound: ttl + s(3),
+            takeover_bound: ttl + CLAIM_POLL + SLACK,
+            schedule_bound: ttl + ttl / 3 + TICK + SLACK,
             failover_bound: ttl + s(18),
             recovery_bound: RECOVERY_BOUND.max(ttl + s(3)),
             quiet: ttl + s(2),
@@ -137,13 +160,13 @@ struct RoundResult {
 /// The fault harness's runs.
 #[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
 pub struct ChaosArgs {
-    /// One 45-second round with a fault every 3-5 s (command 2 runs this).
+    /// One 60-second round with a fault every 3-5 s (command 2 runs this).
     #[arg(long)]
     pub quick: bool,
     /// Rounds (each on a fresh database); default 5, or 1 with --quick.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: Option<u32>,
-    /// Seconds of faults per round; default 120, or 45 with --quick.
+    /// Seconds of faults per round; default 120, or 60 with --quick.
     #[arg(long, value_parser = clap::value_parser!(u64).range(5..=3600))]
     pub seconds: Option<u64>,
     /// Where the harness's own PostgreSQL cluster lives (it restarts it).
@@ -190,7 +213,9 @@ pub struct ChaosArgs {
 /// environment.
 pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }) as usize;
-    let seconds = args.seconds.unwrap_or(if args.quick { 45 } else { 120 });
+    // Long enough with --quick for every default kind at least once: seven
+    // kinds, a fault every 3-5 s, some taking seconds themselves.
+    let seconds = args.seconds.unwrap_or(if args.quick { 60 } else { 120 });
     let gaps = if args.quick {
         (3000, 5000)
     } else {
@@ -351,6 +376,7 @@ async fn one_round(
             link,
             child,
             heal_at: None,
+            resume_at: None,
         });
     }
     let result = async {
@@ -365,8 +391,9 @@ async fn one_round(
             "chaos",
         )
         .await?;
+        let declared = schedule::declare(&pool, schema).await?;
         let (enqueued, faults) = faults_phase(cluster, &mut rig, &pool, length, setup, rng).await?;
-        drain(&mut rig, &pool, &setup.timing).await;
+        let paused = drain(&mut rig, &pool, &setup.timing).await;
         rig.shutdown().await;
         let (history, torn) = history::read_dir(dir)?;
         let trusting: BTreeSet<String> = rig
@@ -385,6 +412,7 @@ async fn one_round(
             .lost
             .extend(enqueued.iter().filter(|id| !known.contains(id)));
         let faults = measure(&pool, faults, &history).await?;
+        checks.schedule = schedule::check(&pool, declared, paused, &faults, &setup.timing).await?;
         let late = late(&faults, &setup.timing);
         anyhow::Ok(RoundResult {
             faults,
@@ -510,9 +538,11 @@ async fn generator_live(pool: &PgPool) -> Option<bool> {
     .ok()
 }
 
-/// Stops the faults' effects and waits until the queue is empty (at most
-/// two minutes).
-async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) {
+/// Stops the faults' effects, pauses the schedule once it has caught up,
+/// stops the generator and waits until the queue is empty (at most two
+/// minutes). Answers when the schedule was paused (database clock; `None`:
+/// it could not be).
+async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) -> Option<DateTime<Utc>> {
     let schema = &leasekeeper_core::db::Schema::of(pool);
     // A pause injected just before the end runs its full length: continued
     // early, its holder would still hold a live lease and complete
@@ -530,6 +560,9 @@ async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) {
     while Instant::now() < deadline && generator_live(pool).await != Some(true) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The same for the schedule: a gap the last fault left is caught up
+    // before the pause, or its lateness could never be seen.
+    let paused = schedule::pause(pool, schema, timing.failover_bound).await;
     if let Ok(mut conn) = pool.acquire().await {
         let _ = leasekeeper_core::generator::store::set_desired(
             &mut conn,
@@ -547,8 +580,9 @@ async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) {
                 .await
                 .ok();
         if open == Some(0) && generator_live(pool).await == Some(false) {
-            return;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    paused
 }

@@ -8,6 +8,7 @@ use anyhow::Result;
 use chrono::{DateTime, Utc};
 use leasekeeper::worker::history::{Op, OpKind, Outcome};
 use leasekeeper_core::generator::RESOURCE;
+use leasekeeper_core::schedule::RESOURCE as SCHEDULER;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::collections::BTreeSet;
@@ -103,6 +104,11 @@ pub(super) async fn measure(
             // Until another term of the generator began.
             FaultKind::KillGeneratorHolder => {
                 fault.recovery_ms = next_grant(pool, RESOURCE, fault.db_at_ms()).await?;
+            }
+            // Until another term of the scheduler began (its ticks' lateness
+            // is the schedule check's).
+            FaultKind::KillSchedulerHolder | FaultKind::PauseSchedulerHolder => {
+                fault.recovery_ms = next_grant(pool, SCHEDULER, fault.db_at_ms()).await?;
             }
             FaultKind::PgFailover | FaultKind::ClockSkew => {
                 // The first claim granted, and the generator's first grant
@@ -334,6 +340,7 @@ pub(super) fn report(
                 "recovery_ms_p50": recoveries.percentile(50.0),
                 "recovery_ms_max": recoveries.percentile(100.0),
                 "not_recovered": unrecovered,
+                "scheduler_holder_hit": faults.iter().filter(|(_, f)| f.scheduler_holder.is_some()).count(),
             }),
         );
     }
@@ -370,7 +377,21 @@ pub(super) fn report(
             json!({ "error": format!("{e:#}") })
         }
     };
-    json!({
+    // The every-second schedule, beside the other totals.
+    let schedule = json!({
+        "schedule_ticks": sum(&|c| c.schedule.ticks),
+        "schedule_ticks_missing": sum(&|c| c.schedule.missing.len()),
+        "schedule_ticks_doubled": sum(&|c| c.schedule.doubled.len()),
+        "schedule_tokens_backwards": sum(&|c| c.schedule.tokens_backwards.len()),
+        "schedule_task_mismatches": sum(&|c| c.schedule.task_mismatches.len()),
+        "schedule_ticks_unexpected": sum(&|c| c.schedule.unexpected.len()),
+        "schedule_ticks_late": sum(&|c| c.schedule.late.len()),
+        "schedule_worst_lateness_ms": results.iter().filter_map(|r| r.checks.schedule.worst_lateness_ms).max(),
+        "schedule_worst_lateness_outside_db_outages_ms": results.iter().filter_map(|r| r.checks.schedule.worst_lateness_outside_outages_ms).max(),
+        "schedule_lateness_bound_ms": timing.schedule_bound.as_millis() as u64,
+        "schedule_holder_hits": results.iter().flat_map(|r| &r.faults).filter(|f| f.scheduler_holder.is_some()).count(),
+    });
+    let mut report = json!({
         "seed": seed,
         "rounds": rounds,
         "seconds_per_round": seconds,
@@ -412,7 +433,11 @@ pub(super) fn report(
         "barrier_races": races,
         "faults": results.iter().flat_map(|r| r.faults.iter()).collect::<Vec<_>>(),
         "violations": violations,
-    })
+    });
+    if let (Some(totals), Value::Object(schedule)) = (report["totals"].as_object_mut(), schedule) {
+        totals.extend(schedule);
+    }
+    report
 }
 
 pub(super) fn print_report(report: &Value) {

@@ -22,6 +22,8 @@ pub(super) struct Instance {
     pub(super) child: Child,
     /// When a cut link is to be healed.
     pub(super) heal_at: Option<Instant>,
+    /// When a paused instance is to be continued.
+    pub(super) resume_at: Option<Instant>,
 }
 
 pub(super) struct WorkerProc {
@@ -178,14 +180,18 @@ impl Rig {
         Ok(())
     }
 
-    /// Continues every paused worker whose pause is over, and heals every
-    /// cut link whose partition is over (all with `force`).
+    /// Continues every paused worker and instance whose pause is over, and
+    /// heals every cut link whose partition is over (all with `force`).
     pub(super) fn resume_due(&mut self, force: bool) {
         let now = Instant::now();
         for i in &mut self.instances {
             if i.heal_at.is_some_and(|at| force || at <= now) {
                 i.link.heal();
                 i.heal_at = None;
+            }
+            if i.resume_at.is_some_and(|at| force || at <= now) {
+                signal(&i.child, Signal::SIGCONT);
+                i.resume_at = None;
             }
         }
         for w in &mut self.workers {

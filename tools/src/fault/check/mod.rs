@@ -17,11 +17,18 @@
 //!   as `acquired`/`taken_over` with its token; a term that began while the
 //!   previous one was unreleased is recorded as `taken_over`; every write a
 //!   worker saw refused is there as `stale_write_refused`.
+//! - The harness's every-second schedule: every tick from the first to the
+//!   last fired exactly once (no gap, no tick twice, no two tasks of one
+//!   tick), fencing tokens never going backwards along the ticks, each
+//!   tick's task carrying its schedule and tick, and every gap a fault left
+//!   caught up within its allowance.
 //!
 //! `terms.rs` walks `lease_events` into terms and checks them; `clients.rs`
-//! checks what the workers themselves saw.
+//! checks what the workers themselves saw; `schedule.rs` checks the
+//! schedule's ticks (the harness reads them, as only it knows the faults).
 
 mod clients;
+pub mod schedule;
 mod terms;
 
 use anyhow::Result;
@@ -82,6 +89,8 @@ pub struct Checks {
     pub generated_outside_term: Vec<i64>,
     /// History lines that could not be read (a writer killed mid-line).
     pub torn_history_lines: usize,
+    /// The every-second schedule's ticks (filled in by the harness).
+    pub schedule: schedule::ScheduleChecks,
 }
 
 impl Checks {
@@ -129,6 +138,7 @@ impl Checks {
                 self.takeovers_misrecorded
             ));
         }
+        out.extend(self.schedule.violations());
         out
     }
 }
