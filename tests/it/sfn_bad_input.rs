@@ -101,6 +101,14 @@ const KNOWN: &[(&str, &[Arg])] = &[
         ],
     ),
     ("get_overview", &[]),
+    ("get_schedules", &[]),
+    (
+        "control_schedule",
+        &[
+            arg("name", Kind::Text, "no-such-schedule"),
+            arg("action", Kind::Text, "pause"),
+        ],
+    ),
     (
         "get_tasks",
         &[

@@ -264,14 +264,6 @@ impl RuntimeBuilder {
                     })?;
             }
         }
-        let scheduler = match self.scheduler {
-            Some(config) => Some(Scheduler::spawn(
-                self.pool.clone(),
-                Holder::parse(id.as_ref()).map_err(|e| RuntimeError::Config(e.to_string()))?,
-                config,
-            )),
-            None => None,
-        };
         let registration = Registration::start(
             self.pool.clone(),
             id.clone(),
@@ -304,6 +296,16 @@ impl RuntimeBuilder {
                 workers.push((controls, tokio::spawn(worker.run())));
             }
         }
+        // Last: nothing after it can fail, so a runtime that did not start
+        // leaves no scheduler behind.
+        let scheduler = match self.scheduler {
+            Some(config) => Some(Scheduler::spawn(
+                self.pool.clone(),
+                Holder::parse(id.as_ref()).map_err(|e| RuntimeError::Config(e.to_string()))?,
+                config,
+            )),
+            None => None,
+        };
         tracing::info!(runtime = %id, queues = ?queues, kinds = ?kinds, "runtime started");
         Ok(Runtime {
             id,
