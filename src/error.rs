@@ -159,6 +159,18 @@ mod server {
         }
     }
 
+    impl From<leasekeeper_core::schedule::store::ScheduleError> for AppError {
+        fn from(err: leasekeeper_core::schedule::store::ScheduleError) -> Self {
+            use leasekeeper_core::schedule::store::ScheduleError;
+            match err {
+                ScheduleError::NotFound(_) => AppError::NotFound(err.to_string()),
+                ScheduleError::BadInput { .. } => AppError::BadRequest(err.to_string()),
+                ScheduleError::Task(e) => AppError::from(e),
+                ScheduleError::Db(e) => AppError::from(e),
+            }
+        }
+    }
+
     impl From<crate::worker::fleet::FleetError> for AppError {
         fn from(err: crate::worker::fleet::FleetError) -> Self {
             use crate::worker::fleet::FleetError;

@@ -17,7 +17,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use leasekeeper_core::queue::Task;
-use leasekeeper_core::schedule::store::{self, ScheduleError};
+use leasekeeper_core::schedule::store;
 use leasekeeper_core::schedule::{CatchUp, NewSchedule, Schedule, Tick};
 use serde::Deserialize;
 use serde_json::Value;
@@ -58,17 +58,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Name {
             .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
         leasekeeper_core::schedule::check_name(&raw).map_err(AppError::BadRequest)?;
         Ok(Name(raw))
-    }
-}
-
-impl From<ScheduleError> for AppError {
-    fn from(err: ScheduleError) -> Self {
-        match err {
-            ScheduleError::NotFound(_) => AppError::NotFound(err.to_string()),
-            ScheduleError::BadInput { .. } => AppError::BadRequest(err.to_string()),
-            ScheduleError::Task(e) => AppError::from(e),
-            ScheduleError::Db(e) => AppError::from(e),
-        }
     }
 }
 

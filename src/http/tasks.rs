@@ -464,10 +464,11 @@ async fn snooze(
     Id(id): Id,
     JsonBody(body): JsonBody<SnoozeBody>,
 ) -> Result<Json<Task>, AppError> {
-    if !(body.seconds.is_finite() && (0.0..=31_622_400.0).contains(&body.seconds)) {
-        return Err(AppError::BadRequest(
-            "seconds must be between 0 and 31622400".into(),
-        ));
+    let most = store::MAX_SNOOZE.as_secs_f64();
+    if !(body.seconds.is_finite() && (0.0..=most).contains(&body.seconds)) {
+        return Err(AppError::BadRequest(format!(
+            "seconds must be between 0 and {most}"
+        )));
     }
     let task = store::snooze(
         &mut *s.pool.acquire().await?,

@@ -85,13 +85,18 @@ struct Row {
     db_now: DateTime<Utc>,
 }
 
-const SELECT: &str = "SELECT s.name, s.cron, s.time_zone, s.kind, s.queue, s.task_data, s.priority,
+/// The columns of [`Row`], with the scheduler's live lease joined in.
+fn select() -> String {
+    format!(
+        "SELECT s.name, s.cron, s.time_zone, s.kind, s.queue, s.task_data, s.priority,
         s.max_attempts, s.catch_up, s.paused, s.fire_after, s.last_tick_at, s.created_at,
         s.updated_at, s.updated_by, l.holder AS leader, l.fencing_token AS leader_token,
         now() AS db_now
    FROM $schema.schedules s
    LEFT JOIN $schema.leases l
-     ON l.resource = 'singleton:scheduler' AND l.released_at IS NULL AND l.expires_at > now()";
+     ON l.resource = '{RESOURCE}' AND l.released_at IS NULL AND l.expires_at > now()"
+    )
+}
 
 impl Row {
     /// The ticks fire after this: the newest fired, or when it was
@@ -211,7 +216,7 @@ pub async fn upsert(
             .await?;
         }
         let row: Row = schema
-            .query_as(&format!("{SELECT} WHERE s.name = $1"))
+            .query_as(&format!("{} WHERE s.name = $1", select()))
             .bind(&new.name)
             .fetch_one(&mut *tx)
             .await?;
@@ -239,7 +244,7 @@ pub async fn get(
         Result<Option<Schedule>, ScheduleError>,
         async {
             let row: Option<Row> = schema
-                .query_as(&format!("{SELECT} WHERE s.name = $1"))
+                .query_as(&format!("{} WHERE s.name = $1", select()))
                 .bind(name)
                 .fetch_optional(&mut *conn)
                 .await?;
@@ -260,7 +265,7 @@ pub async fn list(
         Result<Vec<Schedule>, ScheduleError>,
         async {
             let rows: Vec<Row> = schema
-                .query_as(&format!("{SELECT} ORDER BY s.name"))
+                .query_as(&format!("{} ORDER BY s.name", select()))
                 .fetch_all(&mut *conn)
                 .await?;
             Ok(rows.into_iter().map(Row::view).collect())
@@ -314,7 +319,7 @@ pub async fn set_paused(
             .await?;
         }
         let row: Option<Row> = schema
-            .query_as(&format!("{SELECT} WHERE s.name = $1"))
+            .query_as(&format!("{} WHERE s.name = $1", select()))
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
@@ -375,7 +380,7 @@ pub async fn trigger(
     crate::db::atomically!(conn, schema, Result<Task, ScheduleError>, async {
         let mut tx = conn.begin().await?;
         let row: Option<Row> = schema
-            .query_as(&format!("{SELECT} WHERE s.name = $1"))
+            .query_as(&format!("{} WHERE s.name = $1", select()))
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
@@ -559,7 +564,7 @@ pub async fn fire(
         // tick_at) row is the last line: a second insert of a tick fails
         // and rolls everything of this firing back.
         let row: Option<Row> = schema
-            .query_as(&format!("{SELECT} WHERE s.name = $1 FOR UPDATE OF s"))
+            .query_as(&format!("{} WHERE s.name = $1 FOR UPDATE OF s", select()))
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;

@@ -156,8 +156,9 @@ async fn period_and_always_scopes_hold_the_key_whatever_the_state() {
     let db = TestDb::new().await;
     let schema = Schema::default();
     let mut conn = db.pool.acquire().await.unwrap();
-    // A period of a year: the two enqueues fall in the same one unless the
-    // test runs across New Year's midnight.
+    // A 366-day period: the two enqueues fall in the same one unless they
+    // straddle a period boundary (counted from the Unix epoch), a chance of
+    // about one in 30 million.
     let yearly =
         NewTask::new("digest", json!({})).unique_for("d", Duration::from_secs(366 * 24 * 3600));
     let a = store::enqueue_outcome(&mut conn, &schema, &yearly)

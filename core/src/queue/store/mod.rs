@@ -74,7 +74,7 @@ pub use enqueue::{
     Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, check as check_new, enqueue, enqueue_many,
     enqueue_outcome,
 };
-pub use fail::{MAX_ERROR_CHARS, bounded_error, fail, snooze};
+pub use fail::{MAX_ERROR_CHARS, MAX_SNOOZE, bounded_error, fail, snooze};
 pub use fenced::FencedTransaction;
 pub use heartbeat::{heartbeat, heartbeat_each};
 pub use read::{get, list, list_page};
