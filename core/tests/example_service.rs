@@ -1,7 +1,15 @@
 //! The `ledger_service` example, run for real: two replica processes of one
-//! binary on one database; one is killed with SIGKILL mid-run; every task
-//! must still end with exactly one effect row, written by the claim that
-//! completed it, and the singleton job must move to the survivor.
+//! binary on one database and a receiver process; one replica is stopped
+//! (SIGSTOP) past its lease TTL while it holds tasks, so the other takes
+//! them over, then resumed, its stale claims still running, and later
+//! killed with SIGKILL mid-run. Every task must still end with exactly one
+//! effect, on each path: the completion's transaction (`deposit`,
+//! `welcome_email`: one row, written by the claim that completed it), a
+//! transaction of the handler's own fenced by `assert_fence` (`ship`: one
+//! shipment per task, however many claims ran it), and a receiver outside
+//! the database fenced by the token (`notify`: the receiver's last word
+//! per task is the completing claim's, never a stale claim's); and the
+//! singleton job must move to the survivor.
 
 use leasekeeper_core::db::testing::TestDb;
 use std::path::PathBuf;
@@ -26,26 +34,10 @@ fn example() -> PathBuf {
     bin
 }
 
-/// The test database as a URL for the replicas: host and port as query
-/// parameters, so a socket folder (the embedded cluster's) works as well
-/// as an address.
-fn url(db: &TestDb) -> String {
-    let o = &db.plain;
-    let host = match o.get_socket() {
-        Some(dir) => dir.display().to_string(),
-        None => o.get_host().to_string(),
-    };
-    format!(
-        "postgres://{}@localhost/{}?host={host}&port={}&sslmode=disable",
-        o.get_username(),
-        o.get_database().expect("a database name"),
-        o.get_port(),
-    )
-}
-
-fn replica(db: &TestDb, name: &str, extra: &[&str]) -> Child {
+fn replica(db: &TestDb, receiver: &str, name: &str, extra: &[&str]) -> Child {
     Command::new(example())
-        .args(["--database-url", &url(db), "--replica", name])
+        .args(["--database-url", &db.url(), "--replica", name])
+        .args(["--receiver", receiver])
         .args(["--lease-ttl-ms", "1500", "--run-for-secs", "60"])
         .args(extra)
         .stdout(Stdio::null())
@@ -61,6 +53,61 @@ async fn count(db: &TestDb, sql: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// The example's receiver on a free port: its process and address.
+fn receiver() -> (Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(example())
+        .args(["--serve-receiver", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting the receiver");
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the receiver never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, addr)
+}
+
+/// The receiver's state: per resource, (token, value) of its last
+/// accepted request; and how many requests it refused.
+fn dump(addr: &str) -> (std::collections::HashMap<String, (i64, String)>, u64) {
+    use std::io::{BufRead, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("the receiver");
+    stream.write_all(b"DUMP\n").expect("DUMP");
+    let mut latest = std::collections::HashMap::new();
+    let mut refused = None;
+    for line in std::io::BufReader::new(stream).lines() {
+        let line = line.expect("a line");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["END"] => break,
+            ["REFUSED", n] => refused = Some(n.parse().expect("a count")),
+            [resource, token, value, _accepted] => {
+                latest.insert(
+                    resource.to_string(),
+                    (token.parse().expect("a token"), value.to_string()),
+                );
+            }
+            other => panic!("unexpected receiver line {other:?}"),
+        }
+    }
+    (latest, refused.expect("REFUSED line"))
+}
+
+fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
+        .expect("signalling a replica");
+}
+
 async fn wait_for(what: &str, within: Duration, mut check: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while !check().await {
@@ -71,29 +118,65 @@ async fn wait_for(what: &str, within: Duration, mut check: impl AsyncFnMut() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
+    use nix::sys::signal::Signal;
     let db = TestDb::new().await;
-    let mut a = replica(&db, "replica-a", &["--enqueue", &TASKS.to_string()]);
-    let mut b = replica(&db, "replica-b", &[]);
-
-    // Kill a while both are busy and a holds tasks (and maybe the report job).
-    wait_for("a third processed", Duration::from_secs(60), async || {
-        count(&db, "SELECT count(*) FROM tasks WHERE status = 'processed'").await >= TASKS / 3
-    })
-    .await;
-    wait_for("a holding a task", Duration::from_secs(10), async || {
+    let (mut receiver_process, receiver) = receiver();
+    let mut a = replica(
+        &db,
+        &receiver,
+        "replica-a",
+        &["--enqueue", &TASKS.to_string()],
+    );
+    let mut b = replica(&db, &receiver, "replica-b", &[]);
+    let a_holds_a_task = async || {
         count(
             &db,
             "SELECT count(*) FROM tasks WHERE status = 'started' AND processor LIKE 'replica-a-%'",
         )
         .await
             > 0
+    };
+
+    // Stop a past its TTL (1.5 s) while it holds tasks: b takes them
+    // over; then a wakes up with its stale claims mid-handler.
+    wait_for("a fifth processed", Duration::from_secs(60), async || {
+        count(&db, "SELECT count(*) FROM tasks WHERE status = 'processed'").await >= TASKS / 5
     })
     .await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(a.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
+    wait_for("a holding a task", Duration::from_secs(10), a_holds_a_task).await;
+    let stopped_tasks: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM tasks WHERE status = 'started' AND processor LIKE 'replica-a-%'",
     )
-    .expect("SIGKILL");
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    signal(&a, Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    signal(&a, Signal::SIGCONT);
+    let taken_during_stop = count(
+        &db,
+        &format!(
+            "SELECT count(*) FROM tasks WHERE id IN ({}) AND processor NOT LIKE 'replica-a-%'",
+            stopped_tasks
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    )
+    .await;
+    assert!(
+        taken_during_stop >= 1,
+        "b took over none of the stopped replica's tasks"
+    );
+
+    // Kill a while both are busy and a holds tasks (and maybe the report job).
+    wait_for("a third processed", Duration::from_secs(60), async || {
+        count(&db, "SELECT count(*) FROM tasks WHERE status = 'processed'").await >= TASKS / 3
+    })
+    .await;
+    wait_for("a holding a task", Duration::from_secs(10), a_holds_a_task).await;
+    signal(&a, Signal::SIGKILL);
     a.wait().expect("reaping a");
     let killed_at: i64 = count(
         &db,
@@ -115,7 +198,10 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
         "SELECT count(*) FROM tasks WHERE kind = 'welcome_email'",
     )
     .await;
-    assert_eq!(deposits + emails, TASKS);
+    let ships = count(&db, "SELECT count(*) FROM tasks WHERE kind = 'ship'").await;
+    let notifies = count(&db, "SELECT count(*) FROM tasks WHERE kind = 'notify'").await;
+    assert_eq!(deposits + emails + ships + notifies, TASKS);
+    assert!(ships > 0 && notifies > 0, "the example enqueues every kind");
     assert_eq!(
         count(&db, "SELECT count(*) FROM public.ledger").await,
         deposits
@@ -137,11 +223,50 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
         "SELECT count(*) FROM tasks t
            LEFT JOIN public.ledger l ON l.task_id = t.id
            LEFT JOIN public.outbox o ON o.task_id = t.id
-          WHERE COALESCE(l.token, o.token) IS DISTINCT FROM t.fencing_token
-             OR COALESCE(l.replica, o.replica) IS DISTINCT FROM split_part(t.processor, '-', 1) || '-' || split_part(t.processor, '-', 2)",
+          WHERE t.kind IN ('deposit', 'welcome_email')
+            AND (COALESCE(l.token, o.token) IS DISTINCT FROM t.fencing_token
+             OR COALESCE(l.replica, o.replica) IS DISTINCT FROM split_part(t.processor, '-', 1) || '-' || split_part(t.processor, '-', 2))",
     )
     .await;
     assert_eq!(mismatched, 0, "every effect is the completing claim's");
+
+    // The handler's own transaction, fenced by assert_fence: one shipment
+    // per task, from a claim that held the task when it wrote.
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM public.shipments").await,
+        ships,
+        "a shipment doubled or went missing"
+    );
+    assert_eq!(
+        count(&db, "SELECT count(DISTINCT task_id) FROM public.shipments").await,
+        ships
+    );
+    // The receiver outside the database: every notify task's last accepted
+    // word is the completing claim's (a stale claim that spoke after its
+    // successor was refused, so it never overwrote it).
+    let (latest, refused) = dump(&receiver);
+    let completed: Vec<(i64, i64, String)> =
+        sqlx::query_as("SELECT id, fencing_token, processor FROM tasks WHERE kind = 'notify'")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(completed.len() as i64, notifies);
+    for (id, token, processor) in &completed {
+        let (got, by) = latest
+            .get(&format!("task:{id}"))
+            .unwrap_or_else(|| panic!("task {id} never reached the receiver"));
+        assert_eq!(
+            got, token,
+            "task {id}: the receiver's last word is a stale claim's"
+        );
+        assert!(
+            processor.starts_with(&format!("{by}-")),
+            "task {id}: {by} vs {processor}"
+        );
+    }
+    eprintln!(
+        "fenced effects: {ships} shipments, {notifies} notifications, {refused} stale requests refused by the receiver"
+    );
 
     // The kill landed mid-run: some task of a's was taken over by b.
     let taken_over = count(
@@ -179,11 +304,9 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
         "an older term reported after a newer one began"
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(b.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .expect("SIGINT");
+    signal(&b, Signal::SIGINT);
     let status = b.wait().expect("reaping b");
     assert!(status.success(), "b stops cleanly on Ctrl-C: {status}");
+    signal(&receiver_process, Signal::SIGINT);
+    receiver_process.wait().expect("reaping the receiver");
 }

@@ -136,8 +136,13 @@ impl Fleet {
         live: Option<LiveHub>,
     ) -> Self {
         let kinds = simulated::handlers(&config.chaos).kinds();
+        let serving = ClaimFilter::default().kinds(kinds.clone());
+        // What the fleet works on is exported at 0 from the first scrape.
+        leasekeeper_core::metrics::register_work(
+            kinds.iter().map(|k| (serving.queue.as_str(), k.as_str())),
+        );
         let transport = InProcess::new(pool.clone(), config.worker.lease_ttl, instance_id.clone())
-            .serving(ClaimFilter::default().kinds(kinds));
+            .serving(serving);
         Fleet {
             inner: Arc::new(Inner {
                 schema: Schema::of(&pool),

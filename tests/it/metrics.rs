@@ -240,3 +240,129 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
         "{after}"
     );
 }
+
+/// The metric names an alert rule of `docs/alerts/leasekeeper.rules.yml`
+/// uses (without `_bucket`/`_count`/`_sum`), Prometheus' own `up` aside.
+fn names_in_alert_rules() -> std::collections::BTreeSet<String> {
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/alerts/leasekeeper.rules.yml"
+    ))
+    .expect("the alert rules file");
+    let mut names = std::collections::BTreeSet::new();
+    for (at, _) in rules.match_indices("leasekeeper_") {
+        let name: String = rules[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        let name = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name)
+            .to_string();
+        if name != "leasekeeper_" && !name.ends_with('_') {
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// A fresh `leasekeeper serve` process (its own metrics recorder), scraped
+/// once at once: every family is there from the first scrape, counters at
+/// 0 for the label values the instance knows (its fleet's queue and kind;
+/// the singleton and `assert_fence` refusals; every table the pruner
+/// prunes), histograms with zero counts, so `rate()` and `absent()` alerts
+/// do not misfire after a restart; and every metric the example alert
+/// rules use is among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_instance_exports_every_family_from_its_first_scrape() {
+    let db = crate::common::TestDb::new().await;
+    // One queue in use, for the per-queue gauges.
+    tasks::enqueue(
+        &mut *db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &NewTask::new("sleep", json!({ "sleep_duration_seconds": 1 })),
+    )
+    .await
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_leasekeeper"))
+        .arg("serve")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DATABASE_URL", db.url())
+        .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
+        .env("LEASEKEEPER_WORKERS", "0")
+        .env("LEASEKEEPER_CHAOS", "0")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("starting leasekeeper serve");
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let client = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    let text = loop {
+        match client.get(&url).send().await {
+            Ok(res) if res.status().is_success() => break res.text().await.unwrap(),
+            _ if started.elapsed() < Duration::from_secs(60) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => {
+                let _ = server.kill();
+                panic!("no /metrics within 60 s: {other:?}");
+            }
+        }
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+
+    for (family, kind) in [
+        ("leasekeeper_tasks", "gauge"),
+        ("leasekeeper_claims_total", "counter"),
+        ("leasekeeper_completions_total", "counter"),
+        ("leasekeeper_failures_total", "counter"),
+        ("leasekeeper_takeovers_total", "counter"),
+        ("leasekeeper_stale_writes_refused_total", "counter"),
+        ("leasekeeper_pruned_rows_total", "counter"),
+        ("leasekeeper_schedule_ticks_caught_up_total", "counter"),
+        ("leasekeeper_lease_renew_seconds", "histogram"),
+        ("leasekeeper_failover_seconds", "histogram"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} {kind}")),
+            "{family} ({kind}) missing from the first scrape:\n{text}"
+        );
+    }
+    for series in [
+        r#"leasekeeper_claims_total{queue="default",kind="sleep"} 0"#,
+        r#"leasekeeper_completions_total{queue="default",kind="sleep"} 0"#,
+        r#"leasekeeper_failures_total{queue="default",kind="sleep"} 0"#,
+        r#"leasekeeper_stale_writes_refused_total{source="task",queue="default",kind="sleep"} 0"#,
+        r#"leasekeeper_stale_writes_refused_total{source="singleton"} 0"#,
+        r#"leasekeeper_stale_writes_refused_total{source="assert_fence"} 0"#,
+        r#"leasekeeper_pruned_rows_total{table="tasks"} 0"#,
+        r#"leasekeeper_failover_seconds_count 0"#,
+        r#"leasekeeper_lease_renew_seconds_count 0"#,
+        r#"leasekeeper_tasks{status="pending"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == series),
+            "{series} missing from the first scrape:\n{text}"
+        );
+    }
+    // The bucket the failover alert reads exists by that name.
+    assert!(
+        text.contains(r#"leasekeeper_failover_seconds_bucket{le="21"} 0"#),
+        "{text}"
+    );
+    let rules = names_in_alert_rules();
+    assert!(rules.len() >= 4, "{rules:?}");
+    for name in rules {
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "the alert rules use {name}, which a fresh instance does not export:\n{text}"
+        );
+    }
+}

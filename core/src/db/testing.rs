@@ -139,6 +139,23 @@ impl TestDb {
     pub async fn pool(&self, max_connections: u32) -> PgPool {
         connect(self.options.clone(), max_connections).await
     }
+
+    /// This database as a URL, for a process the test starts: host and
+    /// port as query parameters, so a socket folder (the embedded
+    /// cluster's) works as well as an address.
+    pub fn url(&self) -> String {
+        let o = &self.plain;
+        let host = match o.get_socket() {
+            Some(dir) => dir.display().to_string(),
+            None => o.get_host().to_string(),
+        };
+        format!(
+            "postgres://{}@localhost/{}?host={host}&port={}&sslmode=disable",
+            o.get_username(),
+            o.get_database().expect("a database name"),
+            o.get_port(),
+        )
+    }
 }
 
 /// Every pool the harness hands out is made here, so how a test pool is set

@@ -12,6 +12,8 @@ pub mod names;
 #[cfg(feature = "postgres")]
 pub mod client;
 #[cfg(feature = "postgres")]
+pub mod fence;
+#[cfg(feature = "postgres")]
 pub mod singleton;
 #[cfg(feature = "postgres")]
 pub mod stopwatch;

@@ -476,7 +476,7 @@ pub async fn fence(
         }))
         .execute(&mut *conn)
         .await?;
-    crate::metrics::refused();
+    crate::metrics::refused(crate::metrics::Refused::Singleton);
     Ok(None)
 }
 

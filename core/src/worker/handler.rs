@@ -41,6 +41,15 @@ pub struct Job {
     pub fencing_token: i64,
 }
 
+impl Job {
+    /// The resource of this claim's lease, `task:<id>`: with
+    /// [`fencing_token`](Self::fencing_token), what a write outside the
+    /// completion is fenced by ([`crate::lease::fence`]).
+    pub fn resource(&self) -> String {
+        crate::queue::Task::resource_name(self.id)
+    }
+}
+
 /// What a handler failed with. Anything that is an error converts with `?`;
 /// the message becomes the task's `last_error`.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;

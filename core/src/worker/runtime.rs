@@ -241,6 +241,13 @@ impl RuntimeBuilder {
                 )));
             }
         }
+        // Every (queue, kind) this runtime serves is exported at 0 from the
+        // first scrape.
+        crate::metrics::register_work(
+            queues
+                .iter()
+                .flat_map(|(q, _)| kinds.iter().map(move |k| (q.as_str(), k.as_str()))),
+        );
         let id = self
             .id
             .unwrap_or_else(|| format!("rt-{:04x}", rand::random::<u16>()));

@@ -221,7 +221,7 @@ async fn claim_up_to(
                             }
                         }
                     }
-                    crate::metrics::claimed(claimed.len());
+                    crate::metrics::claimed(&claimed);
                     return Ok(ClaimBatch {
                         claimed,
                         candidates,
@@ -338,7 +338,7 @@ async fn claim_carefully(
                 .await?;
             tx.commit().await?;
             // (A takeover here was counted by the lease store's acquire.)
-            crate::metrics::claimed(1);
+            crate::metrics::claimed(std::slice::from_ref(&task));
             return Ok(Some(task));
         }
         tx.commit().await?;

@@ -190,14 +190,16 @@ async fn complete_claims(
             // row finds it processed).
             let sql = sql::complete();
             let (ids, tokens, processors, outputs) = completion_arrays(completions);
-            Ok(schema
+            let done: Vec<Task> = schema
                 .query_as(&sql)
                 .bind(&ids)
                 .bind(&tokens)
                 .bind(&processors)
                 .bind(&outputs)
                 .fetch_all(&mut *conn)
-                .await?)
+                .await?;
+            done.iter().for_each(crate::metrics::completed);
+            Ok(done)
         }
         .await
     )

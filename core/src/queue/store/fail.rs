@@ -66,6 +66,7 @@ pub async fn fail(
         .await?;
         release_claim(&mut tx, schema, id, processor, token).await?;
         tx.commit().await?;
+        crate::metrics::failed(&task);
         Ok(task)
     }
     .await)

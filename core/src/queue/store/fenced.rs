@@ -112,6 +112,7 @@ impl FencedTransaction {
             .await?;
         if let Some(task) = done {
             self.tx.commit().await?;
+            crate::metrics::completed(&task);
             return Ok(task);
         }
         // Refused: undo the handler's writes, record the refusal, commit that.

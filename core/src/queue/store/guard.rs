@@ -71,7 +71,7 @@ pub(super) async fn refuse(
             }))
             .execute(&mut *conn)
             .await?;
-        crate::metrics::refused();
+        crate::metrics::refused(crate::metrics::Refused::Task(&current));
         Ok(TaskError::Stale { id, reason })
     }
     .await)
