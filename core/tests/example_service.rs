@@ -38,7 +38,7 @@ fn replica(db: &TestDb, receiver: &str, name: &str, extra: &[&str]) -> Child {
     Command::new(example())
         .args(["--database-url", &db.url(), "--replica", name])
         .args(["--receiver", receiver])
-        .args(["--lease-ttl-ms", "1500", "--run-for-secs", "60"])
+        .args(["--lease-ttl-ms", "1500", "--run-for-secs", "180"])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

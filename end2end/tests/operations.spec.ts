@@ -31,7 +31,12 @@ test("healthz, readyz and metrics answer on the running server", async ({ reques
   const after = await metrics.text();
   expect(after).toContain("# TYPE leasekeeper_tasks gauge");
   expect(after).toMatch(/^leasekeeper_tasks\{status="processed"\} \d+/m);
-  expect(count(after, "leasekeeper_claims_total")).toBeGreaterThan(count(before, "leasekeeper_claims_total"));
+  // Labelled by queue and kind, there from the first scrape (at 0).
+  const claims = 'leasekeeper_claims_total{queue="default",kind="sleep"}';
+  expect(before).toMatch(/^leasekeeper_claims_total\{queue="default",kind="sleep"\} \d+/m);
+  expect(count(after, claims)).toBeGreaterThan(count(before, claims));
+  const done = 'leasekeeper_completions_total{queue="default",kind="sleep"}';
+  expect(count(after, done)).toBeGreaterThan(count(before, done));
 });
 
 test("a server serving another build's bundle says so on the page, and the page does not half-hydrate", async ({ page }) => {

@@ -207,10 +207,14 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
         "{after}"
     );
     let rose = |series: &str| count(&after, series) - count(&before, series);
-    assert!(rose("leasekeeper_claims_total") >= 4.0, "{after}");
+    assert!(
+        rose(r#"leasekeeper_claims_total{queue="default",kind="sleep"}"#) >= 4.0,
+        "{after}"
+    );
     assert!(rose("leasekeeper_takeovers_total") >= 2.0, "{after}");
     assert!(
-        rose("leasekeeper_stale_writes_refused_total") >= 1.0,
+        rose(r#"leasekeeper_stale_writes_refused_total{source="task",queue="default",kind="sleep"}"#)
+            >= 1.0,
         "{after}"
     );
     assert!(
