@@ -25,13 +25,20 @@ CREATE TABLE queues (
 -- Once per INSERT statement (one enqueue or 10,000), from the transition
 -- table: only the names not yet in `queues`, so the common case (every queue
 -- known) is a read of the primary key per distinct name and writes nothing.
+-- Measured (EXPLAIN ANALYZE, PostgreSQL 15, a busy 2-core machine): 0.05 ms
+-- for a one-task enqueue (the task counter's trigger: 0.2 ms), 4-11 ms for
+-- 10,000 tasks in 10 queues, of a 200-280 ms statement.
 --
 -- Races prevented:
 -- - two enqueues of the same new queue at once: ON CONFLICT DO NOTHING; the
 --   second waits for the first's row, then skips it (no unique violation).
 -- - a deadlock of two enqueues each naming two new queues (a, b) and (b, a):
 --   both insert the names in sorted order, so the one that waits always
---   waits for a name the other took first, never the reverse.
+--   waits for a name the other took first, never the reverse. (Two host
+--   transactions that each enqueue into two brand-new queues in opposite
+--   order, in separate statements, can still deadlock once, as any two
+--   transactions inserting the same new keys in opposite order can;
+--   PostgreSQL ends one of them and the host retries it.)
 -- - an enqueue racing a pause of its (new) queue: the pause's upsert and
 --   this insert meet on the same key; whichever commits second finds the
 --   first's row (a pause sets the flag on it either way).
@@ -39,9 +46,9 @@ CREATE FUNCTION queues_on_first_use() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     INSERT INTO queues (name)
-    SELECT DISTINCT n.queue FROM new_rows n
-     WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = n.queue)
-     ORDER BY n.queue
+    SELECT d.queue FROM (SELECT DISTINCT n.queue FROM new_rows n) d
+     WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = d.queue)
+     ORDER BY d.queue
     ON CONFLICT (name) DO NOTHING;
     RETURN NULL;
 END;
