@@ -312,3 +312,70 @@ async fn the_claim_plan_stays_an_index_scan() {
     assert!(!plan.contains("Seq Scan on tasks"), "no scan of tasks:\n{plan}");
     assert!(plan.contains("One-Time Filter"), "the pause test once:\n{plan}");
 }
+
+async fn status(db: &TestDb, id: i64) -> TaskStatus {
+    sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// A runtime's task running when its queue is paused finishes; the
+/// runtime claims nothing more of that queue while it is paused; after the
+/// resume, its idle workers claim within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_finishes_what_it_started_claims_nothing_while_paused_and_resumes_within_a_second()
+{
+    use leasekeeper_core::worker::handler::{Done, Job, TaskContext};
+    use leasekeeper_core::worker::runtime::Runtime;
+    let db = TestDb::new().await;
+    let schema = Default::default();
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("rt-queues")
+        .queue("mail", 2)
+        .handler("note", |job: Job, _: TaskContext| async move {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            Ok(Done::output(json!({ "id": job.id })))
+        })
+        .start()
+        .await
+        .unwrap();
+    let running = enqueue(&db, "mail").await;
+    let start = tokio::time::Instant::now();
+    while status(&db, running.id).await != TaskStatus::Started {
+        assert!(start.elapsed() < Duration::from_secs(10), "never claimed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut conn = db.pool.acquire().await.unwrap();
+    queues::pause(&mut conn, &schema, "mail", "ops").await.unwrap();
+    let waiting = [enqueue(&db, "mail").await, enqueue(&db, "mail").await];
+    let start = tokio::time::Instant::now();
+    while status(&db, running.id).await != TaskStatus::Processed {
+        assert!(start.elapsed() < Duration::from_secs(10), "the started task did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Longer than the workers' poll: they looked, and took nothing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for t in &waiting {
+        assert_eq!(status(&db, t.id).await, TaskStatus::Pending, "claimed while paused");
+    }
+    queues::resume(&mut conn, &schema, "mail", "ops").await.unwrap();
+    let resumed = tokio::time::Instant::now();
+    loop {
+        let mut claimed = 0;
+        for t in &waiting {
+            claimed += usize::from(status(&db, t.id).await != TaskStatus::Pending);
+        }
+        if claimed == waiting.len() {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(1),
+            "{claimed} of {} claimed a second after the resume",
+            waiting.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    runtime.shutdown().await;
+}
