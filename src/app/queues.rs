@@ -147,6 +147,7 @@ fn QueueLine(
     let points: Vec<Point> = history
         .with_untracked(|h| h.get(&q.name).map(|p| p.iter().copied().collect()))
         .unwrap_or_default();
+    let form_name = q.name.clone();
     let cell = |testid: &'static str, n: i64| {
         view! { <td class="px-3 py-2 tabular-nums" data-testid=testid>{n}</td> }
     };
@@ -169,7 +170,7 @@ fn QueueLine(
             <td class="px-3 py-2"><QueueChart points/></td>
             <td class=controls_class("controls", "px-3 py-2 bg-white")>
                 <ActionForm action=control>
-                    <input type="hidden" name="name" value=q.name.clone()/>
+                    <input type="hidden" name="name" value=form_name/>
                     <input type="hidden" name="action" value=action/>
                     <button type="submit" class=format!("rounded px-2 py-0.5 text-xs font-medium text-white {class}") data-testid=format!("queue-{action}")>{label}</button>
                 </ActionForm>
