@@ -204,7 +204,12 @@ fn QueueChart(points: Vec<Point>) -> impl IntoView {
     let done = line(|p| p.completed);
     let title = points
         .last()
-        .map(|p| format!("{} pending, {} done in the last minute", p.depth, p.completed))
+        .map(|p| {
+            format!(
+                "{} pending, {} done in the last minute",
+                p.depth, p.completed
+            )
+        })
         .unwrap_or_default();
     view! {
         <svg viewBox=format!("0 0 {WIDTH} {HEIGHT}") preserveAspectRatio="none" class="h-8 w-32 rounded bg-slate-50" role="img"

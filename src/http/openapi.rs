@@ -9,8 +9,8 @@
 //! definitions in `src/http/`, both ways.
 
 use super::{
-    audit, events, generator, health, instances, leases, metrics, overview, queues, schedules, tasks,
-    workers,
+    audit, events, generator, health, instances, leases, metrics, overview, queues, schedules,
+    tasks, workers,
 };
 use crate::error::ErrorBody;
 use axum::Router;

@@ -28,7 +28,11 @@ pub fn routes() -> Router<AppState> {
 pub struct QueuePath {
     /// The queue's name: 1 to 128 characters, no control characters
     /// (percent-encoded in the path).
-    #[param(min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$")]
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub name: String,
 }
 

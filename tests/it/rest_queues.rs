@@ -111,14 +111,21 @@ async fn queues_are_listed_read_paused_and_resumed_with_an_audit_row_each() {
     assert_eq!(s, StatusCode::ACCEPTED, "{task}");
     assert_eq!(task["queue"], "mail");
     let (_, mail) = api.get("/api/queues/mail").await;
-    assert_eq!((&mail["pending"], &mail["started"], &mail["workers"]), (&json!(2), &json!(1), &json!(1)));
+    assert_eq!(
+        (&mail["pending"], &mail["started"], &mail["workers"]),
+        (&json!(2), &json!(1), &json!(1))
+    );
     let (s, e) = api.post("/api/queues/never-used/resume", json!({})).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{e}");
 
     assert_eq!(
         operator_actions(&api).await,
         [
-            ("queue:odd one/x".into(), "i-test".into(), "queue_pause".into()),
+            (
+                "queue:odd one/x".into(),
+                "i-test".into(),
+                "queue_pause".into()
+            ),
             ("queue:mail".into(), "i-test".into(), "queue_pause".into()),
             ("queue:mail".into(), "i-test".into(), "queue_resume".into()),
         ]

@@ -141,14 +141,19 @@ mod db {
         conn: &mut PgConnection,
         schema: &Schema,
     ) -> Result<Vec<QueueInfo>, QueueError> {
-        crate::db::atomically!(conn, schema, Result<Vec<QueueInfo>, QueueError>, async {
-            Ok(schema
-                .query_as(SELECT)
-                .bind(None::<&str>)
-                .fetch_all(&mut *conn)
-                .await?)
-        }
-        .await)
+        crate::db::atomically!(
+            conn,
+            schema,
+            Result<Vec<QueueInfo>, QueueError>,
+            async {
+                Ok(schema
+                    .query_as(SELECT)
+                    .bind(None::<&str>)
+                    .fetch_all(&mut *conn)
+                    .await?)
+            }
+            .await
+        )
     }
 
     /// Queue `name` with its figures; `None` when no task ever used the
@@ -159,14 +164,19 @@ mod db {
         name: &str,
     ) -> Result<Option<QueueInfo>, QueueError> {
         check(name)?;
-        crate::db::atomically!(conn, schema, Result<Option<QueueInfo>, QueueError>, async {
-            Ok(schema
-                .query_as(SELECT)
-                .bind(name)
-                .fetch_optional(&mut *conn)
-                .await?)
-        }
-        .await)
+        crate::db::atomically!(
+            conn,
+            schema,
+            Result<Option<QueueInfo>, QueueError>,
+            async {
+                Ok(schema
+                    .query_as(SELECT)
+                    .bind(name)
+                    .fetch_optional(&mut *conn)
+                    .await?)
+            }
+            .await
+        )
     }
 
     /// Pauses queue `name` on behalf of `by` (creating its row when no task

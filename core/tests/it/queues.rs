@@ -66,7 +66,10 @@ async fn a_bulk_enqueue_creates_a_row_per_new_queue_and_only_those() {
         .unwrap()
         .expect("queue a");
     // 100 of the bulk enqueue, and `tasks[1]` again.
-    assert_eq!((a.pending, a.started, a.failed, a.paused), (101, 0, 0, false));
+    assert_eq!(
+        (a.pending, a.started, a.failed, a.paused),
+        (101, 0, 0, false)
+    );
     assert!(a.oldest_pending_age_ms.is_some_and(|ms| ms >= 0));
     assert!(
         queues::get(&mut conn, &Default::default(), "never-used")
@@ -87,7 +90,10 @@ async fn a_bulk_enqueue_creates_a_row_per_new_queue_and_only_those() {
         Err(QueueError::NotFound(_))
     ));
     let listed = queues::list(&mut conn, &Default::default()).await.unwrap();
-    let listed: Vec<(&str, i64)> = listed.iter().map(|q| (q.name.as_str(), q.pending)).collect();
+    let listed: Vec<(&str, i64)> = listed
+        .iter()
+        .map(|q| (q.name.as_str(), q.pending))
+        .collect();
     assert_eq!(listed, [("a", 101), ("b", 100), ("c", 101), ("d", 1)]);
 }
 
@@ -157,12 +163,19 @@ async fn claims_skip_a_paused_queue_on_every_path_and_a_resume_claims_again() {
     )
     .await
     .unwrap();
-    assert!(batch.tasks.is_empty() && !batch.passed_over, "a batch claim");
+    assert!(
+        batch.tasks.is_empty() && !batch.passed_over,
+        "a batch claim"
+    );
     // The other queue is not affected.
     assert_eq!(claim(&db, "default", "w1").await.unwrap().id, other.id);
     for t in &mail {
         assert_eq!(
-            store::get(&mut conn, &schema, t.id).await.unwrap().unwrap().status,
+            store::get(&mut conn, &schema, t.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
             TaskStatus::Pending
         );
     }
@@ -183,8 +196,16 @@ async fn claims_skip_a_paused_queue_on_every_path_and_a_resume_claims_again() {
     assert_eq!(
         audit,
         [
-            ("queue:mail".into(), "ops@example".into(), "queue_pause".into()),
-            ("queue:mail".into(), "ops@example".into(), "queue_resume".into()),
+            (
+                "queue:mail".into(),
+                "ops@example".into(),
+                "queue_pause".into()
+            ),
+            (
+                "queue:mail".into(),
+                "ops@example".into(),
+                "queue_resume".into()
+            ),
         ]
     );
 }
@@ -200,7 +221,9 @@ async fn a_late_task_of_a_paused_queue_waits_for_the_resume() {
     let first = claim(&db, "mail", "w1").await.unwrap();
     assert_eq!(first.id, task.id);
     let mut conn = db.pool.acquire().await.unwrap();
-    queues::pause(&mut conn, &schema, "mail", "ops").await.unwrap();
+    queues::pause(&mut conn, &schema, "mail", "ops")
+        .await
+        .unwrap();
     sqlx::query("UPDATE tasks SET must_heartbeat_before = now() - interval '1 ms' WHERE id = $1")
         .bind(task.id)
         .execute(&db.pool)
@@ -212,8 +235,12 @@ async fn a_late_task_of_a_paused_queue_waits_for_the_resume() {
         .await
         .unwrap();
     assert!(claim(&db, "mail", "w2").await.is_none());
-    queues::resume(&mut conn, &schema, "mail", "ops").await.unwrap();
-    let taken = claim(&db, "mail", "w2").await.expect("taken over after the resume");
+    queues::resume(&mut conn, &schema, "mail", "ops")
+        .await
+        .unwrap();
+    let taken = claim(&db, "mail", "w2")
+        .await
+        .expect("taken over after the resume");
     assert_eq!((taken.id, taken.fencing_token), (task.id, Some(2)));
 }
 
@@ -227,8 +254,13 @@ async fn started_tasks_of_a_paused_queue_heartbeat_complete_and_fail_normally() 
     let a = claim(&db, "mail", "w1").await.unwrap();
     let b = claim(&db, "mail", "w2").await.unwrap();
     let mut conn = db.pool.acquire().await.unwrap();
-    queues::pause(&mut conn, &schema, "mail", "ops").await.unwrap();
-    let during = queues::get(&mut conn, &schema, "mail").await.unwrap().unwrap();
+    queues::pause(&mut conn, &schema, "mail", "ops")
+        .await
+        .unwrap();
+    let during = queues::get(&mut conn, &schema, "mail")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((during.started, during.workers), (2, 2));
     store::heartbeat(&mut conn, &schema, a.id, &holder("w1"), 1, TTL)
         .await
@@ -256,7 +288,10 @@ async fn started_tasks_of_a_paused_queue_heartbeat_complete_and_fail_normally() 
         .await
         .unwrap();
     assert!(claim(&db, "mail", "w3").await.is_none());
-    let after = queues::get(&mut conn, &schema, "mail").await.unwrap().unwrap();
+    let after = queues::get(&mut conn, &schema, "mail")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (after.pending, after.started, after.completed_last_minute),
         (1, 0, 1)
@@ -270,12 +305,17 @@ async fn a_queue_paused_before_its_first_task_stays_paused() {
     let db = TestDb::new().await;
     let schema = Default::default();
     let mut conn = db.pool.acquire().await.unwrap();
-    let q = queues::pause(&mut conn, &schema, "later", "ops").await.unwrap();
+    let q = queues::pause(&mut conn, &schema, "later", "ops")
+        .await
+        .unwrap();
     assert!(q.paused);
     assert_eq!(q.pending, 0);
     enqueue(&db, "later").await;
     assert!(claim(&db, "later", "w1").await.is_none());
-    let q = queues::get(&mut conn, &schema, "later").await.unwrap().unwrap();
+    let q = queues::get(&mut conn, &schema, "later")
+        .await
+        .unwrap()
+        .unwrap();
     assert!(q.paused);
     assert_eq!(q.pending, 1);
 }
@@ -292,8 +332,14 @@ async fn the_claim_plan_stays_an_index_scan() {
     .execute(&db.pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE tasks").execute(&db.pool).await.unwrap();
-    sqlx::query("ANALYZE queues").execute(&db.pool).await.unwrap();
+    sqlx::query("ANALYZE tasks")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE queues")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let schema: leasekeeper_core::db::Schema = Default::default();
     let sql = schema.sql(&leasekeeper_core::queue::store::sql::claim(1, false));
     let plan: Vec<String> = sqlx::query_scalar(&format!(
@@ -310,8 +356,14 @@ async fn the_claim_plan_stays_an_index_scan() {
         plan.contains("Index Scan using tasks_pending_idx"),
         "the pending tasks by index:\n{plan}"
     );
-    assert!(!plan.contains("Seq Scan on tasks"), "no scan of tasks:\n{plan}");
-    assert!(plan.contains("One-Time Filter"), "the pause test once:\n{plan}");
+    assert!(
+        !plan.contains("Seq Scan on tasks"),
+        "no scan of tasks:\n{plan}"
+    );
+    assert!(
+        plan.contains("One-Time Filter"),
+        "the pause test once:\n{plan}"
+    );
 }
 
 async fn status(db: &TestDb, id: i64) -> TaskStatus {
@@ -327,7 +379,7 @@ async fn status(db: &TestDb, id: i64) -> TaskStatus {
 /// resume, its idle workers claim within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_finishes_what_it_started_claims_nothing_while_paused_and_resumes_within_a_second()
-{
+ {
     use leasekeeper_core::worker::handler::{Done, Job, TaskContext};
     use leasekeeper_core::worker::runtime::Runtime;
     let db = TestDb::new().await;
@@ -349,19 +401,30 @@ async fn a_runtime_finishes_what_it_started_claims_nothing_while_paused_and_resu
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut conn = db.pool.acquire().await.unwrap();
-    queues::pause(&mut conn, &schema, "mail", "ops").await.unwrap();
+    queues::pause(&mut conn, &schema, "mail", "ops")
+        .await
+        .unwrap();
     let waiting = [enqueue(&db, "mail").await, enqueue(&db, "mail").await];
     let start = tokio::time::Instant::now();
     while status(&db, running.id).await != TaskStatus::Processed {
-        assert!(start.elapsed() < Duration::from_secs(10), "the started task did not finish");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the started task did not finish"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Longer than the workers' poll: they looked, and took nothing.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for t in &waiting {
-        assert_eq!(status(&db, t.id).await, TaskStatus::Pending, "claimed while paused");
+        assert_eq!(
+            status(&db, t.id).await,
+            TaskStatus::Pending,
+            "claimed while paused"
+        );
     }
-    queues::resume(&mut conn, &schema, "mail", "ops").await.unwrap();
+    queues::resume(&mut conn, &schema, "mail", "ops")
+        .await
+        .unwrap();
     let resumed = tokio::time::Instant::now();
     loop {
         let mut claimed = 0;
