@@ -171,6 +171,17 @@ mod server {
         }
     }
 
+    impl From<leasekeeper_core::queue::queues::QueueError> for AppError {
+        fn from(err: leasekeeper_core::queue::queues::QueueError) -> Self {
+            use leasekeeper_core::queue::queues::QueueError;
+            match err {
+                QueueError::NotFound(_) => AppError::NotFound(err.to_string()),
+                QueueError::BadInput(msg) => AppError::BadRequest(msg),
+                QueueError::Db(e) => AppError::from(e),
+            }
+        }
+    }
+
     impl From<crate::worker::fleet::FleetError> for AppError {
         fn from(err: crate::worker::fleet::FleetError) -> Self {
             use crate::worker::fleet::FleetError;

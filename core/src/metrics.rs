@@ -56,6 +56,13 @@ pub const SCHEDULE_LATENESS_SECONDS: &str = "leasekeeper_schedule_lateness_secon
 pub const SCHEDULE_TICKS_CAUGHT_UP_TOTAL: &str = "leasekeeper_schedule_ticks_caught_up_total";
 /// Gauge, label `status`: tasks by status (set by the host when scraped).
 pub const TASKS: &str = "leasekeeper_tasks";
+/// Gauge, labels `queue` and `status` (`pending`, `started`, `failed`):
+/// tasks of each queue by status (set by the host when scraped, from
+/// [`crate::queue::queues::list`]).
+pub const QUEUE_DEPTH: &str = "leasekeeper_queue_depth";
+/// Gauge, label `queue`: seconds the queue's longest-waiting due pending
+/// task has waited (0 when none is due; set by the host when scraped).
+pub const QUEUE_OLDEST_PENDING_SECONDS: &str = "leasekeeper_queue_oldest_pending_seconds";
 
 /// The values of [`STALE_WRITES_REFUSED_TOTAL`]'s label `source` that
 /// carry no queue and kind.
@@ -94,6 +101,12 @@ pub fn describe() {
         "Time from the old holder's last renewal to another holder's term."
     );
     describe_gauge!(TASKS, "Tasks by status.");
+    describe_gauge!(QUEUE_DEPTH, "Tasks of each queue by status.");
+    describe_gauge!(
+        QUEUE_OLDEST_PENDING_SECONDS,
+        Unit::Seconds,
+        "How long each queue's longest-waiting due pending task has waited."
+    );
     describe_counter!(
         SCHEDULE_TICKS_TOTAL,
         "Schedule ticks fired by this process, by schedule."

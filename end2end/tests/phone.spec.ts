@@ -50,12 +50,17 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
   ).json();
   let worker: { id: string } | undefined;
   try {
-    for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/instances", "/audit"]) {
+    for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/queues", "/instances", "/audit"]) {
       await page.goto(path);
       await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
       await expectNoSidewaysScroll(page);
       await expectControlsOnScreen(page, 'header a, [data-testid^="filter-"], [data-testid$="-lookup-submit"]');
     }
+
+    // The queues table's pause buttons stay in reach (the sticky column).
+    await page.goto("/queues");
+    await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
+    await expectControlsOnScreen(page, '[data-testid="queue-pause"], [data-testid="queue-resume"]');
 
     await page.goto(`/tasks?id=${task.id}`);
     await expect(page.getByTestId("detail-data")).toContainText("xxxx");

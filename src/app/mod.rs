@@ -9,6 +9,7 @@ mod instances;
 mod leases;
 pub mod live;
 mod overview;
+mod queues;
 mod schedules;
 mod tasks;
 pub mod time;
@@ -29,6 +30,7 @@ pub use leases::{
     ForceReleaseLease, LeasesPage, force_release_lease, get_lease_detail, get_leases,
 };
 pub use overview::{OverviewPage, get_overview};
+pub use queues::{ControlQueue, QueuesPage, control_queue, get_queues};
 pub use schedules::{ControlSchedule, SchedulesPage, control_schedule, get_schedules};
 pub use tasks::{
     ControlTask, ControlTasks, GetTasks, TasksPage, control_task, control_tasks, get_task_detail,
@@ -108,6 +110,7 @@ pub fn App() -> impl IntoView {
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
+                        <a href="/queues" class="hover:text-slate-900" data-testid="nav-queues">"Queues"</a>
                         <a href="/schedules" class="hover:text-slate-900" data-testid="nav-schedules">"Schedules"</a>
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
                         <a href="/audit" class="hover:text-slate-900" data-testid="nav-audit">"Audit"</a>
@@ -124,6 +127,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("queues") view=QueuesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("schedules") view=SchedulesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("instances") view=InstancesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("audit") view=audit::AuditPage ssr=SsrMode::Async/>

@@ -9,7 +9,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use leasekeeper_core::metrics::{FAILOVER_SECONDS, LEASE_RENEW_SECONDS, TASKS, describe};
+use leasekeeper_core::metrics::{
+    FAILOVER_SECONDS, LEASE_RENEW_SECONDS, QUEUE_DEPTH, QUEUE_OLDEST_PENDING_SECONDS, TASKS,
+    describe,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 
@@ -52,6 +55,32 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+/// The per-queue gauges, from one reading of every queue. (A queue row is
+/// never deleted, so no gauge is left behind with a stale value.)
+async fn set_queue_gauges(s: &AppState) {
+    let read = async {
+        let mut conn = s.pool.acquire().await?;
+        leasekeeper_core::queue::queues::list(&mut conn, s.schema()).await
+    };
+    match read.await {
+        Ok(queues) => {
+            for q in queues {
+                for (status, n) in [
+                    ("pending", q.pending),
+                    ("started", q.started),
+                    ("failed", q.failed),
+                ] {
+                    metrics::gauge!(QUEUE_DEPTH, "queue" => q.name.clone(), "status" => status)
+                        .set(n as f64);
+                }
+                metrics::gauge!(QUEUE_OLDEST_PENDING_SECONDS, "queue" => q.name)
+                    .set(q.oldest_pending_age_ms.unwrap_or(0) as f64 / 1000.0);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics: cannot read the queues"),
+    }
+}
+
 /// `GET /metrics`.
 pub fn route() -> axum::Router<AppState> {
     axum::Router::new().route("/metrics", get(render))
@@ -62,7 +91,7 @@ pub fn route() -> axum::Router<AppState> {
     path = "/metrics",
     tag = "metrics",
     summary = "Prometheus metrics",
-    description = "Task counts by status (read from the database at each scrape, the whole cluster) and this process's counters and histograms: claims, takeovers, refused stale writes, renewal and failover times.",
+    description = "Task counts by status and per queue (`leasekeeper_queue_depth`, `leasekeeper_queue_oldest_pending_seconds`; read from the database at each scrape, the whole cluster) and this process's counters and histograms: claims, takeovers, refused stale writes, renewal and failover times.",
     responses(
         (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
         (status = 503, description = "Another metrics recorder was installed first", content_type = "text/plain", body = String),
@@ -93,6 +122,7 @@ async fn render(State(s): State<AppState>) -> Response {
         }
         Err(e) => tracing::warn!(error = %e, "metrics: cannot read the task counts"),
     }
+    set_queue_gauges(&s).await;
     handle.run_upkeep();
     (
         [(

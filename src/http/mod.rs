@@ -14,6 +14,7 @@ pub mod origin;
 pub mod overview;
 pub mod paging;
 pub mod params;
+pub mod queues;
 pub mod responses;
 pub mod schedules;
 pub mod server_fns;
@@ -45,6 +46,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(workers::routes())
         .merge(generator::routes())
         .merge(schedules::routes())
+        .merge(queues::routes())
         .merge(instances::routes())
         .merge(overview::routes())
         .merge(audit::routes())

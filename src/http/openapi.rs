@@ -9,8 +9,8 @@
 //! definitions in `src/http/`, both ways.
 
 use super::{
-    audit, events, generator, health, instances, leases, metrics, overview, schedules, tasks,
-    workers,
+    audit, events, generator, health, instances, leases, metrics, overview, queues, schedules,
+    tasks, workers,
 };
 use crate::error::ErrorBody;
 use axum::Router;
@@ -49,7 +49,7 @@ Lease and task lists also take `after=ID` instead, oldest first, without a \
 `Link` header; `before` and `after` together are refused.
 
 **Operator routes** (generator start/stop, worker spawn/pause/kill, \
-instance kill, force-release, task cancel/retry, every schedule change) need the admin token when \
+instance kill, force-release, task cancel/retry, queue pause/resume, every schedule change) need the admin token when \
 the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
 <token>`, else 401. Without one set they are open. Each writes an \
 `operator` row to `lease_events` in the action's own transaction \
@@ -99,6 +99,10 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         generator::status,
         generator::start,
         generator::stop,
+        queues::list,
+        queues::get_one,
+        queues::pause,
+        queues::resume,
         schedules::list,
         schedules::get_one,
         schedules::declare,
@@ -124,6 +128,7 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         (name = "tasks", description = "The task queue: every claim is a lease on `task:<id>`"),
         (name = "workers", description = "Simulated workers and worker processes"),
         (name = "generator", description = "The lease-guarded task generator"),
+        (name = "queues", description = "Queues: their depth and throughput, and the operator's pause"),
         (name = "schedules", description = "Cron-declared periodic tasks, each tick fired once under the scheduler's fenced lease"),
         (name = "instances", description = "The leasekeeper processes sharing the database"),
         (name = "overview", description = "Counts, throughput, the split-brain check"),

@@ -340,7 +340,7 @@ async fn enqueue_batch(
     path = "/api/tasks/next",
     tag = "tasks",
     summary = "Claim the next task",
-    description = "Late tasks (started, lease expired) first, then pending ones by `priority` and `scheduled_at`, within one queue. The claim is a lease on `task:<id>`; its `fencing_token` must accompany every heartbeat, completion and failure.",
+    description = "Late tasks (started, lease expired) first, then pending ones by `priority` and `scheduled_at`, within one queue; nothing from a paused queue. The claim is a lease on `task:<id>`; its `fencing_token` must accompany every heartbeat, completion and failure.",
     request_body = ClaimRequest,
     responses(
         (status = 202, description = "The claimed task, with its fencing token", body = Task),

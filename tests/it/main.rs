@@ -19,6 +19,7 @@ mod overview;
 mod paging;
 mod rest_leases;
 mod rest_origin;
+mod rest_queues;
 mod rest_schedules;
 mod rest_tasks;
 mod rest_workers;

@@ -101,6 +101,16 @@ const KNOWN: &[(&str, &[Arg])] = &[
         ],
     ),
     ("get_overview", &[]),
+    ("get_queues", &[]),
+    (
+        "control_queue",
+        &[
+            // A resume never creates a queue: a call that passes every
+            // check answers 404 and changes nothing.
+            arg("name", Kind::Text, "no-such-queue"),
+            arg("action", Kind::Text, "resume"),
+        ],
+    ),
     ("get_schedules", &[]),
     (
         "control_schedule",

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "postgres")]
 pub mod control;
+pub mod queues;
 #[cfg(feature = "postgres")]
 pub mod store;
 #[cfg(feature = "postgres")]

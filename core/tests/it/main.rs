@@ -15,6 +15,7 @@ mod lease_race;
 mod lease_store;
 mod overview;
 mod pooler;
+mod queues;
 mod retention;
 mod schedules;
 mod singleton;

@@ -260,12 +260,15 @@ async fn claim_carefully(
             // it (claims never serialize, and no OFFSET scan is needed). The
             // WHERE is re-checked on the locked row version, so a task that a
             // committed transaction just finished or re-claimed is not taken.
-            // Late claims first: they are older than anything pending.
+            // Late claims first: they are older than anything pending. A
+            // paused queue gives nothing (`sql::RUNNING` says why it is
+            // tested per statement).
             let late: Option<Candidate> = schema
                 .query_as(
                     "SELECT id, status, attempts, max_attempts FROM $schema.tasks
                   WHERE status = 'started' AND must_heartbeat_before <= now() AND id <> ALL($1)
                     AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
+                    AND NOT EXISTS (SELECT 1 FROM $schema.queues q WHERE q.name = $2 AND q.paused)
                   ORDER BY must_heartbeat_before, id
                   LIMIT 1 FOR UPDATE SKIP LOCKED",
                 )
@@ -283,6 +286,7 @@ async fn claim_carefully(
                             "SELECT id, status, attempts, max_attempts FROM $schema.tasks
                           WHERE status = 'pending' AND scheduled_at <= now() AND id <> ALL($1)
                             AND queue = $2 AND ($3::text[] IS NULL OR kind = ANY($3))
+                            AND NOT EXISTS (SELECT 1 FROM $schema.queues q WHERE q.name = $2 AND q.paused)
                           ORDER BY priority, scheduled_at, id
                           LIMIT 1 FOR UPDATE SKIP LOCKED",
                         )

@@ -1,0 +1,275 @@
+//! Queues as things an operator sees and pauses: one row per queue name in
+//! `queues`, created with the queue's first task (a trigger on `tasks`), or
+//! by a pause of a name no task has used yet, so the queue is paused when
+//! its first task arrives.
+//!
+//! - **Pause** is effective at the next claim, in the database: every claim
+//!   statement reads the flag itself (see
+//!   [`store::sql::RUNNING`](crate::queue::store::sql::RUNNING)), so no
+//!   runtime, simulated worker or REST claimer anywhere takes a task of a
+//!   paused queue once the pause has committed; nothing has to be told.
+//!   Tasks already started run on and finish normally (their heartbeats,
+//!   completions and failure reports are not affected); a task whose
+//!   claim runs out while its queue is paused waits for the resume like a
+//!   pending one.
+//! - **Resume** clears the flag and announces
+//!   [`Topics::WORK`](crate::live::Topics::WORK) after its commit, so idle
+//!   workers of every instance claim at once instead of at their next poll.
+//!
+//! Each change writes an `operator` row to `lease_events` on resource
+//! `queue:<name>` (action `queue_pause` or `queue_resume`) in the same
+//! transaction; pausing a paused queue (or resuming a running one) changes
+//! nothing and writes nothing.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), leasekeeper_core::queue::queues::QueueError> {
+//! use leasekeeper_core::queue::queues;
+//! let mut conn = pool.acquire().await?;
+//! let schema = leasekeeper_core::db::Schema::of(&pool);
+//! let mail = queues::pause(&mut conn, &schema, "mail", "ops@example").await?;
+//! assert!(mail.paused);
+//! // ... mail's started tasks finish; nothing new of `mail` is claimed ...
+//! queues::resume(&mut conn, &schema, "mail", "ops@example").await?;
+//! for q in queues::list(&mut conn, &schema).await? {
+//!     println!("{}: {} pending, oldest {:?} ms", q.name, q.pending, q.oldest_pending_age_ms);
+//! }
+//! # Ok(()) }
+//! ```
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// A queue and its figures now (the type is shared with the browser).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QueueInfo {
+    /// The queue's name (what tasks name in `queue`).
+    pub name: String,
+    /// Claims skip the queue's tasks while true.
+    pub paused: bool,
+    /// When the current pause began; null while running.
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Tasks waiting to be claimed (due now or later).
+    pub pending: i64,
+    /// Tasks claimed and running.
+    pub started: i64,
+    /// Tasks that gave up after their attempts (until pruned).
+    pub failed: i64,
+    /// How long the longest-waiting due pending task has been due, in
+    /// milliseconds (by the database clock); null when none is due.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// Tasks of the queue completed in the last 60 seconds.
+    pub completed_last_minute: i64,
+    /// Workers running a task of the queue now (distinct processors of its
+    /// started tasks).
+    pub workers: i64,
+}
+
+/// The lease-history resource an operator's change of a queue is recorded
+/// on: `queue:<name>`.
+pub fn resource(name: &str) -> String {
+    format!("queue:{name}")
+}
+
+#[cfg(feature = "postgres")]
+pub use db::*;
+
+#[cfg(feature = "postgres")]
+mod db {
+    use super::{QueueInfo, resource};
+    use crate::db::Schema;
+    use crate::live::{self, Topics};
+    use serde_json::json;
+    use sqlx::{Connection, PgConnection};
+
+    /// Why a queue operation did not happen.
+    #[derive(Debug, thiserror::Error)]
+    pub enum QueueError {
+        /// No task ever used that name, and nobody paused it.
+        #[error("no queue named {0:?}")]
+        NotFound(String),
+        /// Not a queue name (the rules of [`crate::queue::check_name`]).
+        #[error("{0}")]
+        BadInput(String),
+        /// The database failed.
+        #[error("database: {0}")]
+        Db(#[from] sqlx::Error),
+    }
+
+    /// Refuses what cannot be a queue's name.
+    pub fn check(name: &str) -> Result<(), QueueError> {
+        crate::queue::check_name("queue", name).map_err(QueueError::BadInput)
+    }
+
+    /// The figures of every queue (`$1` null) or of queue `$1`, by name.
+    /// Reads the pending, started and failed tasks (`tasks_status_id_idx`),
+    /// and the tasks finished in the last minute (`tasks_finished_idx`),
+    /// never the processed history.
+    const SELECT: &str = "
+        WITH live AS (
+            SELECT queue,
+                   count(*) FILTER (WHERE status = 'pending') AS pending,
+                   count(*) FILTER (WHERE status = 'started') AS started,
+                   count(*) FILTER (WHERE status = 'failed') AS failed,
+                   min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= now()) AS oldest_due,
+                   count(DISTINCT processor) FILTER (WHERE status = 'started') AS workers
+              FROM $schema.tasks
+             WHERE status IN ('pending', 'started', 'failed') AND ($1::text IS NULL OR queue = $1)
+             GROUP BY queue
+        ), recent AS (
+            SELECT queue, count(*) AS completed
+              FROM $schema.tasks
+             WHERE greatest(processed_at, failed_at, cancelled_at) > now() - interval '1 minute'
+               AND status = 'processed' AND ($1::text IS NULL OR queue = $1)
+             GROUP BY queue
+        )
+        SELECT q.name, q.paused, q.paused_at,
+               coalesce(live.pending, 0) AS pending, coalesce(live.started, 0) AS started,
+               coalesce(live.failed, 0) AS failed,
+               (EXTRACT(EPOCH FROM (now() - live.oldest_due)) * 1000)::bigint AS oldest_pending_age_ms,
+               coalesce(recent.completed, 0) AS completed_last_minute,
+               coalesce(live.workers, 0) AS workers
+          FROM $schema.queues q
+          LEFT JOIN live ON live.queue = q.name
+          LEFT JOIN recent ON recent.queue = q.name
+         WHERE ($1::text IS NULL OR q.name = $1)
+         ORDER BY q.name";
+
+    /// Every queue, by name, with its figures.
+    pub async fn list(
+        conn: &mut PgConnection,
+        schema: &Schema,
+    ) -> Result<Vec<QueueInfo>, QueueError> {
+        crate::db::atomically!(
+            conn,
+            schema,
+            Result<Vec<QueueInfo>, QueueError>,
+            async {
+                Ok(schema
+                    .query_as(SELECT)
+                    .bind(None::<&str>)
+                    .fetch_all(&mut *conn)
+                    .await?)
+            }
+            .await
+        )
+    }
+
+    /// Queue `name` with its figures; `None` when no task ever used the
+    /// name and nobody paused it. A bad name is [`QueueError::BadInput`].
+    pub async fn get(
+        conn: &mut PgConnection,
+        schema: &Schema,
+        name: &str,
+    ) -> Result<Option<QueueInfo>, QueueError> {
+        check(name)?;
+        crate::db::atomically!(
+            conn,
+            schema,
+            Result<Option<QueueInfo>, QueueError>,
+            async {
+                Ok(schema
+                    .query_as(SELECT)
+                    .bind(name)
+                    .fetch_optional(&mut *conn)
+                    .await?)
+            }
+            .await
+        )
+    }
+
+    /// Pauses queue `name` on behalf of `by` (creating its row when no task
+    /// used it yet); see the module. Answers the queue.
+    pub async fn pause(
+        conn: &mut PgConnection,
+        schema: &Schema,
+        name: &str,
+        by: &str,
+    ) -> Result<QueueInfo, QueueError> {
+        set_paused(conn, schema, name, true, by).await
+    }
+
+    /// Resumes queue `name` on behalf of `by` and wakes idle workers; see
+    /// the module. [`QueueError::NotFound`] for a name never used.
+    pub async fn resume(
+        conn: &mut PgConnection,
+        schema: &Schema,
+        name: &str,
+        by: &str,
+    ) -> Result<QueueInfo, QueueError> {
+        set_paused(conn, schema, name, false, by).await
+    }
+
+    /// [`pause`] (`paused`) or [`resume`] queue `name`.
+    pub async fn set_paused(
+        conn: &mut PgConnection,
+        schema: &Schema,
+        name: &str,
+        paused: bool,
+        by: &str,
+    ) -> Result<QueueInfo, QueueError> {
+        check(name)?;
+        crate::db::atomically!(conn, schema, Result<QueueInfo, QueueError>, async {
+            // The page's rows change either way; a resume is new work too.
+            let _announced = live::announce_on_return(Topics::TASKS);
+            let mut tx = conn.begin().await?;
+            // Race prevented: two operators (or an operator and the first
+            // enqueue of the queue) changing one queue at once. The upsert
+            // locks the row (or inserts it, meeting the enqueue's trigger on
+            // the primary key); the flag test `paused <> $2` is re-checked on
+            // the newest version under that lock, so exactly one of two
+            // pauses changes the row and writes the audit row, the other
+            // changes nothing. A resume of a name never used inserts nothing.
+            let changed: Option<String> = if paused {
+                schema
+                    .query_scalar(
+                        "INSERT INTO $schema.queues AS q (name, paused, paused_at, updated_at)
+                         VALUES ($1, true, now(), now())
+                         ON CONFLICT (name) DO UPDATE
+                            SET paused = true, paused_at = now(), updated_at = now()
+                          WHERE NOT q.paused
+                         RETURNING name",
+                    )
+                    .bind(name)
+                    .fetch_optional(&mut *tx)
+                    .await?
+            } else {
+                schema
+                    .query_scalar(
+                        "UPDATE $schema.queues
+                            SET paused = false, paused_at = NULL, updated_at = now()
+                          WHERE name = $1 AND paused
+                         RETURNING name",
+                    )
+                    .bind(name)
+                    .fetch_optional(&mut *tx)
+                    .await?
+            };
+            if changed.is_some() {
+                crate::lease::store::record_operator_action(
+                    &mut tx,
+                    schema,
+                    &resource(name),
+                    by,
+                    if paused { "queue_pause" } else { "queue_resume" },
+                    json!({ "queue": name }),
+                )
+                .await?;
+            }
+            let queue: Option<QueueInfo> = schema
+                .query_as(SELECT)
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            let queue = queue.ok_or_else(|| QueueError::NotFound(name.to_string()))?;
+            if !paused && changed.is_some() {
+                // After the commit: a worker woken now sees the flag cleared.
+                live::announce(Topics::WORK);
+            }
+            Ok(queue)
+        }
+        .await)
+    }
+}

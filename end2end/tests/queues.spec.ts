@@ -1,0 +1,96 @@
+import { test, expect, type APIRequestContext } from "@playwright/test";
+
+// The e2e server starts with no simulated workers, no chaos and a 3 s TTL
+// (see .ci/test); this test spawns the worker it needs. Simulated workers
+// serve the queue `default`, so that is the queue paused here; the test
+// resumes it whatever happens.
+
+/** Claims and completes every claimable task, so ours are the only work. */
+async function drain(request: APIRequestContext) {
+  const deadline = Date.now() + 15_000;
+  while (Date.now() < deadline) {
+    for (;;) {
+      const res = await request.post("/api/tasks/next", { data: { processor: "pw-drain" } });
+      if (res.status() !== 202) break;
+      const t = await res.json();
+      await request.put(`/api/tasks/${t.id}/complete`, {
+        data: { processor: "pw-drain", fencing_token: t.fencing_token, task_output: "drained" },
+      });
+    }
+    const started = await (await request.get("/api/tasks/started")).json();
+    const pending = await (await request.get("/api/tasks/pending")).json();
+    if (started.length === 0 && pending.length === 0) return;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error("other tests' tasks did not drain within 15 s");
+}
+
+async function enqueue(request: APIRequestContext, seconds: number) {
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: seconds } } });
+  expect(created.status()).toBe(201);
+  return await created.json();
+}
+
+async function statusOf(request: APIRequestContext, id: number): Promise<string> {
+  return (await (await request.get(`/api/tasks/${id}`)).json()).status;
+}
+
+test("pause a queue from the page: its started task finishes, nothing new is claimed until the resume", async ({ page, request }) => {
+  await request.delete("/api/generator/stop");
+  await request.post("/api/queues/default/resume");
+  await drain(request);
+  let worker: { id: string } | undefined;
+  try {
+    const running = await enqueue(request, 2);
+    const spawned = await request.post("/api/workers");
+    expect(spawned.status()).toBe(201);
+    worker = await spawned.json();
+    await expect.poll(() => statusOf(request, running.id), { timeout: 5_000 }).toBe("started");
+
+    await page.goto("/queues");
+    await expect(page.getByTestId("nav-queues")).toBeVisible();
+    const row = page.locator('[data-testid="queue-row"][data-queue="default"]');
+    await expect(row).toHaveAttribute("data-paused", "false");
+    await expect(row.getByTestId("queue-started")).toHaveText("1");
+    await expect(row.getByTestId("queue-workers")).toHaveText("1");
+    await row.getByTestId("queue-pause").click();
+    await expect(page.getByTestId("queue-action-result")).toHaveText("paused default");
+    await expect(row).toHaveAttribute("data-paused", "true");
+    await expect(row.getByTestId("queue-state")).toHaveText("paused");
+    const paused = await (await request.get("/api/queues/default")).json();
+    expect(paused.paused).toBe(true);
+
+    // Enqueued while paused: pending, and the row says so live.
+    const waiting = [await enqueue(request, 1), await enqueue(request, 1)];
+    await expect(row.getByTestId("queue-pending")).toHaveText("2");
+    // The task already started finishes normally.
+    await expect.poll(() => statusOf(request, running.id), { timeout: 6_000 }).toBe("processed");
+    // The worker is idle and looks for work every half second: for 3 s it
+    // claims nothing of the paused queue.
+    const until = Date.now() + 3_000;
+    while (Date.now() < until) {
+      for (const t of waiting) expect(await statusOf(request, t.id)).toBe("pending");
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    const stillPaused = await (await request.get("/api/queues/default")).json();
+    expect(stillPaused.pending).toBe(2);
+    expect(stillPaused.started).toBe(0);
+    await expect(row.getByTestId("queue-chart")).toBeVisible();
+
+    await row.getByTestId("queue-resume").click();
+    await expect(page.getByTestId("queue-action-result")).toHaveText("resumed default");
+    const resumedAt = Date.now();
+    await expect.poll(() => statusOf(request, waiting[0].id), { timeout: 2_000, intervals: [50] }).not.toBe("pending");
+    const claimedWithin = Date.now() - resumedAt;
+    expect(claimedWithin).toBeLessThan(2_000);
+    await expect(row).toHaveAttribute("data-paused", "false");
+
+    // The audit has both actions.
+    const audit = JSON.stringify(await (await request.get("/api/audit")).json());
+    expect(audit).toContain("queue_pause");
+    expect(audit).toContain("queue_resume");
+  } finally {
+    await request.post("/api/queues/default/resume");
+    if (worker) await request.post(`/api/workers/${worker.id}/kill`);
+  }
+});

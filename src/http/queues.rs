@@ -1,0 +1,147 @@
+//! `/api/queues`: every queue with its figures, one queue, and the
+//! operator's pause and resume (see [`leasekeeper_core::queue::queues`]).
+//! Pause and resume are operator actions (the admin token when one is set),
+//! recorded in `lease_events` on resource `queue:<name>`.
+
+use super::responses::Unauthorized;
+use crate::error::{AppError, ErrorBody};
+use crate::ops::Operator;
+use crate::state::AppState;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use leasekeeper_core::queue::queues::{self, QueueInfo};
+
+/// The queue routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/queues", get(list))
+        .route("/api/queues/{name}", get(get_one))
+        .route("/api/queues/{name}/pause", post(pause))
+        .route("/api/queues/{name}/resume", post(resume))
+}
+
+/// `{name}` of a queue route.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct QueuePath {
+    /// The queue's name: 1 to 128 characters, no control characters
+    /// (percent-encoded in the path).
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
+    pub name: String,
+}
+
+/// A queue name from the path, checked.
+pub struct Name(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Name {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+        queues::check(&raw)?;
+        Ok(Name(raw))
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/queues",
+    tag = "queues",
+    summary = "Every queue",
+    description = "By name: whether it is paused, its pending, started and failed tasks, how long its oldest due task has waited, its completions in the last minute and the workers running its tasks. A queue exists from its first task (or an operator's pause).",
+    responses((status = 200, description = "The queues", body = Vec<QueueInfo>))
+)]
+async fn list(State(s): State<AppState>) -> Result<Json<Vec<QueueInfo>>, AppError> {
+    Ok(Json(
+        queues::list(&mut *s.pool.acquire().await?, s.schema()).await?,
+    ))
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/queues/{name}",
+    tag = "queues",
+    summary = "One queue",
+    description = "Its flag and figures, as in the list.",
+    params(QueuePath),
+    responses(
+        (status = 200, description = "The queue", body = QueueInfo),
+        (status = 400, description = "Not a queue name", body = ErrorBody),
+        (status = 404, description = "No task ever used that queue, and nobody paused it", body = ErrorBody),
+    )
+)]
+async fn get_one(State(s): State<AppState>, Name(name): Name) -> Result<Json<QueueInfo>, AppError> {
+    queues::get(&mut *s.pool.acquire().await?, s.schema(), &name)
+        .await?
+        .map(Json)
+        .ok_or_else(|| AppError::NotFound(format!("no queue named {name:?}")))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/queues/{name}/pause",
+    tag = "queues",
+    summary = "Pause a queue (operator)",
+    description = "Effective at the next claim, in the database: no worker of any instance claims a task of the queue (pending, or late) until it is resumed; tasks already started finish normally. A name no task has used yet is created paused. Pausing a paused queue changes nothing. Audited in the same transaction.",
+    params(QueuePath),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The queue, `paused` true", body = QueueInfo),
+        (status = 400, description = "Not a queue name", body = ErrorBody),
+        Unauthorized,
+    )
+)]
+async fn pause(
+    State(s): State<AppState>,
+    _: Operator,
+    Name(name): Name,
+) -> Result<Json<QueueInfo>, AppError> {
+    Ok(Json(
+        queues::pause(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            &name,
+            &s.instance_id,
+        )
+        .await?,
+    ))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/queues/{name}/resume",
+    tag = "queues",
+    summary = "Resume a queue (operator)",
+    description = "Its tasks are claimed again; idle workers of every instance are woken at once. Resuming a running queue changes nothing. Audited in the same transaction.",
+    params(QueuePath),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The queue, `paused` false", body = QueueInfo),
+        (status = 400, description = "Not a queue name", body = ErrorBody),
+        (status = 404, description = "No such queue", body = ErrorBody),
+        Unauthorized,
+    )
+)]
+async fn resume(
+    State(s): State<AppState>,
+    _: Operator,
+    Name(name): Name,
+) -> Result<Json<QueueInfo>, AppError> {
+    Ok(Json(
+        queues::resume(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            &name,
+            &s.instance_id,
+        )
+        .await?,
+    ))
+}
