@@ -16,6 +16,7 @@ mod overview;
 mod pooler;
 mod retention;
 mod schedules;
+mod search;
 mod singleton;
 mod task_store;
 mod unique;
