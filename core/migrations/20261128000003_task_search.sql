@@ -9,5 +9,7 @@
 -- migrator holds (see db::migrate), and CREATE INDEX CONCURRENTLY cannot
 -- run in a transaction. So the build holds a SHARE lock on tasks: reads
 -- go on, but enqueues, claims, heartbeats and completions wait until it
--- commits (README, "Upgrading a database", says how long).
-CREATE INDEX tasks_data_idx ON tasks USING gin (task_data jsonb_path_ops);
+-- commits (README, "Upgrading a database", says how long). IF NOT EXISTS:
+-- an operator of a big table may build the same index CONCURRENTLY
+-- beforehand, and then this finds it and builds nothing.
+CREATE INDEX IF NOT EXISTS tasks_data_idx ON tasks USING gin (task_data jsonb_path_ops);
