@@ -20,6 +20,7 @@ mod paging;
 mod rest_leases;
 mod rest_origin;
 mod rest_schedules;
+mod rest_search;
 mod rest_tasks;
 mod rest_workers;
 mod runtime;

@@ -58,7 +58,6 @@ impl TaskSearch {
         queue: Option<&str>,
         data: Option<&str>,
     ) -> Result<TaskSearch, String> {
-        let given = |raw: Option<&str>| raw.filter(|r| !r.trim().is_empty());
         let status = match given(status) {
             None | Some("all") => None,
             Some(name) => Some(TaskStatus::parse(name).ok_or_else(|| {
@@ -117,6 +116,11 @@ impl TaskSearch {
             .collect::<Vec<_>>()
             .join("&")
     }
+}
+
+/// `raw`, unless it is blank.
+fn given(raw: Option<&str>) -> Option<&str> {
+    raw.filter(|r| !r.trim().is_empty())
 }
 
 /// `raw` as a data filter: a JSON object, `None` when it is empty.
@@ -181,7 +185,9 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_refused_naming_what_is_wrong() {
-        let err = |s, k, q, d| TaskSearch::parse(s, k, q, d).unwrap_err();
+        fn err(s: Option<&str>, k: Option<&str>, q: Option<&str>, d: Option<&str>) -> String {
+            TaskSearch::parse(s, k, q, d).unwrap_err()
+        }
         assert!(err(Some("done"), None, None, None).starts_with("status must be one of"));
         assert!(err(None, Some("a\u{7}b"), None, None).starts_with("kind must not"));
         assert!(err(None, None, Some(&"q".repeat(129)), None).starts_with("queue must be 1 to 128"));

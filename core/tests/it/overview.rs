@@ -361,7 +361,13 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
             }
         }
         // A data filter matching ten tasks among the million, alone and
-        // with a status or kind: the GIN index finds them.
+        // with a status or kind: the GIN index finds them, in a plan made
+        // with the filter's value. A generic plan cannot know how few match
+        // and walks the primary key (580 ms): the store never prepares a
+        // search by data (`a_search_by_data_is_never_a_prepared_statement`).
+        if mode == "force_generic_plan" {
+            continue;
+        }
         let data = serde_json::json!({"customer": 4242}).as_object().cloned();
         let searches = [
             TaskSearch { data: data.clone(), ..TaskSearch::default() },

@@ -131,7 +131,7 @@ async fn every_combination_of_filters_pages_through_exactly_the_matching_tasks()
         expected.reverse();
         assert_eq!(seen, expected, "oldest first, {search:?}");
     }
-    assert!(nonempty > 40, "the searches find something: {nonempty}");
+    assert!(nonempty >= 20, "the searches find something: {nonempty}");
 }
 
 #[tokio::test]
@@ -223,4 +223,43 @@ async fn a_bulk_action_with_a_data_filter_changes_exactly_what_the_list_shows() 
         .await
         .unwrap_err();
     assert!(err.to_string().contains("kind"), "{err}");
+}
+
+/// A search by data is planned with its value every time: no statement
+/// with `@>` stays prepared on the connection (a prepared one could switch
+/// to a generic plan that reads the whole table; see the plan test in
+/// `overview.rs`), while a search by kind alone is prepared as usual.
+#[tokio::test]
+async fn a_search_by_data_is_never_a_prepared_statement() {
+    let db = TestDb::new().await;
+    tasks(&db).await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    for _ in 0..8 {
+        let by_data = TaskSearch {
+            kind: Some("a".into()),
+            data: object(json!({"customer": 2})),
+            ..TaskSearch::default()
+        };
+        let page = store::list_page(&mut conn, &schema, by_data, Cursor::first())
+            .await
+            .unwrap();
+        assert!(!page.items.is_empty());
+        let by_kind = TaskSearch {
+            kind: Some("a".into()),
+            ..TaskSearch::default()
+        };
+        store::list_page(&mut conn, &schema, by_kind, Cursor::first())
+            .await
+            .unwrap();
+    }
+    let prepared: Vec<String> = sqlx::query_scalar(
+        "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%FROM%tasks%kind = $3%'",
+    )
+    .persistent(false)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(prepared.len(), 1, "{prepared:#?}");
+    assert!(!prepared[0].contains("@>"), "{prepared:#?}");
 }

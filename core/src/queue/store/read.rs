@@ -91,10 +91,21 @@ pub async fn list_page(
 
 /// Binds `search`'s kind, queue and data, those it has, in the order
 /// [`sql::list`] numbers them.
+///
+/// A search by data runs as an unnamed statement, planned anew with its
+/// values every time, never prepared and cached: after a few runs of a
+/// prepared statement PostgreSQL may switch to its generic plan, and a
+/// generic plan cannot know that `task_data @> $n` matches ten tasks among
+/// a million; it walks the primary key and reads the whole table (measured:
+/// 580 ms instead of a millisecond; `core/tests/it/overview.rs`). Planning
+/// costs a fraction of a millisecond.
 pub(crate) fn bind_search<'q, O>(
     mut query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
     search: &TaskSearch,
 ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    if search.data.is_some() {
+        query = query.persistent(false);
+    }
     if let Some(kind) = &search.kind {
         query = query.bind(kind.clone());
     }

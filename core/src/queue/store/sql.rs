@@ -127,7 +127,9 @@ pub(super) fn complete_at(clock: &str) -> String {
 /// (one statement per combination), and bound: they come from input. A
 /// data filter is `task_data @> $n`, which the GIN index `tasks_data_idx`
 /// (`jsonb_path_ops`) answers: a filter matching few tasks among millions
-/// reads those few, not the table (same test). Kind and queue have no
+/// reads those few, not the table (same test); but only in a plan made
+/// with the filter's value, so the store never prepares a search by data
+/// (see `bind_search`). Kind and queue have no
 /// index of their own: a list reads the newest tasks first and there are
 /// few kinds and queues, so a page of one is found near the top; a rare
 /// kind among millions of others reads far, and is best searched with its
