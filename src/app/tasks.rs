@@ -370,10 +370,7 @@ fn search_url(search: &TaskSearch) -> String {
 /// and the search lands in the URL, to share or reload. `raw` is the
 /// kind, queue and data as the URL has them, shown back even when bad.
 #[component]
-fn SearchForm(
-    search: Signal<TaskSearch>,
-    raw: Signal<(String, String, String)>,
-) -> impl IntoView {
+fn SearchForm(search: Signal<TaskSearch>, raw: Signal<(String, String, String)>) -> impl IntoView {
     let input = "rounded border border-slate-300 px-2 py-1 text-sm";
     let status = move || search.get().status.map(|s| s.as_str()).unwrap_or("all");
     view! {

@@ -39,7 +39,11 @@ async fn the_list_finds_tasks_by_data_kind_and_queue_across_pages() {
     let api = Api::new().await;
     let mut customer7 = Vec::new();
     for i in 0..12 {
-        let (kind, queue) = if i % 2 == 0 { ("email", "mail") } else { ("sms", "default") };
+        let (kind, queue) = if i % 2 == 0 {
+            ("email", "mail")
+        } else {
+            ("sms", "default")
+        };
         let id = enqueue(&api, kind, queue, json!({"customer": 7 - (i % 3), "i": i})).await;
         if i % 3 == 0 {
             customer7.push((id, kind, queue));
@@ -62,7 +66,10 @@ async fn the_list_finds_tasks_by_data_kind_and_queue_across_pages() {
     for (query, want) in [
         (format!("data={data}&kind=email"), vec!["email"]),
         (format!("data={data}&queue=default"), vec!["sms"]),
-        (format!("data={data}&status=pending&kind=sms&queue=default"), vec!["sms"]),
+        (
+            format!("data={data}&status=pending&kind=sms&queue=default"),
+            vec!["sms"],
+        ),
     ] {
         let (rows, _) = api.walk(&format!("/api/tasks?{query}&limit=1")).await;
         let expected: Vec<i64> = customer7
@@ -83,9 +90,15 @@ async fn the_list_finds_tasks_by_data_kind_and_queue_across_pages() {
         .await;
     assert_eq!((s, rows.as_array().unwrap().len()), (StatusCode::OK, 12));
     // Oldest first (`after`) with the search.
-    let (s, rows) = api.get(&format!("/api/tasks?after=0&data={data}&kind=email")).await;
+    let (s, rows) = api
+        .get(&format!("/api/tasks?after=0&data={data}&kind=email"))
+        .await;
     assert_eq!(s, StatusCode::OK);
-    let mut oldest: Vec<i64> = customer7.iter().filter(|c| c.1 == "email").map(|c| c.0).collect();
+    let mut oldest: Vec<i64> = customer7
+        .iter()
+        .filter(|c| c.1 == "email")
+        .map(|c| c.0)
+        .collect();
     oldest.reverse();
     assert_eq!(ids(rows.as_array().unwrap()), oldest);
 }
@@ -95,14 +108,29 @@ async fn bad_searches_answer_400_saying_what_is_wrong() {
     let api = Api::new().await;
     let long = format!(r#"{{"k":"{}"}}"#, "x".repeat(9000));
     for (query, says) in [
-        (format!("data={}", enc("[1,2]")), "data must be a JSON object, e.g. {\"customer\":7}"),
+        (
+            format!("data={}", enc("[1,2]")),
+            "data must be a JSON object, e.g. {\"customer\":7}",
+        ),
         (format!("data={}", enc("7")), "data must be a JSON object"),
-        (format!("data={}", enc("\"customer\"")), "data must be a JSON object"),
+        (
+            format!("data={}", enc("\"customer\"")),
+            "data must be a JSON object",
+        ),
         (format!("data={}", enc("{customer:7}")), "not JSON"),
-        (format!("data={}", enc(&long)), "data must be at most 8192 characters"),
+        (
+            format!("data={}", enc(&long)),
+            "data must be at most 8192 characters",
+        ),
         (format!("data={}", enc(r#"{"k":"a\u0000"}"#)), "NUL"),
-        (format!("kind={}", enc("a\u{7}b")), "kind must not contain control characters"),
-        (format!("queue={}", "q".repeat(129)), "queue must be 1 to 128 characters"),
+        (
+            format!("kind={}", enc("a\u{7}b")),
+            "kind must not contain control characters",
+        ),
+        (
+            format!("queue={}", "q".repeat(129)),
+            "queue must be 1 to 128 characters",
+        ),
         ("status=done".to_string(), "status must be one of"),
     ] {
         for path in ["/api/tasks", "/api/tasks/pending"] {
@@ -127,9 +155,15 @@ async fn the_bulk_cancel_takes_the_data_filter() {
     assert_eq!((s, count), (StatusCode::OK, json!({"count": 1})));
     let (_, ta) = api.get(&format!("/api/tasks/{a}")).await;
     let (_, tb) = api.get(&format!("/api/tasks/{b}")).await;
-    assert_eq!((ta["status"].as_str(), tb["status"].as_str()), (Some("cancelled"), Some("pending")));
+    assert_eq!(
+        (ta["status"].as_str(), tb["status"].as_str()),
+        (Some("cancelled"), Some("pending"))
+    );
     let (s, err) = api
-        .post("/api/tasks/cancel", json!({"status": "pending", "data": [1]}))
+        .post(
+            "/api/tasks/cancel",
+            json!({"status": "pending", "data": [1]}),
+        )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
 }

@@ -97,7 +97,9 @@ impl TaskSearch {
 
     /// The data filter as JSON text, if any.
     pub fn data_text(&self) -> Option<String> {
-        self.data.as_ref().map(|d| Value::Object(d.clone()).to_string())
+        self.data
+            .as_ref()
+            .map(|d| Value::Object(d.clone()).to_string())
     }
 
     /// The search as URL query parameters (`status=failed&kind=email&...`,
@@ -190,9 +192,14 @@ mod tests {
         }
         assert!(err(Some("done"), None, None, None).starts_with("status must be one of"));
         assert!(err(None, Some("a\u{7}b"), None, None).starts_with("kind must not"));
-        assert!(err(None, None, Some(&"q".repeat(129)), None).starts_with("queue must be 1 to 128"));
+        assert!(
+            err(None, None, Some(&"q".repeat(129)), None).starts_with("queue must be 1 to 128")
+        );
         for not_an_object in ["[1]", "7", "\"customer\"", "null", "true"] {
-            assert_eq!(err(None, None, None, Some(not_an_object)), DATA_NOT_AN_OBJECT);
+            assert_eq!(
+                err(None, None, None, Some(not_an_object)),
+                DATA_NOT_AN_OBJECT
+            );
         }
         assert!(err(None, None, None, Some("{customer:7}")).starts_with(DATA_NOT_AN_OBJECT));
         let long = format!(r#"{{"k":"{}"}}"#, "x".repeat(MAX_DATA_FILTER_CHARS));

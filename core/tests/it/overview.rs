@@ -8,8 +8,8 @@ use leasekeeper_core::counts::{self, Counts};
 use leasekeeper_core::db::Schema;
 use leasekeeper_core::lease::history::split_brain::{self, SplitBrain};
 use leasekeeper_core::lease::store as leases;
-use leasekeeper_core::queue::{TaskSearch, TaskStatus};
 use leasekeeper_core::queue::store::{self, RetryPolicy};
+use leasekeeper_core::queue::{TaskSearch, TaskStatus};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -370,9 +370,20 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
         }
         let data = serde_json::json!({"customer": 4242}).as_object().cloned();
         let searches = [
-            TaskSearch { data: data.clone(), ..TaskSearch::default() },
-            TaskSearch { status: Some(TaskStatus::Processed), data: data.clone(), ..TaskSearch::default() },
-            TaskSearch { kind: Some("sleep".into()), data: data.clone(), ..TaskSearch::default() },
+            TaskSearch {
+                data: data.clone(),
+                ..TaskSearch::default()
+            },
+            TaskSearch {
+                status: Some(TaskStatus::Processed),
+                data: data.clone(),
+                ..TaskSearch::default()
+            },
+            TaskSearch {
+                kind: Some("sleep".into()),
+                data: data.clone(),
+                ..TaskSearch::default()
+            },
         ];
         for search in &searches {
             let sql = Schema::default().sql(&store::sql::list(search, true));

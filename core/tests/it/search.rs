@@ -27,7 +27,9 @@ async fn tasks(db: &TestDb) -> Vec<Task> {
         .queue(if i % 5 < 2 { "q1" } else { "q2" });
         let id = store::enqueue(&mut conn, &schema, &task).await.unwrap().id;
         if i % 5 == 0 {
-            control::cancel(&mut conn, &schema, id, "test").await.unwrap();
+            control::cancel(&mut conn, &schema, id, "test")
+                .await
+                .unwrap();
         } else if i % 7 == 0 {
             sqlx::query("UPDATE tasks SET status = 'failed', failed_at = now() WHERE id = $1")
                 .bind(id)
@@ -121,9 +123,14 @@ async fn every_combination_of_filters_pages_through_exactly_the_matching_tasks()
         let mut seen = Vec::new();
         let mut after = None;
         loop {
-            let rows = store::list(&mut conn, &schema, search.clone(), Page::new(after, Some(4)))
-                .await
-                .unwrap();
+            let rows = store::list(
+                &mut conn,
+                &schema,
+                search.clone(),
+                Page::new(after, Some(4)),
+            )
+            .await
+            .unwrap();
             let Some(last) = rows.last() else { break };
             after = Some(last.id);
             seen.extend(rows.iter().map(|t| t.id));
@@ -143,13 +150,24 @@ async fn data_is_matched_by_containment_at_any_depth() {
         "a",
         json!({"customer": {"id": 7, "region": "eu"}, "tags": ["x", "y"]}),
     );
-    let id = store::enqueue(&mut conn, &schema, &nested).await.unwrap().id;
-    store::enqueue(&mut conn, &schema, &NewTask::new("a", json!({"customer": 7})))
+    let id = store::enqueue(&mut conn, &schema, &nested)
         .await
-        .unwrap();
-    store::enqueue(&mut conn, &schema, &NewTask::new("a", json!([{"customer": 7}])))
-        .await
-        .unwrap();
+        .unwrap()
+        .id;
+    store::enqueue(
+        &mut conn,
+        &schema,
+        &NewTask::new("a", json!({"customer": 7})),
+    )
+    .await
+    .unwrap();
+    store::enqueue(
+        &mut conn,
+        &schema,
+        &NewTask::new("a", json!([{"customer": 7}])),
+    )
+    .await
+    .unwrap();
     let found = |data: &str| {
         let search = TaskSearch::parse(None, None, None, Some(data)).unwrap();
         let schema = schema.clone();
@@ -208,10 +226,16 @@ async fn a_bulk_action_with_a_data_filter_changes_exactly_what_the_list_shows() 
     .await
     .unwrap();
     cancelled_now.dedup();
-    assert_eq!(cancelled_now, shown, "one audit row per task shown, no other");
+    assert_eq!(
+        cancelled_now, shown,
+        "one audit row per task shown, no other"
+    );
     // Every other task is as it was.
     for task in all.iter().filter(|t| !shown.contains(&t.id)) {
-        let now = store::get(&mut conn, &schema, task.id).await.unwrap().unwrap();
+        let now = store::get(&mut conn, &schema, task.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(now.status, task.status, "task {}", task.id);
     }
     // A bad filter changes nothing and says why.

@@ -142,7 +142,11 @@ async fn run(settings: Settings, options: &Options, pool: PgPool) -> Result<Resu
     results.push(("search_data_1m_rows_per_search", found));
     results.push((
         "search_data_1m_p95_within_50ms",
-        if search.percentile(95.0) <= SEARCH_TARGET_MS { 1.0 } else { 0.0 },
+        if search.percentile(95.0) <= SEARCH_TARGET_MS {
+            1.0
+        } else {
+            0.0
+        },
     ));
 
     live.shutdown();
@@ -379,7 +383,10 @@ async fn search_times(http: &reqwest::Client, base: &str, n: usize) -> Result<(f
             .await?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         if page.is_empty() || page.iter().any(|t| t["task_data"]["customer"] != customer) {
-            bail!("{url} found {} tasks, not those of customer {customer}", page.len());
+            bail!(
+                "{url} found {} tasks, not those of customer {customer}",
+                page.len()
+            );
         }
         if i >= 5 {
             samples.push(ms); // the first five warm caches and the pool

@@ -51,7 +51,7 @@ pub async fn list(
                 &search,
             )
             .fetch_all(&mut *conn)
-                .await
+            .await
         }
         .await
     )

@@ -148,7 +148,11 @@ pub fn list(search: &crate::queue::TaskSearch, newest_first: bool) -> String {
     };
     param(search.kind.is_some(), " AND kind = $n", &mut and);
     param(search.queue.is_some(), " AND queue = $n", &mut and);
-    param(search.data.is_some(), " AND task_data @> $n::jsonb", &mut and);
+    param(
+        search.data.is_some(),
+        " AND task_data @> $n::jsonb",
+        &mut and,
+    );
     if newest_first {
         format!(
             "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id < $1{and} ORDER BY id DESC LIMIT $2"
