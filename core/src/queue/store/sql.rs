@@ -113,7 +113,7 @@ pub(super) fn complete_at(clock: &str) -> String {
 /// The SQL of [`list`](super::list) (`$1` after id, `$2` limit) and of [`list_page`](super::list_page)
 /// (`$1` before id, `$2` limit) for `search`: then, numbered from `$3` in
 /// this order, the search's kind, queue and data (`jsonb`), each only when
-/// the search has it ([`bind_search`](super::read::bind_search) binds them).
+/// the search has it (the store binds them in that order).
 ///
 /// The status is written into the statement as a literal (it comes from
 /// the enum, never from input), one statement per status, rather than
