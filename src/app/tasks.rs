@@ -1,7 +1,9 @@
 //! The tasks page: the queue with each task's status, processor, fencing
 //! token, attempts and a heartbeat countdown whose colour shifts as the
-//! deadline nears (late tasks are flagged); a status filter; and lookup by
-//! id with attempts, last error and the task lease's history.
+//! deadline nears (late tasks are flagged); a search by status, kind,
+//! queue and data (in the URL, so it works before hydration and can be
+//! shared); and lookup by id with attempts, last error and the task
+//! lease's history.
 
 use super::live::refresh_tick;
 use super::time::{LocalTime, remaining};
@@ -10,25 +12,32 @@ use super::widgets::{
 };
 use crate::error::AppError;
 use crate::error::parse_id;
-use leasekeeper_core::queue::{TaskAction, TaskDetail, TaskPage, TaskStatus};
+use leasekeeper_core::queue::{TaskAction, TaskDetail, TaskPage, TaskSearch, TaskStatus};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
-/// A page of the tasks with `status` (all when `None`), newest first,
-/// below `before`, for the dashboard.
+/// A page of the tasks the search finds (`status`, `kind`, `queue`, and
+/// `data`, the JSON text of an object the tasks' data contains; each
+/// absent or blank: any), newest first, below `before`, for the dashboard.
 #[server(prefix = "/sfn")]
 pub async fn get_tasks(
     status: Option<TaskStatus>,
     before: Option<i64>,
+    kind: Option<String>,
+    queue: Option<String>,
+    data: Option<String>,
 ) -> Result<TaskPage, AppError> {
     use leasekeeper_core::queue::store;
+    let mut search = TaskSearch::parse(None, kind.as_deref(), queue.as_deref(), data.as_deref())
+        .map_err(|e| super::context::refused(AppError::BadRequest(e)))?;
+    search.status = status;
     let settings = super::context::settings()?;
     let mut conn = super::context::pool()?.acquire().await?;
     let page = store::list_page(
         &mut conn,
         &super::context::schema()?,
-        status,
+        search,
         leasekeeper_core::paging::Cursor::new(before, None),
     )
     .await?;
@@ -88,18 +97,29 @@ pub async fn control_task(id: i64, action: String) -> Result<String, AppError> {
 }
 
 /// Cancels or retries every task with `status` (`action` = `cancel` or
-/// `retry`): the tasks page's "all matching the filter" controls.
+/// `retry`) that the rest of the search (`kind`, `queue`, `data`, as for
+/// [`get_tasks`]) finds: the tasks page's "all matching the filter"
+/// controls, which so never act on a task the list would not show.
 #[server(prefix = "/sfn")]
-pub async fn control_tasks(status: String, action: String) -> Result<String, AppError> {
+pub async fn control_tasks(
+    status: String,
+    action: String,
+    kind: Option<String>,
+    queue: Option<String>,
+    data: Option<String>,
+) -> Result<String, AppError> {
     use leasekeeper_core::queue::control::{self, TaskFilter};
     let state = super::context::operator_state().await?;
     let status = TaskStatus::parse(&status).ok_or_else(|| {
         super::context::refused(AppError::BadRequest(format!("no task status {status:?}")))
     })?;
+    let search = TaskSearch::parse(None, kind.as_deref(), queue.as_deref(), data.as_deref())
+        .map_err(|e| super::context::refused(AppError::BadRequest(e)))?;
     let filter = TaskFilter {
         status,
-        kind: None,
-        queue: None,
+        kind: search.kind,
+        queue: search.queue,
+        data: search.data,
     };
     let action = parse_action(&action)?;
     let count = control::apply_matching(
@@ -211,6 +231,17 @@ pub fn TasksPage() -> impl IntoView {
         let raw = query.read().get("status").unwrap_or_default();
         FILTERS.into_iter().find(|f| *f == raw).unwrap_or("all")
     });
+    // The search in the URL (`?status=&kind=&queue=&data=`), or why it is
+    // not one.
+    let search = Memo::new(move |_| {
+        let q = query.read();
+        TaskSearch::parse(
+            Some(filter.get()),
+            q.get("kind").as_deref(),
+            q.get("queue").as_deref(),
+            q.get("data").as_deref(),
+        )
+    });
     let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
     // `?confirm=cancel|retry`: asks before a bulk action on the filter.
     let confirm = Memo::new(move |_| query.read().get("confirm"));
@@ -221,14 +252,18 @@ pub fn TasksPage() -> impl IntoView {
     let tasks = Resource::new(
         move || {
             (
-                filter.get(),
+                search.get(),
                 before.get(),
                 tick.get(),
                 one.version().get(),
                 all.version().get(),
             )
         },
-        |(f, before, ..)| get_tasks(TaskStatus::parse(f), before),
+        |(search, before, ..)| async move {
+            let search = search.map_err(AppError::BadRequest)?;
+            let data = search.data_text();
+            get_tasks(search.status, before, search.kind, search.queue, data).await
+        },
     );
     let detail = Resource::new(
         move || {
@@ -265,7 +300,11 @@ pub fn TasksPage() -> impl IntoView {
             testid="task-filters"
             label="Filter tasks by status"
         />
-        <BulkControls filter=Signal::derive(move || filter.get()) confirm=Signal::derive(move || confirm.get()) all/>
+        <SearchForm search=Signal::derive(move || search.get().unwrap_or_default()) raw=Signal::derive(move || {
+            let q = query.read();
+            (q.get("kind").unwrap_or_default(), q.get("queue").unwrap_or_default(), q.get("data").unwrap_or_default())
+        })/>
+        <BulkControls search=Signal::derive(move || search.get().ok()) confirm=Signal::derive(move || confirm.get()) all/>
         <ActionOutcome last=one.value() prefix="task"/>
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading task…"</p> }>
@@ -291,16 +330,18 @@ pub fn TasksPage() -> impl IntoView {
             {move || Suspend::new(async move {
                 match tasks.await {
                     Ok(page) if page.tasks.is_empty() => Either::Left(view! {
-                        <Notice kind="empty" testid="tasks-empty" text=format!(
-                            "No {} tasks. Start the generator, or enqueue one with POST /api/tasks {{\"task_data\": {{\"sleep_duration_seconds\": 5}}}}.",
-                            if filter.get_untracked() == "all" { "" } else { filter.get_untracked() }
-                        )/>
+                        <Notice kind="empty" testid="tasks-empty" text=match search.get_untracked() {
+                            Ok(s) if s.kind.is_some() || s.queue.is_some() || s.data.is_some() => {
+                                "No tasks match this search.".to_string()
+                            }
+                            _ => format!(
+                                "No {} tasks. Start the generator, or enqueue one with POST /api/tasks {{\"task_data\": {{\"sleep_duration_seconds\": 5}}}}.",
+                                if filter.get_untracked() == "all" { "" } else { filter.get_untracked() }
+                            ),
+                        }/>
                     }),
                     Ok(page) => {
-                        let base = match filter.get_untracked() {
-                            "all" => "/tasks".to_string(),
-                            f => format!("/tasks?status={f}"),
-                        };
+                        let base = search_url(&search.get_untracked().unwrap_or_default());
                         let next = page.next;
                         Either::Right(Either::Left(view! {
                             <TaskTable page one/>
@@ -316,19 +357,94 @@ pub fn TasksPage() -> impl IntoView {
     }
 }
 
-/// "Cancel all pending…" / "Retry all failed…" for the filter shown; each
+/// `/tasks` with `search` in its query.
+fn search_url(search: &TaskSearch) -> String {
+    match search.query() {
+        q if q.is_empty() => "/tasks".to_string(),
+        q => format!("/tasks?{q}"),
+    }
+}
+
+/// The search form: status, kind, queue and data (a JSON object the
+/// tasks' data contains). A plain GET form: it works before hydration,
+/// and the search lands in the URL, to share or reload. `raw` is the
+/// kind, queue and data as the URL has them, shown back even when bad.
+#[component]
+fn SearchForm(search: Signal<TaskSearch>, raw: Signal<(String, String, String)>) -> impl IntoView {
+    let input = "rounded border border-slate-300 px-2 py-1 text-sm";
+    let status = move || search.get().status.map(|s| s.as_str()).unwrap_or("all");
+    view! {
+        <leptos_router::components::Form method="GET" action="/tasks">
+            <div class="mt-4 flex flex-wrap items-end gap-2 text-sm" role="search" aria-label="Search tasks" data-testid="task-search">
+                <label class="flex flex-col">
+                    <span class="text-xs text-slate-500">"status"</span>
+                    <select name="status" class=input data-testid="task-search-status">
+                        {FILTERS
+                            .into_iter()
+                            .map(|f| view! { <option value=f selected=move || status() == f>{f}</option> })
+                            .collect_view()}
+                    </select>
+                </label>
+                <label class="flex flex-col">
+                    <span class="text-xs text-slate-500">"kind"</span>
+                    <input name="kind" class=format!("w-32 {input}") placeholder="any" maxlength="128"
+                        prop:value=move || raw.get().0 data-testid="task-search-kind"/>
+                </label>
+                <label class="flex flex-col">
+                    <span class="text-xs text-slate-500">"queue"</span>
+                    <input name="queue" class=format!("w-32 {input}") placeholder="any" maxlength="128"
+                        prop:value=move || raw.get().1 data-testid="task-search-queue"/>
+                </label>
+                <label class="flex min-w-0 flex-1 flex-col">
+                    <span class="text-xs text-slate-500">"data contains (a JSON object)"</span>
+                    <input name="data" class=format!("font-mono {input}") placeholder="{\"customer\": 7}"
+                        prop:value=move || raw.get().2 data-testid="task-search-data"/>
+                </label>
+                <button type="submit" class="rounded bg-indigo-600 px-3 py-1 text-sm font-medium text-white hover:bg-indigo-700"
+                    data-testid="task-search-submit">"Search"</button>
+                <a href="/tasks" class="px-1 py-1 text-indigo-700 underline" data-testid="task-search-clear">"Clear"</a>
+            </div>
+        </leptos_router::components::Form>
+    }
+}
+
+/// The search in words, for a bulk action's confirmation: "pending tasks
+/// of kind `email` in queue `mail` whose data contains {...}".
+fn search_words(status: TaskStatus, search: &TaskSearch) -> String {
+    let mut words = format!("{} task", status.as_str());
+    if let Some(kind) = &search.kind {
+        words.push_str(&format!(" of kind {kind:?}"));
+    }
+    if let Some(queue) = &search.queue {
+        words.push_str(&format!(" in queue {queue:?}"));
+    }
+    if let Some(data) = search.data_text() {
+        words.push_str(&format!(" whose data contains {data}"));
+    }
+    words
+}
+
+/// "Cancel all pending…" / "Retry all failed…" for the search shown; each
 /// a link to `?confirm=<action>` (works before hydration), which shows a
-/// confirmation naming what will happen.
+/// confirmation naming what will happen. The action takes the whole search
+/// (status, kind, queue, data), so it changes only tasks the list shows.
 #[component]
 fn BulkControls(
-    filter: Signal<&'static str>,
+    search: Signal<Option<TaskSearch>>,
     confirm: Signal<Option<String>>,
     all: ServerAction<ControlTasks>,
 ) -> impl IntoView {
     move || {
-        let status = TaskStatus::parse(filter.get())?;
+        let search = search.get()?;
+        let status = search.status?;
         let action = TaskAction::for_status(status)?.as_str();
-        let label = format!("{} all {}…", capitalized(action), status.as_str());
+        let narrowed = search.kind.is_some() || search.queue.is_some() || search.data.is_some();
+        let label = format!(
+            "{} all {}{}…",
+            capitalized(action),
+            status.as_str(),
+            if narrowed { " found" } else { "" }
+        );
         let confirming = confirm.get().filter(|c| c == action);
         let consequence = match status {
             TaskStatus::Started => {
@@ -339,25 +455,30 @@ fn BulkControls(
                 "They go back to pending with their attempts reset to 0, and workers claim them again."
             }
         };
+        let here = search_url(&search);
+        let words = search_words(status, &search);
         Some(view! {
             <div class="mt-3 flex flex-wrap items-center gap-2 text-sm" data-testid="task-bulk">
-                <a href=format!("/tasks?status={}&confirm={action}", status.as_str())
+                <a href=format!("{here}&confirm={action}")
                     class="rounded bg-white px-2 py-0.5 text-xs font-medium ring-1 ring-slate-300 hover:bg-slate-100"
                     data-testid=format!("tasks-{action}-all")>{label}</a>
                 {confirming.map(|_| view! {
                     <div class="w-full rounded border border-amber-300 bg-amber-50 p-3" role="alertdialog"
-                        aria-label=format!("{action} every {} task?", status.as_str()) data-testid="task-bulk-confirm">
-                        <p class="font-semibold">{format!("{} every {} task, as many as there are when you confirm?", capitalized(action), status.as_str())}</p>
+                        aria-label=format!("{action} every {words}?") data-testid="task-bulk-confirm">
+                        <p class="font-semibold">{format!("{} every {words}, as many as there are when you confirm?", capitalized(action))}</p>
                         <p class="mt-1">{consequence}</p>
                         <div class="mt-2 flex gap-2">
                             <ActionForm action=all>
                                 <input type="hidden" name="status" value=status.as_str()/>
                                 <input type="hidden" name="action" value=action/>
+                                <input type="hidden" name="kind" value=search.kind.clone().unwrap_or_default()/>
+                                <input type="hidden" name="queue" value=search.queue.clone().unwrap_or_default()/>
+                                <input type="hidden" name="data" value=search.data_text().unwrap_or_default()/>
                                 <button type="submit" class="rounded bg-red-600 px-3 py-1 text-sm font-medium text-white hover:bg-red-700" data-testid="task-bulk-confirmed">
                                     {format!("{} them", capitalized(action))}
                                 </button>
                             </ActionForm>
-                            <a href=format!("/tasks?status={}", status.as_str()) class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid="task-bulk-keep">"Keep them"</a>
+                            <a href=here.clone() class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid="task-bulk-keep">"Keep them"</a>
                         </div>
                     </div>
                 })}

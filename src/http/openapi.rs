@@ -206,13 +206,62 @@ impl Modify for AdminToken {
     }
 }
 
+/// The query parameters whose value is JSON text: the task lists' `data`.
+/// utoipa can only give a parameter a `schema`, which for an object means
+/// form fields (`?customer=7`); OpenAPI says a parameter sent as JSON text
+/// by `content` instead, which [`json_query_parameters`] writes in.
+const JSON_QUERY_PARAMETERS: &[&str] = &["data"];
+
+/// `doc` with each query parameter of [`JSON_QUERY_PARAMETERS`] described
+/// as `content: {"application/json": {"schema": ...}}`: a JSON object whose
+/// values are [`STORABLE_JSON`], at most 16 fields.
+fn json_query_parameters(mut doc: serde_json::Value) -> serde_json::Value {
+    use serde_json::json;
+    let object = json!({
+        "type": "object",
+        "maxProperties": 16,
+        "propertyNames": {"type": "string", "pattern": "^[^\\x00]*$", "maxLength": 64},
+        "additionalProperties": {"$ref": format!("#/components/schemas/{STORABLE_JSON}")},
+    });
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return doc;
+    };
+    for operation in paths.values_mut().filter_map(|p| p.as_object_mut()) {
+        for op in operation.values_mut() {
+            let Some(params) = op
+                .get_mut("parameters")
+                .and_then(serde_json::Value::as_array_mut)
+            else {
+                continue;
+            };
+            for param in params.iter_mut() {
+                let json_text = param["in"] == "query"
+                    && param["name"]
+                        .as_str()
+                        .is_some_and(|n| JSON_QUERY_PARAMETERS.contains(&n));
+                if let (true, Some(p)) = (json_text, param.as_object_mut()) {
+                    p.remove("schema");
+                    p.insert(
+                        "content".into(),
+                        json!({"application/json": {"schema": object.clone()}}),
+                    );
+                }
+            }
+        }
+    }
+    doc
+}
+
 /// The document as JSON, built once.
 pub fn document() -> &'static str {
     static JSON: LazyLock<String> = LazyLock::new(|| {
         // Serialising a tree of strings, maps and numbers cannot fail.
-        ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| {
-            format!("{{\"error\": \"cannot render the OpenAPI document: {e}\"}}")
-        })
+        serde_json::to_value(ApiDoc::openapi())
+            .map(json_query_parameters)
+            .and_then(|doc| serde_json::to_string_pretty(&doc))
+            .unwrap_or_else(|e| {
+                format!("{{\"error\": \"cannot render the OpenAPI document: {e}\"}}")
+            })
     });
     &JSON
 }

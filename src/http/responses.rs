@@ -41,7 +41,7 @@ pub struct BadLeaseQuery(pub ErrorBody);
 #[derive(IntoResponses)]
 #[response(
     status = 400,
-    description = "A bad query: unknown parameter or status, not a number, `before` with `after`"
+    description = "A bad query: unknown parameter or status, a bad kind or queue name, a `data` that is not a JSON object, not a number, `before` with `after`"
 )]
 pub struct BadTaskQuery(pub ErrorBody);
 

@@ -18,8 +18,8 @@ use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::queue::control::{self, TaskFilter};
 use leasekeeper_core::queue::store::{self, Enqueued, RetryPolicy};
 use leasekeeper_core::queue::{
-    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, SnoozeBody, Task, TaskStatus,
-    Unique, UniqueScope,
+    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, SnoozeBody, Task, TaskSearch,
+    TaskStatus, Unique, UniqueScope,
 };
 use leasekeeper_core::worker::simulated;
 use serde::Deserialize;
@@ -51,8 +51,9 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/retry", post(retry_matching))
 }
 
-/// `?status=...&before=ID&limit=N` on list routes: newest first, the next
-/// page named by a `Link` header. `after=ID` instead pages oldest first
+/// `?status=...&kind=...&queue=...&data=...&before=ID&limit=N` on list
+/// routes: the tasks matching every filter given, newest first, the next
+/// page named by a `Link` header (which keeps the filters). `after=ID` instead pages oldest first
 /// (ids above it), for a client that follows new tasks as they come.
 #[derive(Deserialize, Default, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -62,6 +63,19 @@ pub struct ListQuery {
     /// `cancelled`; ignored by the routes that name a status in their path.
     #[param(pattern = "^(all|pending|started|processed|failed|cancelled)$")]
     status: Option<String>,
+    /// Only tasks of this kind (empty: any).
+    #[param(max_length = 128, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$")]
+    kind: Option<String>,
+    /// Only tasks in this queue (empty: any).
+    #[param(max_length = 128, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$")]
+    queue: Option<String>,
+    /// Only tasks whose data contains this JSON object (PostgreSQL's `@>`),
+    /// URL-encoded: `?data={"customer":7}` finds the tasks whose data has
+    /// `"customer": 7` among its fields. At most 8192 characters; `{}`
+    /// filters nothing. Found through an index, so a filter that matches
+    /// few tasks stays fast among millions.
+    #[param(value_type = Option<Object>)]
+    data: Option<String>,
     /// Newest first, tasks with an id below this (the cursor of the
     /// `Link: rel="next"` header).
     before: Option<i64>,
@@ -81,26 +95,25 @@ async fn list(
 ) -> Result<Response, AppError> {
     // A bad `status` is refused even where the path names the status and
     // the parameter is ignored: the document allows only these words.
-    let asked = match q.status.as_deref() {
-        None | Some("all") => None,
-        Some(name) => Some(TaskStatus::parse(name).ok_or_else(|| {
-            AppError::BadRequest(format!(
-                "status must be one of all, pending, started, processed, failed, cancelled; got {name:?}"
-            ))
-        })?),
-    };
-    let status = status.or(asked);
+    let mut search = TaskSearch::parse(
+        q.status.as_deref(),
+        q.kind.as_deref(),
+        q.queue.as_deref(),
+        q.data.as_deref(),
+    )
+    .map_err(AppError::BadRequest)?;
+    search.status = status.or(search.status);
     let direction = Direction::of(q.before, q.after, q.limit);
     let mut conn = s.pool.acquire().await?;
     Ok(match direction {
         Direction::Oldest(page, before) => {
-            let rows = store::list(&mut conn, s.schema(), status, page).await?;
+            let rows = store::list(&mut conn, s.schema(), search, page).await?;
             Json(super::paging::below(rows, before, |r| r.id)).into_response()
         }
         Direction::Newest(cursor) => answer_to(
             &uri,
             cursor,
-            store::list_page(&mut conn, s.schema(), status, cursor).await?,
+            store::list_page(&mut conn, s.schema(), search, cursor).await?,
         ),
     })
 }
@@ -638,6 +651,9 @@ pub struct CancelBody {
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
     )]
     queue: Option<String>,
+    /// Only tasks whose data contains this object (as the list's `data`).
+    #[schema(value_type = Option<Object>)]
+    data: Option<serde_json::Map<String, Value>>,
 }
 
 /// Body of the bulk `POST /api/tasks/retry`, as [`CancelBody`].
@@ -660,6 +676,9 @@ pub struct RetryBody {
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
     )]
     queue: Option<String>,
+    /// Only tasks whose data contains this object (as the list's `data`).
+    #[schema(value_type = Option<Object>)]
+    data: Option<serde_json::Map<String, Value>>,
 }
 
 impl CancelBody {
@@ -671,6 +690,7 @@ impl CancelBody {
             },
             kind: self.kind,
             queue: self.queue,
+            data: self.data,
         }
     }
 }
@@ -684,6 +704,7 @@ impl RetryBody {
             },
             kind: self.kind,
             queue: self.queue,
+            data: self.data,
         }
     }
 }

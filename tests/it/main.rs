@@ -21,6 +21,7 @@ mod rest_leases;
 mod rest_origin;
 mod rest_queues;
 mod rest_schedules;
+mod rest_search;
 mod rest_tasks;
 mod rest_workers;
 mod runtime;

@@ -47,12 +47,19 @@ enum Kind {
     Tagged,
     /// An optional paging cursor, an `i64`: missing is valid.
     Cursor,
+    /// An optional kind or queue name: missing or blank is valid (any).
+    OptionalName,
+    /// An optional JSON object as text: missing or blank is valid (any).
+    OptionalObject,
 }
 
 impl Kind {
     /// Whether a call may leave the argument out.
     fn optional(self) -> bool {
-        matches!(self, Kind::OptionalChoice | Kind::Cursor)
+        matches!(
+            self,
+            Kind::OptionalChoice | Kind::Cursor | Kind::OptionalName | Kind::OptionalObject
+        )
     }
 }
 
@@ -124,6 +131,9 @@ const KNOWN: &[(&str, &[Arg])] = &[
         &[
             arg("status", Kind::OptionalChoice, "pending"),
             arg("before", Kind::Cursor, "1"),
+            arg("kind", Kind::OptionalName, "email"),
+            arg("queue", Kind::OptionalName, "mail"),
+            arg("data", Kind::OptionalObject, "%7B%22customer%22%3A7%7D"),
         ],
     ),
     (
@@ -138,6 +148,9 @@ const KNOWN: &[(&str, &[Arg])] = &[
         &[
             arg("status", Kind::Text, "started"),
             arg("action", Kind::Text, "cancel"),
+            arg("kind", Kind::OptionalName, "no-such-kind"),
+            arg("queue", Kind::OptionalName, "no-such-queue"),
+            arg("data", Kind::OptionalObject, "%7B%22customer%22%3A7%7D"),
         ],
     ),
     ("get_task_detail", &[arg("id", Kind::Id, "2147483647")]),
@@ -233,6 +246,21 @@ fn bad_values(kind: Kind) -> Vec<String> {
             "c".repeat(3000),
         ],
         Kind::Tagged => vec![],
+        Kind::OptionalName => vec![
+            "%07%1B".into(),
+            "a%0Ab".into(),
+            "n".repeat(129),
+            "n".repeat(3000),
+        ],
+        Kind::OptionalObject => vec![
+            "bogus".into(),
+            "%5B1%5D".into(),
+            "7".into(),
+            "null".into(),
+            "%7Bx%7D".into(),
+            "%7B%22a%22%3A1".into(),
+            format!("%7B%22a%22%3A%22{}%22%7D", "d".repeat(9000)),
+        ],
         Kind::Cursor => vec![
             "abc".into(),
             "99999999999999999999".into(),

@@ -25,7 +25,7 @@
 //! control::cancel(&mut conn, &schema, 42, "ops@example").await?;
 //! control::retry(&mut conn, &schema, 42, "ops@example").await?;
 //! // Every failed task of one kind, in batches; answers how many.
-//! let filter = TaskFilter { status: TaskStatus::Failed, kind: Some("email".into()), queue: None };
+//! let filter = TaskFilter { status: TaskStatus::Failed, kind: Some("email".into()), queue: None, data: None };
 //! let n = control::retry_matching(&pool, &schema, &filter, "ops@example").await?;
 //! # let _ = n; Ok(()) }
 //! ```
@@ -77,8 +77,10 @@ impl Action {
 }
 
 /// Which tasks a bulk action takes: every task with `status` (one the
-/// action applies to), and, when given, of this `kind` and in this `queue`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// action applies to), and, when given, of this `kind`, in this `queue`
+/// and whose data contains `data`: the tasks a list with the same
+/// [`TaskSearch`](crate::queue::TaskSearch) shows, no more.
+#[derive(Clone, Debug, PartialEq)]
 pub struct TaskFilter {
     /// The status the tasks are in now.
     pub status: TaskStatus,
@@ -86,6 +88,8 @@ pub struct TaskFilter {
     pub kind: Option<String>,
     /// Only tasks in this queue.
     pub queue: Option<String>,
+    /// Only tasks whose data contains this object (`task_data @> data`).
+    pub data: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl TaskFilter {
@@ -256,11 +260,19 @@ pub async fn apply_matching(
     by: &str,
 ) -> Result<u64, TaskError> {
     filter.check(action)?;
-    for (name, value) in [("kind", &filter.kind), ("queue", &filter.queue)] {
-        if let Some(value) = value {
-            super::check_name(name, value).map_err(TaskError::BadInput)?;
-        }
-    }
+    let search = crate::queue::TaskSearch {
+        status: Some(filter.status),
+        kind: filter.kind.clone(),
+        queue: filter.queue.clone(),
+        data: filter.data.clone(),
+    };
+    search.check().map_err(TaskError::BadInput)?;
+    // An empty object filters nothing, as in a list's search.
+    let data = filter
+        .data
+        .clone()
+        .filter(|d| !d.is_empty())
+        .map(serde_json::Value::Object);
     let _announced = live::announce_on_return(Topics::TASKS | Topics::LEASES);
     // The batch: tasks matching the filter, locked; SKIP LOCKED so a bulk
     // action never waits on (or deadlocks with) a heartbeat or completion
@@ -270,6 +282,7 @@ pub async fn apply_matching(
            FROM (SELECT id AS pick_id, status AS was FROM $schema.tasks
                   WHERE status = '{status}'
                     AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
+                    AND ($3::jsonb IS NULL OR task_data @> $3)
                     {free_key}
                   ORDER BY id LIMIT {BATCH}
                   FOR UPDATE SKIP LOCKED) pick
@@ -308,6 +321,7 @@ pub async fn apply_matching(
             .query_as(&sql)
             .bind(filter.kind.as_deref())
             .bind(filter.queue.as_deref())
+            .bind(data.as_ref())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| key_taken(e, "a task of this batch cannot be retried"))?;
@@ -317,11 +331,13 @@ pub async fn apply_matching(
                 .query_scalar(&format!(
                     "SELECT EXISTS (SELECT 1 FROM $schema.tasks WHERE status = '{}'
                                    AND ($1::text IS NULL OR kind = $1)
-                                   AND ($2::text IS NULL OR queue = $2))",
+                                   AND ($2::text IS NULL OR queue = $2)
+                                   AND ($3::jsonb IS NULL OR task_data @> $3))",
                     filter.status.as_str()
                 ))
                 .bind(filter.kind.as_deref())
                 .bind(filter.queue.as_deref())
+                .bind(data.as_ref())
                 .fetch_one(&mut *conn)
                 .await?;
             if !left || retries >= LOCKED_RETRIES {

@@ -11,6 +11,9 @@ pub mod store;
 #[cfg(feature = "postgres")]
 pub mod wake;
 
+mod search;
+pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};
+
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -18,6 +18,7 @@ mod pooler;
 mod queues;
 mod retention;
 mod schedules;
+mod search;
 mod singleton;
 mod task_store;
 mod unique;

@@ -132,6 +132,7 @@ async fn an_active_key_is_free_again_once_its_task_finishes() {
         status: TaskStatus::Cancelled,
         kind: Some("sync".into()),
         queue: None,
+        data: None,
     };
     assert_eq!(
         control::retry_matching(&db.pool, &schema, &filter, "test")

@@ -10,6 +10,9 @@
 //!    worker per second). The browser's own rendering is not included.
 //! 2. **Server-side render of `/tasks`** (the whole HTML page over HTTP) with
 //!    1,000 tasks (baseline) and with 1,000,000.
+//! 3. **Search by data** at 1,000,000 tasks: `GET /api/tasks?data={"customer":k}`
+//!    for random customers, each matching about ten tasks (target: p95 ≤
+//!    50 ms), and the `/tasks` page searched the same way.
 //!
 //! It runs its own server on a free port over a fresh database in its own
 //! embedded cluster (`target/leasekeeper-bench-db`), unless `DATABASE_URL`
@@ -31,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 const BENCH_DB: &str = "leasekeeper_bench";
 const LOAD_WORKERS: usize = 1_000;
 const LOAD_CONNECTIONS: usize = 16;
+/// The search target: p95 of a data search at a million tasks, in ms.
+const SEARCH_TARGET_MS: f64 = 50.0;
 
 /// Runs the dashboard benchmark and prints (and optionally writes) results.
 pub async fn dashboard(settings: Settings, options: Options) -> Result<()> {
@@ -104,6 +109,12 @@ async fn run(settings: Settings, options: &Options, pool: PgPool) -> Result<Resu
             row,
         ),
         (
+            "ssr_tasks_1m_search_p50_ms",
+            "ssr_tasks_1m_search_p95_ms",
+            "/tasks?data=%7B%22customer%22%3A4242%7D",
+            row,
+        ),
+        (
             "ssr_overview_1m_p50_ms",
             "ssr_overview_1m_p95_ms",
             "/",
@@ -121,6 +132,22 @@ async fn run(settings: Settings, options: &Options, pool: PgPool) -> Result<Resu
         .map(|(_, v)| *v)
         .unwrap_or(f64::NAN);
     results.push(("ssr_p95_1m_vs_1k", ratio(big95, small.percentile(95.0))));
+
+    step("search GET /api/tasks?data={\"customer\":k} with 1,000,000 tasks");
+    let searches = if options.quick { 40 } else { 200 };
+    let (found, search) = search_times(&http, &base, searches).await?;
+    results.push(("search_data_1m_p50_ms", search.percentile(50.0)));
+    results.push(("search_data_1m_p95_ms", search.percentile(95.0)));
+    results.push(("search_data_1m_max_ms", search.percentile(100.0)));
+    results.push(("search_data_1m_rows_per_search", found));
+    results.push((
+        "search_data_1m_p95_within_50ms",
+        if search.percentile(95.0) <= SEARCH_TARGET_MS {
+            1.0
+        } else {
+            0.0
+        },
+    ));
 
     live.shutdown();
     server.stop().await?;
@@ -336,8 +363,43 @@ async fn render_times(
     Ok(Samples(samples))
 }
 
+/// Times `n` REST searches by data (`?data={"customer":k}`, a random
+/// customer of [`fill_tasks`]'s each time, URL-encoded) through the server;
+/// each answer must be 200 and hold only tasks of that customer, and some.
+/// Answers the mean rows a search found, and the times.
+async fn search_times(http: &reqwest::Client, base: &str, n: usize) -> Result<(f64, Samples)> {
+    let mut samples = Vec::with_capacity(n);
+    let mut rows = 0usize;
+    for i in 0..n + 5 {
+        let customer = rand::random::<u32>() % 100_000;
+        let url = format!("{base}/api/tasks?data=%7B%22customer%22%3A{customer}%7D");
+        let started = Instant::now();
+        let page: Vec<Value> = http
+            .get(&url)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        if page.is_empty() || page.iter().any(|t| t["task_data"]["customer"] != customer) {
+            bail!(
+                "{url} found {} tasks, not those of customer {customer}",
+                page.len()
+            );
+        }
+        if i >= 5 {
+            samples.push(ms); // the first five warm caches and the pool
+            rows += page.len();
+        }
+    }
+    Ok((rows as f64 / n.max(1) as f64, Samples(samples)))
+}
+
 /// Tops `tasks` up to `total` rows, in the mix a long-running queue has:
-/// mostly processed, some pending, failed and started.
+/// mostly processed, some pending, failed and started; each task's data
+/// names one of 100,000 customers (so about ten tasks a customer at a
+/// million) and one of seven regions.
 async fn fill_tasks(pool: &PgPool, total: i64) -> Result<()> {
     let have: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
         .fetch_one(pool)
@@ -348,7 +410,8 @@ async fn fill_tasks(pool: &PgPool, total: i64) -> Result<()> {
     sqlx::query(
         "INSERT INTO tasks (kind, task_data, status, processor, started_at, processed_at, failed_at,
                             must_heartbeat_before, fencing_token, attempts, last_error)
-         SELECT 'sleep', jsonb_build_object('sleep_duration_seconds', 1 + g % 10),
+         SELECT 'sleep', jsonb_build_object('sleep_duration_seconds', 1 + g % 10,
+                                            'customer', g % 100000, 'region', 'r' || (g % 7)),
                 s.status,
                 CASE WHEN s.status <> 'pending' THEN 'bench-w' || (g % 1000) END,
                 CASE WHEN s.status <> 'pending' THEN now() END,

@@ -6,7 +6,6 @@
 //! ([`crate::db::Schema::sql`]).
 
 use super::TASK_COLUMNS;
-use crate::queue::TaskStatus;
 
 /// The one statement that claims up to `limit` tasks of queue `$3`, the
 /// n-th task claimed for the n-th holder of the array `$1` (which has
@@ -132,7 +131,9 @@ pub(super) fn complete_at(clock: &str) -> String {
 }
 
 /// The SQL of [`list`](super::list) (`$1` after id, `$2` limit) and of [`list_page`](super::list_page)
-/// (`$1` before id, `$2` limit) for `status`.
+/// (`$1` before id, `$2` limit) for `search`: then, numbered from `$3` in
+/// this order, the search's kind, queue and data (`jsonb`), each only when
+/// the search has it (the store binds them in that order).
 ///
 /// The status is written into the statement as a literal (it comes from
 /// the enum, never from input), one statement per status, rather than
@@ -142,18 +143,41 @@ pub(super) fn complete_at(clock: &str) -> String {
 /// and filters by status, reading the whole table to find a page. With the
 /// literal, the planner picks `tasks_status_id_idx (status, id)` when the
 /// status is rare (tested with a million rows in `tests/it/overview.rs`).
-pub fn list(status: Option<TaskStatus>, newest_first: bool) -> String {
-    let and_status = match status {
-        Some(s) => format!("AND status = '{}'", s.as_str()),
-        None => String::new(),
+/// Kind, queue and data are written in or left out for the same reason
+/// (one statement per combination), and bound: they come from input. A
+/// data filter is `task_data @> $n`, which the GIN index `tasks_data_idx`
+/// (`jsonb_path_ops`) answers: a filter matching few tasks among millions
+/// reads those few, not the table (same test); but only in a plan made
+/// with the filter's value, so the store never prepares a search by data
+/// (see `bind_search`). Kind and queue have no
+/// index of their own: a list reads the newest tasks first and there are
+/// few kinds and queues, so a page of one is found near the top; a rare
+/// kind among millions of others reads far, and is best searched with its
+/// status or data too.
+pub fn list(search: &crate::queue::TaskSearch, newest_first: bool) -> String {
+    let mut and = String::new();
+    if let Some(s) = search.status {
+        and.push_str(&format!(" AND status = '{}'", s.as_str()));
+    }
+    let mut n = 2;
+    let mut param = |test: bool, clause: &str, and: &mut String| {
+        if test {
+            n += 1;
+            and.push_str(&clause.replace("$n", &format!("${n}")));
+        }
     };
+    param(search.kind.is_some(), " AND kind = $n", &mut and);
+    param(search.queue.is_some(), " AND queue = $n", &mut and);
+    param(
+        search.data.is_some(),
+        " AND task_data @> $n::jsonb",
+        &mut and,
+    );
     if newest_first {
         format!(
-            "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id < $1 {and_status} ORDER BY id DESC LIMIT $2"
+            "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id < $1{and} ORDER BY id DESC LIMIT $2"
         )
     } else {
-        format!(
-            "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id > $1 {and_status} ORDER BY id LIMIT $2"
-        )
+        format!("SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id > $1{and} ORDER BY id LIMIT $2")
     }
 }

@@ -1,0 +1,15 @@
+-- Search (issue 26): the tasks list filters by data, a JSON object the
+-- task's data must contain (`task_data @> '{"customer": 7}'`). This GIN
+-- index answers containment: a filter matching a few tasks among millions
+-- reads those few. `jsonb_path_ops` indexes a hash per path-to-value, so
+-- it is smaller and faster for `@>` than the default `jsonb_ops` (which
+-- would also answer key-exists `?`, not asked for here).
+--
+-- Not CONCURRENTLY: every migration runs in the one transaction the
+-- migrator holds (see db::migrate), and CREATE INDEX CONCURRENTLY cannot
+-- run in a transaction. So the build holds a SHARE lock on tasks: reads
+-- go on, but enqueues, claims, heartbeats and completions wait until it
+-- commits (README, "Upgrading a database", says how long). IF NOT EXISTS:
+-- an operator of a big table may build the same index CONCURRENTLY
+-- beforehand, and then this finds it and builds nothing.
+CREATE INDEX IF NOT EXISTS tasks_data_idx ON tasks USING gin (task_data jsonb_path_ops);
