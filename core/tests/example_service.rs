@@ -103,6 +103,21 @@ fn dump(addr: &str) -> (std::collections::HashMap<String, (i64, String)>, u64) {
     (latest, refused.expect("REFUSED line"))
 }
 
+/// Kills the processes it names when dropped, so a failing test leaves
+/// no replica or receiver behind.
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
         .expect("signalling a replica");
@@ -128,6 +143,7 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
         &["--enqueue", &TASKS.to_string()],
     );
     let mut b = replica(&db, &receiver, "replica-b", &[]);
+    let _reap = Reap(vec![receiver_process.id(), a.id(), b.id()]);
     let a_holds_a_task = async || {
         count(
             &db,
