@@ -64,6 +64,8 @@ pub struct ClaimRef<'a> {
     pub task_id: i64,
     /// The claim's fencing token.
     pub token: i64,
+    /// The task's kind (a failure report backs off by its kind's policy).
+    pub kind: &'a str,
 }
 
 /// The operations a worker needs from the queue.
@@ -141,6 +143,7 @@ impl Claim {
             worker,
             task_id: self.task_id,
             token: self.token,
+            kind: &self.kind,
         }
     }
 

@@ -5,6 +5,7 @@
 //! repository root's `tests/`.
 
 mod batch;
+mod cancel;
 mod common;
 mod fenced;
 mod host;
@@ -15,6 +16,7 @@ mod lease_store;
 mod overview;
 mod pooler;
 mod retention;
+mod retry;
 mod schedules;
 mod singleton;
 mod task_store;
