@@ -342,7 +342,9 @@ pub async fn apply_matching(
             continue;
         }
         let ended_a_claim = action == Action::Cancel
-            && changed.iter().any(|c| c.was == TaskStatus::Started.as_str());
+            && changed
+                .iter()
+                .any(|c| c.was == TaskStatus::Started.as_str());
         finish(&mut tx, schema, action, &changed, by, true).await?;
         tx.commit().await?;
         total += changed.len() as u64;

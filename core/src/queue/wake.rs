@@ -149,7 +149,10 @@ mod tests {
         let mut signal = CancelSignal::new(&hub);
         let quiet = Duration::from_millis(50);
         hub.publish(Topics::TASKS | Topics::WORK);
-        assert!(tokio::time::timeout(quiet, signal.heard()).await.is_err(), "not a cancel");
+        assert!(
+            tokio::time::timeout(quiet, signal.heard()).await.is_err(),
+            "not a cancel"
+        );
         hub.publish(Topics::TASKS | Topics::CANCELS);
         assert!(tokio::time::timeout(quiet, signal.heard()).await.is_ok());
         // A reconnect's "everything" counts.

@@ -86,7 +86,10 @@ async fn enqueue(db: &TestDb, n: usize) -> Vec<i64> {
 }
 
 /// The next thing a handler saw, within `limit`.
-async fn next(rx: &mut mpsc::UnboundedReceiver<(Seen, Instant)>, limit: Duration) -> (Seen, Instant) {
+async fn next(
+    rx: &mut mpsc::UnboundedReceiver<(Seen, Instant)>,
+    limit: Duration,
+) -> (Seen, Instant) {
     tokio::time::timeout(limit, rx.recv())
         .await
         .expect("the handler said nothing in time")
@@ -94,11 +97,15 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<(Seen, Instant)>, limit: Duration
 }
 
 async fn status(db: &TestDb, id: i64) -> TaskStatus {
-    store::get(&mut db.pool.acquire().await.unwrap(), &Schema::default(), id)
-        .await
-        .unwrap()
-        .expect("the task")
-        .status
+    store::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        id,
+    )
+    .await
+    .unwrap()
+    .expect("the task")
+    .status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +113,10 @@ async fn a_handler_sees_an_operator_cancel_in_under_a_second() {
     let db = TestDb::new().await;
     let (runtime, mut seen) = runtime(&db, 1).await;
     let id = enqueue(&db, 1).await[0];
-    assert_eq!(next(&mut seen, Duration::from_secs(10)).await.0, Seen::Started(id));
+    assert_eq!(
+        next(&mut seen, Duration::from_secs(10)).await.0,
+        Seen::Started(id)
+    );
     // Well before the first heartbeat (10 s after the claim).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let cancelled_at = Instant::now();
@@ -121,7 +131,10 @@ async fn a_handler_sees_an_operator_cancel_in_under_a_second() {
     let (what, at) = next(&mut seen, Duration::from_secs(5)).await;
     assert_eq!(what, Seen::Cancelled(id));
     let took = at - cancelled_at;
-    assert!(took < Duration::from_secs(1), "the handler saw the cancel after {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the handler saw the cancel after {took:?}"
+    );
     println!("cancel to cancelled(): {took:?}");
     assert_eq!(status(&db, id).await, TaskStatus::Cancelled);
     runtime.shutdown().await;
@@ -134,7 +147,10 @@ async fn a_lost_lease_completes_cancelled_too() {
     let db = TestDb::new().await;
     let (runtime, mut seen) = runtime(&db, 1).await;
     let id = enqueue(&db, 1).await[0];
-    assert_eq!(next(&mut seen, Duration::from_secs(10)).await.0, Seen::Started(id));
+    assert_eq!(
+        next(&mut seen, Duration::from_secs(10)).await.0,
+        Seen::Started(id)
+    );
     let mut conn = db.pool.acquire().await.unwrap();
     let lease = leasekeeper_core::lease::store::get_by_resource(
         &mut conn,
@@ -145,14 +161,23 @@ async fn a_lost_lease_completes_cancelled_too() {
     .unwrap()
     .expect("the claim's lease");
     let released_at = Instant::now();
-    control::force_release(&mut conn, &Schema::default(), lease.id, lease.fencing_token, "ops")
-        .await
-        .unwrap()
-        .expect("the term was live");
+    control::force_release(
+        &mut conn,
+        &Schema::default(),
+        lease.id,
+        lease.fencing_token,
+        "ops",
+    )
+    .await
+    .unwrap()
+    .expect("the term was live");
     let (what, at) = next(&mut seen, Duration::from_secs(5)).await;
     assert_eq!(what, Seen::Cancelled(id));
     let took = at - released_at;
-    assert!(took < Duration::from_secs(1), "the handler saw the lost lease after {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the handler saw the lost lease after {took:?}"
+    );
     runtime.shutdown().await;
 }
 
@@ -188,7 +213,10 @@ async fn a_bulk_cancel_reaches_every_handler() {
             panic!("{what:?}")
         };
         let took = at - cancelled_at;
-        assert!(took < Duration::from_secs(1), "task {id} saw the cancel after {took:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "task {id} saw the cancel after {took:?}"
+        );
         cancelled.push(id);
     }
     cancelled.sort_unstable();
@@ -233,12 +261,8 @@ async fn a_handler_that_ignores_the_cancel_is_fenced() {
             HandlerResult::Ok(Done::in_transaction(json!({"done": true}), fenced))
         }
     });
-    let transport = InProcess::new(
-        db.pool.clone(),
-        Duration::from_secs(30),
-        Arc::from("deaf"),
-    )
-    .serving(ClaimFilter::default().kinds(vec!["long".into()]));
+    let transport = InProcess::new(db.pool.clone(), Duration::from_secs(30), Arc::from("deaf"))
+        .serving(ClaimFilter::default().kinds(vec!["long".into()]));
     let (worker, controls) = Worker::new(
         Holder::parse("deaf-w1").unwrap(),
         transport.clone(),
@@ -248,7 +272,10 @@ async fn a_handler_that_ignores_the_cancel_is_fenced() {
     );
     let running = tokio::spawn(worker.run());
     let id = enqueue(&db, 1).await[0];
-    assert_eq!(next(&mut seen, Duration::from_secs(10)).await.0, Seen::Started(id));
+    assert_eq!(
+        next(&mut seen, Duration::from_secs(10)).await.0,
+        Seen::Started(id)
+    );
     control::cancel(
         &mut db.pool.acquire().await.unwrap(),
         &Schema::default(),
@@ -276,11 +303,18 @@ async fn a_handler_that_ignores_the_cancel_is_fenced() {
         .await
         .expect("the late completion refused and recorded");
     assert!(
-        kinds.contains(&("stale_write_refused".to_string(), Some("complete".to_string()))),
+        kinds.contains(&(
+            "stale_write_refused".to_string(),
+            Some("complete".to_string())
+        )),
         "{kinds:?}"
     );
     assert_eq!(status(&db, id).await, TaskStatus::Cancelled);
-    assert_eq!(ledger_rows(&db).await, 0, "the effect rolled back with the refused completion");
+    assert_eq!(
+        ledger_rows(&db).await,
+        0,
+        "the effect rolled back with the refused completion"
+    );
     controls.stop();
     running.await.unwrap();
     transport.flush().await;
@@ -318,7 +352,10 @@ async fn a_handler_ignoring_the_cancel_in_a_hearing_worker_writes_nothing() {
         .await
         .unwrap();
     let id = enqueue(&db, 1).await[0];
-    assert_eq!(next(&mut seen, Duration::from_secs(10)).await.0, Seen::Started(id));
+    assert_eq!(
+        next(&mut seen, Duration::from_secs(10)).await.0,
+        Seen::Started(id)
+    );
     control::cancel(
         &mut db.pool.acquire().await.unwrap(),
         &Schema::default(),
@@ -328,7 +365,10 @@ async fn a_handler_ignoring_the_cancel_in_a_hearing_worker_writes_nothing() {
     .await
     .unwrap();
     // The handler ran to its end (it ignored the signal)...
-    assert_eq!(next(&mut seen, Duration::from_secs(5)).await.0, Seen::Finished(id));
+    assert_eq!(
+        next(&mut seen, Duration::from_secs(5)).await.0,
+        Seen::Finished(id)
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     // ... and nothing of it stayed.
     assert_eq!(status(&db, id).await, TaskStatus::Cancelled);

@@ -147,9 +147,8 @@ async fn a_runtime_retries_each_kind_by_its_own_policy() {
     let db = TestDb::new().await;
     let picky = enqueue(&db, "picky", 5).await;
     let plain = enqueue(&db, "plain", 5).await;
-    let failing = |_: Job, _: TaskContext| async {
-        Err::<Done, _>(std::io::Error::other("no luck").into())
-    };
+    let failing =
+        |_: Job, _: TaskContext| async { Err::<Done, _>(std::io::Error::other("no luck").into()) };
     let runtime = Runtime::builder(db.pool.clone())
         .queue("default", 2)
         .scheduler(None)
@@ -168,11 +167,18 @@ async fn a_runtime_retries_each_kind_by_its_own_policy() {
         if status == TaskStatus::Failed.as_str() {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "picky is {status}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "picky is {status}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (_, attempts, max_attempts, delay) = after_failure(&db, picky).await;
-    assert_eq!((attempts, max_attempts), (2, 2), "failed for good after its policy's 2");
+    assert_eq!(
+        (attempts, max_attempts),
+        (2, 2),
+        "failed for good after its policy's 2"
+    );
     // Its one backoff: 100 ms from the first failure's release to the
     // second claim's scheduled time, by the database clock.
     let first_delay: i64 = sqlx::query_scalar(
@@ -183,7 +189,10 @@ async fn a_runtime_retries_each_kind_by_its_own_policy() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert!(first_delay >= 99, "claimed again after {first_delay} ms, before its backoff");
+    assert!(
+        first_delay >= 99,
+        "claimed again after {first_delay} ms, before its backoff"
+    );
     let _ = delay;
     let (status, attempts, max_attempts, delay) = after_failure(&db, plain).await;
     assert_eq!(

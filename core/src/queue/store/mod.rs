@@ -221,7 +221,10 @@ impl RetryPolicy {
             return Err(format!("max_attempts must be between 1 and 1000, got {n}"));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(format!("jitter must be a fraction from 0 to 1, got {}", self.jitter));
+            return Err(format!(
+                "jitter must be a fraction from 0 to 1, got {}",
+                self.jitter
+            ));
         }
         if self.max < self.base {
             return Err(format!(
@@ -268,7 +271,9 @@ impl RetryPolicies {
 
     /// Every policy checked ([`RetryPolicy::check`]), the kind named.
     pub fn check(&self) -> Result<(), String> {
-        self.default.check().map_err(|e| format!("retry policy: {e}"))?;
+        self.default
+            .check()
+            .map_err(|e| format!("retry policy: {e}"))?;
         for (kind, policy) in self.by_kind.iter() {
             policy
                 .check()
