@@ -138,7 +138,7 @@ pub trait Transport: Send + Sync + 'static {
 
 impl Claim {
     /// This claim, as `worker` presents it in a write.
-    pub fn by<'a>(&self, worker: &'a Holder) -> ClaimRef<'a> {
+    pub fn by<'a>(&'a self, worker: &'a Holder) -> ClaimRef<'a> {
         ClaimRef {
             worker,
             task_id: self.task_id,

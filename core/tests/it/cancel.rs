@@ -262,7 +262,7 @@ async fn a_handler_that_ignores_the_cancel_is_fenced() {
         }
     });
     let transport = InProcess::new(db.pool.clone(), Duration::from_secs(30), Arc::from("deaf"))
-        .serving(ClaimFilter::default().kinds(vec!["long".into()]));
+        .serving(ClaimFilter::default().kinds(vec!["long".to_string()]));
     let (worker, controls) = Worker::new(
         Holder::parse("deaf-w1").unwrap(),
         transport.clone(),
