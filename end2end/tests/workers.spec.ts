@@ -207,3 +207,37 @@ test("the workers filter hides and shows crashed workers", async ({ page, reques
   await page.getByTestId("filter-all").click();
   await expect(row).toHaveCount(1);
 });
+
+test("cancelling a busy worker's task from the tasks page frees the worker within seconds", async ({ page, request }) => {
+  await request.delete("/api/generator/stop");
+  await drain(request);
+  // A worker sleeping on a long task.
+  const { task, busyId } = await spawnBusyWorker(page, request, 600);
+
+  // Cancel it from the tasks page, with the row's Cancel control.
+  await page.goto("/tasks?status=started");
+  const row = page.locator(`[data-testid="task-row"][data-task-id="${task.id}"]`);
+  await expect(row.getByTestId("task-status")).toHaveText("started");
+  const cancelledAt = Date.now();
+  await row.getByTestId("task-cancel").click();
+  await expect(page.getByTestId("task-action-result")).toHaveText(new RegExp(`task ${task.id} cancelled`));
+
+  // The worker stopped its sleep: idle again, holding nothing, its task cancelled.
+  await page.goto("/workers");
+  const worker = page.locator(`[data-testid="worker-row"][data-worker="${busyId}"]`);
+  await expect(worker).toHaveAttribute("data-state", "idle", { timeout: 5_000 });
+  expect(Date.now() - cancelledAt).toBeLessThan(10_000);
+  await expect(worker).not.toHaveAttribute("data-task", String(task.id));
+  const after = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(after.status).toBe("cancelled");
+
+  // Free: it takes the next task and finishes it.
+  const next = await (await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 0 } } })).json();
+  await expect
+    .poll(async () => (await (await request.get(`/api/tasks/${next.id}`)).json()).status, { timeout: 10_000 })
+    .toBe("processed");
+
+  // Leave nothing running for other tests.
+  await worker.getByTestId("worker-kill").click();
+  await expect(worker).toHaveAttribute("data-state", "crashed");
+});

@@ -15,7 +15,7 @@ use leasekeeper_core::lease::Holder;
 use leasekeeper_core::lease::store::record_operator_action;
 use leasekeeper_core::live::LiveHub;
 use leasekeeper_core::queue::ClaimFilter;
-use leasekeeper_core::queue::wake::WorkSignal;
+use leasekeeper_core::queue::wake::{CancelSignal, WorkSignal};
 use leasekeeper_core::worker::Report;
 use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
 use leasekeeper_core::worker::in_process::InProcess;
@@ -128,7 +128,8 @@ impl std::fmt::Debug for Fleet {
 impl Fleet {
     /// An empty fleet for instance `instance_id`.
     /// Its workers wake on new work announced through `live` (when given)
-    /// rather than only at their next poll.
+    /// rather than only at their next poll, and stop the task at hand
+    /// within a second of an operator cancelling it.
     pub fn new(
         pool: PgPool,
         instance_id: Arc<str>,
@@ -258,7 +259,9 @@ impl Fleet {
         let name = id.as_str().to_string();
         let (worker, controls) = Worker::new(id, transport, handlers, config.worker.clone(), chaos);
         let worker = match &self.inner.live {
-            Some(live) => worker.waking_on(WorkSignal::new(live)),
+            Some(live) => worker
+                .waking_on(WorkSignal::new(live))
+                .hearing_cancels(CancelSignal::new(live)),
             None => worker,
         };
         let mut slots = self.slots();

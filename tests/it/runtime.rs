@@ -182,10 +182,10 @@ async fn errors_and_panics_are_failed_attempts_retried_then_failed() {
     let seen = calls.clone();
     let runtime = Runtime::builder(db.pool.clone())
         .queue("default", 2)
-        .retry(RetryPolicy {
-            base: Duration::from_millis(50),
-            max: Duration::from_millis(100),
-        })
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(50),
+            Duration::from_millis(100),
+        ))
         .handler("flaky", move |job: Job, _: TaskContext| {
             let seen = seen.clone();
             async move {

@@ -542,3 +542,68 @@ async fn crashes_and_kills_leave_no_stray_rollback() {
         crashes.seen()
     );
 }
+
+/// Issue 26, item 2: an operator cancels the task a simulated worker is
+/// sleeping on; the worker, hearing the cancel (heartbeats 10 s apart here,
+/// so only the announcement explains it), stops its sleep and is free again
+/// within 2 s, and takes the next task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_worker_is_free_again_within_two_seconds_of_a_cancel() {
+    let db = TestDb::new().await;
+    let live = leasekeeper_core::live::LiveHub::start(db.pool.clone());
+    let fleet = Fleet::new(
+        db.pool.clone(),
+        Arc::from("inst-c"),
+        FleetConfig {
+            worker: WorkerConfig::new(Duration::from_secs(30), Duration::from_secs(10)),
+            chaos: ChaosSettings::off(),
+            respawn_after: None,
+            seed: Some(1),
+        },
+        Some(live.clone()),
+    );
+    let ids = enqueue(&db, 600, 1).await;
+    fleet.spawn().await.unwrap();
+    eventually("the worker at work", Duration::from_secs(10), || async {
+        let w = worker(&db, "inst-c-w1").await;
+        w.state == WorkerState::Working && w.task_id == Some(ids[0])
+    })
+    .await;
+    let cancelled_at = Instant::now();
+    leasekeeper_core::queue::control::cancel(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        ids[0],
+        "ops@example",
+    )
+    .await
+    .unwrap();
+    loop {
+        let w = worker(&db, "inst-c-w1").await;
+        if w.state == WorkerState::Idle {
+            assert_eq!(w.task_id, None);
+            break;
+        }
+        assert!(
+            cancelled_at.elapsed() < Duration::from_secs(2),
+            "still {:?} on task {:?} 2 s after the cancel",
+            w.state,
+            w.task_id
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    println!("cancel to idle: {:?}", cancelled_at.elapsed());
+    assert_eq!(task(&db, ids[0]).await.status, TaskStatus::Cancelled);
+    // Free: it takes the next task at once.
+    let next = enqueue(&db, 0, 1).await;
+    eventually("the next task done", Duration::from_secs(5), || async {
+        task(&db, next[0]).await.status == TaskStatus::Processed
+    })
+    .await;
+    assert_eq!(
+        task(&db, next[0]).await.processor.as_deref(),
+        Some("inst-c-w1")
+    );
+    fleet.shutdown(Duration::from_secs(5)).await;
+    live.shutdown();
+}

@@ -63,17 +63,18 @@ impl Announcer {
                     Err(RecvError::Lagged(_)) => Topics::ALL,
                     Err(RecvError::Closed) => return,
                 };
-                // New work goes out at once (idle workers wait on it);
-                // anything else waits out the window, gathering company.
-                let until = if topics.contains(Topics::WORK) {
+                // New work and cancels go out at once (idle workers wait on
+                // the one, busy workers on the other); anything else waits
+                // out the window, gathering company.
+                let until = if !(topics & Topics::URGENT).is_empty() {
                     Instant::now()
                 } else {
                     Instant::now() + BATCH_WINDOW
                 };
                 while let Ok(got) = tokio::time::timeout_at(until, made.recv()).await {
                     match got {
-                        // New work cuts the window short.
-                        Ok(t) if t.contains(Topics::WORK) => {
+                        // New work or a cancel cuts the window short.
+                        Ok(t) if !(t & Topics::URGENT).is_empty() => {
                             topics |= t;
                             break;
                         }

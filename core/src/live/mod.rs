@@ -33,6 +33,12 @@
 //!   milliseconds instead of at their next poll. Back-to-back enqueues still
 //!   share NOTIFYs: the announcer sends one at a time and folds everything
 //!   that arrived meanwhile into the next.
+//! - A started task's claim ended by an operator ([`Topics::CANCELS`]: a
+//!   cancel, or a force-release of its lease) is announced the same way, at
+//!   once: every busy worker hearing it heartbeats now instead of at its
+//!   next interval, and the one whose heartbeat is refused stops its
+//!   handler ([`crate::queue::wake::CancelSignal`]). The announcement names
+//!   no task: the database stays the one judge of whose claim ended.
 //!
 //! A change made by hand in SQL on a hot table is not announced; browsers
 //! still see it on the next announced change, or by the slow fallback poll.
@@ -64,12 +70,21 @@ impl Topics {
     pub const WORK: Topics = Topics(32);
     /// Schedules and their ticks.
     pub const SCHEDULES: Topics = Topics(64);
+    /// An operator ended a started task's claim (a cancel, one or in bulk,
+    /// or a force-release of its lease): every busy worker heartbeats at
+    /// once, and the one whose heartbeat is refused tells its handler
+    /// ([`crate::queue::wake::CancelSignal`]). Sent at once, not batched.
+    pub const CANCELS: Topics = Topics(128);
     /// Nothing.
     pub const NONE: Topics = Topics(0);
     /// Everything (after a reconnect, when changes may have been missed).
-    pub const ALL: Topics = Topics(127);
+    pub const ALL: Topics = Topics(255);
 
-    const NAMES: [(Topics, &'static str); 7] = [
+    /// Topics the [`Announcer`] sends at once, without its batch window:
+    /// someone waits on them (idle workers on work, busy ones on cancels).
+    pub const URGENT: Topics = Topics(32 | 128);
+
+    const NAMES: [(Topics, &'static str); 8] = [
         (Topics::LEASES, "leases"),
         (Topics::TASKS, "tasks"),
         (Topics::WORKERS, "workers"),
@@ -77,6 +92,7 @@ impl Topics {
         (Topics::GENERATOR, "generator"),
         (Topics::WORK, "work"),
         (Topics::SCHEDULES, "schedules"),
+        (Topics::CANCELS, "cancels"),
     ];
 
     /// Whether no topic is set.
@@ -137,13 +153,13 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for bits in 0..=127u8 {
+        for bits in 0..=255u8 {
             let t = Topics(bits);
             assert_eq!(Topics::from_names(&t.to_names()), t, "{bits}");
         }
         assert_eq!(
             Topics::ALL.to_names(),
-            "leases,tasks,workers,instances,generator,work,schedules"
+            "leases,tasks,workers,instances,generator,work,schedules,cancels"
         );
     }
 

@@ -6,7 +6,11 @@
 //!   `cancelled`). A started task's claim ends with it: its lease is
 //!   released in the same transaction, and its processor's later heartbeats,
 //!   completion or failure report are refused and recorded as stale writes
-//!   (the task is no longer `started`).
+//!   (the task is no longer `started`). The process running it hears of
+//!   it at once ([`Topics::CANCELS`], announced after the commit): its
+//!   worker heartbeats, is refused, and the handler's
+//!   [`TaskContext::cancelled`](crate::worker::handler::TaskContext::cancelled)
+//!   completes, usually within milliseconds.
 //! - **Retry** puts a failed or cancelled task back to `pending`, runnable
 //!   now, with its attempts reset to 0.
 //!
@@ -198,10 +202,16 @@ pub async fn apply(
             token: task.fencing_token,
             was,
         };
+        let ended_a_claim = action == Action::Cancel && changed.was == TaskStatus::Started.as_str();
         finish(&mut tx, schema, action, &[changed], by, false).await?;
         tx.commit().await?;
         if action == Action::Retry {
             live::announce(Topics::WORK);
+        }
+        if ended_a_claim {
+            // After the commit: the processor's heartbeat, sent on hearing
+            // this, must find the claim ended.
+            live::announce(Topics::CANCELS);
         }
         Ok(task)
     }
@@ -347,11 +357,20 @@ pub async fn apply_matching(
             tokio::time::sleep(Duration::from_millis(25)).await;
             continue;
         }
+        let ended_a_claim = action == Action::Cancel
+            && changed
+                .iter()
+                .any(|c| c.was == TaskStatus::Started.as_str());
         finish(&mut tx, schema, action, &changed, by, true).await?;
         tx.commit().await?;
         total += changed.len() as u64;
         if action == Action::Retry {
             live::announce(Topics::WORK);
+        }
+        if ended_a_claim {
+            // Per batch, after its commit: its processors stop without
+            // waiting for the whole bulk action.
+            live::announce(Topics::CANCELS);
         }
     }
     Ok(total)
@@ -464,8 +483,9 @@ pub async fn force_release(
             tx.commit().await?;
             if freed_a_task {
                 // The task is claimable now: wake idle workers, as an enqueue does
-                // (after the commit, so a woken worker finds it).
-                live::announce(Topics::WORK);
+                // (after the commit, so a woken worker finds it); and its old
+                // processor stops, as on a cancel.
+                live::announce(Topics::WORK | Topics::CANCELS);
             }
             Ok(Some(lease))
         }

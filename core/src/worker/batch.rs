@@ -35,7 +35,7 @@ use super::{Report, WorkerKind};
 use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::ClaimFilter;
-use crate::queue::store::{self, Completion, MAX_BATCH, RetryPolicy};
+use crate::queue::store::{self, Completion, MAX_BATCH, RetryPolicies};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -75,7 +75,7 @@ pub(crate) struct Setup {
     /// The pool's schema.
     pub(crate) schema: Schema,
     pub(crate) ttl: Duration,
-    pub(crate) retry: RetryPolicy,
+    pub(crate) retry: RetryPolicies,
     pub(crate) filter: ClaimFilter,
     pub(crate) kind: WorkerKind,
     pub(crate) instance_id: Arc<str>,
@@ -383,7 +383,7 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
                 &want.worker,
                 claim.token,
                 &why,
-                setup.retry,
+                setup.retry.of(&claim.kind),
             )
             .await
             {

@@ -13,6 +13,28 @@
 //! context's [`TaskContext::lease_lost`] signal fires; the handler's result
 //! after that is discarded, and whatever it had written through a
 //! [`FencedTransaction`] is rolled back.
+//!
+//! An operator's cancel of a started task (one, or in bulk) and a
+//! force-release of its lease end the claim in the database and are
+//! announced; the worker running it, hearing that, heartbeats at once, is
+//! refused, and [`TaskContext::cancelled`] completes within a second
+//! (within milliseconds, usually). Stopping on it is the handler's part:
+//! one that ignores it runs on, but it is fenced all the same: its
+//! completion, failure report and fenced transaction are refused.
+//!
+//! ```
+//! use leasekeeper_core::{Done, HandlerResult, Job, TaskContext};
+//! async fn export(job: Job, ctx: TaskContext) -> HandlerResult {
+//!     for _chunk in 0..100 {
+//!         tokio::select! {
+//!             // Cancelled by an operator, the claim lost, or timed out.
+//!             () = ctx.cancelled() => return Err("stopped: cancelled or lost".into()),
+//!             () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+//!         }
+//!     }
+//!     Ok(Done::output(serde_json::json!({ "task": job.id })))
+//! }
+//! ```
 
 use crate::lease::Holder;
 use crate::queue::store::FencedTransaction;
@@ -159,10 +181,21 @@ impl TaskContext {
         self.lost.is_cancelled()
     }
 
-    /// Completes when the handler should stop: its claim was lost, or the
-    /// attempt ran past its time limit ([`NewTask::timeout`](crate::queue::NewTask::timeout)).
+    /// Completes when the handler should stop:
+    ///
+    /// - an operator cancelled the task, or force-released its lease: within
+    ///   1 s of the action (the worker hears the announcement, heartbeats at
+    ///   once and is refused). A worker over the REST API hears no
+    ///   announcements and finds out at its next heartbeat instead (a third
+    ///   of the lease at most);
+    /// - its claim was otherwise lost (a refused heartbeat, or its local
+    ///   deadline passed), the moment the worker knows it;
+    /// - the attempt ran past its time limit ([`NewTask::timeout`](crate::queue::NewTask::timeout)).
+    ///
     /// Whatever the handler answers after that is discarded; it has the
-    /// worker's lost grace (1 s by default) to return.
+    /// worker's lost grace (1 s by default) to return. A handler that
+    /// ignores it is still fenced: its completion is refused and recorded as
+    /// a stale write.
     pub async fn cancelled(&self) {
         self.cancelled.cancelled().await;
     }

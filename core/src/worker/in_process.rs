@@ -10,7 +10,7 @@ use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::ClaimFilter;
-use crate::queue::store::{self, RetryPolicy};
+use crate::queue::store::{self, RetryPolicies, RetryPolicy};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ pub struct InProcess {
     /// The pool's schema ([`Schema::of`]).
     schema: Schema,
     ttl: Duration,
-    retry: RetryPolicy,
+    retry: RetryPolicies,
     instance_id: Arc<str>,
     filter: ClaimFilter,
     kind: WorkerKind,
@@ -51,7 +51,7 @@ impl InProcess {
             schema: Schema::of(&pool),
             pool,
             ttl,
-            retry: RetryPolicy::default(),
+            retry: RetryPolicies::default(),
             instance_id,
             filter: ClaimFilter::default(),
             kind: WorkerKind::Simulated,
@@ -75,8 +75,16 @@ impl InProcess {
         self
     }
 
-    /// Failed attempts are retried after `retry`'s backoff.
+    /// Failed attempts of kinds without a policy of their own are retried
+    /// as `retry` says (default: [`RetryPolicy::default`]).
     pub fn retrying(mut self, retry: RetryPolicy) -> Self {
+        self.retry = self.retry.with_default(retry);
+        self.batcher = Arc::new(OnceLock::new());
+        self
+    }
+
+    /// Failed attempts of each kind are retried as `retry` says.
+    pub fn retrying_by_kind(mut self, retry: RetryPolicies) -> Self {
         self.retry = retry;
         self.batcher = Arc::new(OnceLock::new());
         self
@@ -102,7 +110,7 @@ impl InProcess {
                 pool: self.pool.clone(),
                 schema: self.schema.clone(),
                 ttl: self.ttl,
-                retry: self.retry,
+                retry: self.retry.clone(),
                 filter: self.filter.clone(),
                 kind: self.kind,
                 instance_id: self.instance_id.clone(),
@@ -159,7 +167,7 @@ impl Transport for InProcess {
             claim.worker,
             claim.token,
             error,
-            self.retry,
+            self.retry.of(claim.kind),
         )
         .await?;
         Ok(())

@@ -57,8 +57,8 @@ use super::run::{Controls, Exit, Worker, WorkerConfig};
 use crate::instance::Registration;
 use crate::lease::Holder;
 use crate::live::LiveHub;
-use crate::queue::store::RetryPolicy;
-use crate::queue::wake::WorkSignal;
+use crate::queue::store::{RetryPolicies, RetryPolicy};
+use crate::queue::wake::{CancelSignal, WorkSignal};
 use crate::queue::{ClaimFilter, DEFAULT_QUEUE, check_name};
 use crate::schedule::NewSchedule;
 use crate::schedule::runtime::{Scheduler, SchedulerConfig};
@@ -87,7 +87,7 @@ pub struct RuntimeBuilder {
     id: Option<String>,
     address: String,
     worker: WorkerConfig,
-    retry: RetryPolicy,
+    retry: RetryPolicies,
     host_search_path: String,
     shutdown_grace: Duration,
     batching: Batching,
@@ -153,9 +153,40 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Backoff between failed attempts. Default: 1 s doubling up to 60 s.
+    /// What follows a failed attempt of a kind without a policy of its own
+    /// ([`RuntimeBuilder::retry_kind`]): backoff, jitter, max attempts (see
+    /// [`RetryPolicy`]). Default: [`RetryPolicy::default`], 1 s doubling up
+    /// to 60 s, no jitter, each task's own max attempts (5 unless its
+    /// enqueue said otherwise).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
+        self.retry = self.retry.with_default(retry);
+        self
+    }
+
+    /// What follows a failed attempt of a task of `kind` (a handler's
+    /// error or panic, a timeout): its backoff, jitter and max attempts
+    /// (see [`RetryPolicy`]), instead of the runtime's
+    /// [default](RuntimeBuilder::retry).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool, send: impl leasekeeper_core::worker::handler::Handler) -> Result<(), Box<dyn std::error::Error>> {
+    /// use leasekeeper_core::{RetryPolicy, Runtime};
+    /// use std::time::Duration;
+    /// let runtime = Runtime::builder(pool)
+    ///     .handler("email", send)
+    ///     // 10 attempts, 5 s doubling up to 10 min, up to a quarter off at random.
+    ///     .retry_kind(
+    ///         "email",
+    ///         RetryPolicy::exponential(Duration::from_secs(5), Duration::from_secs(600))
+    ///             .max_attempts(10)
+    ///             .jitter(0.25),
+    ///     )
+    ///     .start()
+    ///     .await?;
+    /// # let _ = runtime; Ok(()) }
+    /// ```
+    pub fn retry_kind(mut self, kind: impl Into<String>, retry: RetryPolicy) -> Self {
+        self.retry = self.retry.with(kind, retry);
         self
     }
 
@@ -221,7 +252,7 @@ impl RuntimeBuilder {
     /// Registers the instance and its workers and starts them, declares
     /// the schedules and starts the scheduler. Refuses a runtime without
     /// handlers, a bad queue name, a concurrency of 0 or over 1,000, a bad
-    /// id and a bad schedule (naming it and the field).
+    /// id, a bad retry policy and a bad schedule (naming it and the field).
     pub async fn start(self) -> Result<Runtime, RuntimeError> {
         let kinds = self.handlers.kinds();
         if kinds.is_empty() {
@@ -229,6 +260,7 @@ impl RuntimeBuilder {
                 "a runtime needs at least one handler".into(),
             ));
         }
+        self.retry.check().map_err(RuntimeError::Config)?;
         let mut queues = self.queues;
         if queues.is_empty() {
             queues.push((DEFAULT_QUEUE.to_string(), 10));
@@ -285,7 +317,7 @@ impl RuntimeBuilder {
             let transport = InProcess::new(self.pool.clone(), self.worker.lease_ttl, id.clone())
                 .serving(ClaimFilter::queue(queue.clone()).kinds(kinds.clone()))
                 .recorded_as(WorkerKind::Embedded)
-                .retrying(self.retry)
+                .retrying_by_kind(self.retry.clone())
                 .host_search_path(&self.host_search_path)
                 .batching(self.batching);
             transports.push(transport.clone());
@@ -299,7 +331,9 @@ impl RuntimeBuilder {
                     self.worker.clone(),
                     Chaos::from_os(ChaosSettings::off()),
                 );
-                let worker = worker.waking_on(WorkSignal::new(&live));
+                let worker = worker
+                    .waking_on(WorkSignal::new(&live))
+                    .hearing_cancels(CancelSignal::new(&live));
                 workers.push((controls, tokio::spawn(worker.run())));
             }
         }
@@ -352,7 +386,7 @@ impl Runtime {
             id: None,
             address: "embedded".to_string(),
             worker: WorkerConfig::new(Duration::from_secs(15), Duration::from_secs(5)),
-            retry: RetryPolicy::default(),
+            retry: RetryPolicies::default(),
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
             shutdown_grace: Duration::from_secs(10),
             batching: Batching::default(),

@@ -69,8 +69,9 @@ async fn work(job: Job, ctx: TaskContext, mut chaos: Chaos) -> HandlerResult {
     while !left.is_zero() {
         tokio::select! {
             biased;
-            // Lost, or past its time limit: stop sleeping at once.
-            () = ctx.cancelled() => return Err("the claim was lost or timed out".into()),
+            // Cancelled by an operator, lost, or past its time limit: stop
+            // sleeping at once, so the worker is free for the next task.
+            () = ctx.cancelled() => return Err("cancelled, or the claim was lost or timed out".into()),
             () = sleep_until(next_tick) => {}
         }
         left -= left.min(TICK);

@@ -64,6 +64,8 @@ pub struct ClaimRef<'a> {
     pub task_id: i64,
     /// The claim's fencing token.
     pub token: i64,
+    /// The task's kind (a failure report backs off by its kind's policy).
+    pub kind: &'a str,
 }
 
 /// The operations a worker needs from the queue.
@@ -136,11 +138,12 @@ pub trait Transport: Send + Sync + 'static {
 
 impl Claim {
     /// This claim, as `worker` presents it in a write.
-    pub fn by<'a>(&self, worker: &'a Holder) -> ClaimRef<'a> {
+    pub fn by<'a>(&'a self, worker: &'a Holder) -> ClaimRef<'a> {
         ClaimRef {
             worker,
             task_id: self.task_id,
             token: self.token,
+            kind: &self.kind,
         }
     }
 

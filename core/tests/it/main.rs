@@ -6,6 +6,7 @@
 
 mod assert_fence;
 mod batch;
+mod cancel;
 mod common;
 mod fenced;
 mod host;
@@ -17,6 +18,7 @@ mod overview;
 mod pooler;
 mod queues;
 mod retention;
+mod retry;
 mod schedules;
 mod search;
 mod singleton;

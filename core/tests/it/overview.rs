@@ -424,10 +424,7 @@ fn spawn_claimers(
     fail_every: Option<u32>,
     barrier: Arc<Barrier>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let policy = RetryPolicy {
-        base: Duration::from_millis(1),
-        max: Duration::from_millis(1),
-    };
+    let policy = RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(1));
     (0..16)
         .map(|w| {
             let pool = pool.clone();

@@ -251,10 +251,7 @@ async fn failures_back_off_and_stop_at_max_attempts() {
     let ids = enqueue(&db, 1).await; // max_attempts = 3
     let mut conn = db.pool.acquire().await.unwrap();
     let w = holder("w");
-    let policy = RetryPolicy {
-        base: Duration::from_millis(200),
-        max: Duration::from_millis(300),
-    };
+    let policy = RetryPolicy::exponential(Duration::from_millis(200), Duration::from_millis(300));
     for attempt in 1..=3 {
         let task = store::claim_next(&mut conn, &Default::default(), &w, TTL)
             .await

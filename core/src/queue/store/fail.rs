@@ -25,8 +25,8 @@ pub fn bounded_error(error: &str) -> Cow<'_, str> {
 }
 
 /// Reports that an attempt at task `id` failed with `error`. The task goes
-/// back to pending after the policy's backoff, or to failed once it has
-/// used `max_attempts`. Accepted only from the current claim's holder.
+/// back to pending after the policy's backoff (less its jitter), or to
+/// failed once it has used its max attempts (the policy's, else its own). Accepted only from the current claim's holder.
 /// An `error` past [`MAX_ERROR_CHARS`] is kept cut (a simulated worker's
 /// message quotes the bad task data it got, which may be long).
 pub async fn fail(
@@ -45,8 +45,12 @@ pub async fn fail(
         // claim, which would otherwise reset a task another worker now holds.
         // Same guard as complete, re-checked on the locked row (see
         // `update_claim`).
+        policy.check().map_err(TaskError::BadInput)?;
         let (base, max) = (millis(policy.base), millis(policy.max));
         let error = bounded_error(error).into_owned();
+        // The policy's max attempts ($8), when it has one, replaces the
+        // task's own (every expression here reads the row as it was).
+        // The delay: the backoff less up to the jitter's fraction ($7) of it.
         let (mut tx, task) = update_claim(
             conn,
             schema,
@@ -54,14 +58,22 @@ pub async fn fail(
             processor,
             token,
             "fail",
-            "status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-             failed_at = CASE WHEN attempts >= max_attempts THEN now() END,
-             scheduled_at = CASE WHEN attempts >= max_attempts THEN scheduled_at
+            "status = CASE WHEN attempts >= COALESCE($8::int4, max_attempts) THEN 'failed' ELSE 'pending' END,
+             failed_at = CASE WHEN attempts >= COALESCE($8::int4, max_attempts) THEN now() END,
+             scheduled_at = CASE WHEN attempts >= COALESCE($8::int4, max_attempts) THEN scheduled_at
                  ELSE now() + make_interval(secs =>
-                     LEAST($5::float8, $4::float8 * power(2, GREATEST(attempts - 1, 0))) / 1000) END,
+                     LEAST($5::float8, $4::float8 * power(2, GREATEST(attempts - 1, 0)))
+                     * (1 - $7::float8 * random()) / 1000) END,
+             max_attempts = COALESCE($8::int4, max_attempts),
              must_heartbeat_before = NULL,
              last_error = $6",
-            |q| q.bind(base).bind(max).bind(error),
+            |q| {
+                q.bind(base)
+                    .bind(max)
+                    .bind(error)
+                    .bind(policy.jitter)
+                    .bind(policy.max_attempts)
+            },
         )
         .await?;
         release_claim(&mut tx, schema, id, processor, token).await?;

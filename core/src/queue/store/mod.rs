@@ -123,14 +123,46 @@ pub enum TaskError {
     Db(#[from] sqlx::Error),
 }
 
-/// Exponential backoff between failed attempts: `base * 2^(attempts-1)`,
-/// at most `max`.
+/// What happens after a failed attempt (a handler's error or panic, a
+/// timeout, a graceful stop mid-task): when the task is tried again, and
+/// when it is failed for good.
+///
+/// - **Backoff**: exponential, `base * 2^(attempts-1)`, at most `max`
+///   (a constant delay is `base == max`).
+/// - **Jitter**: a fraction from 0 to 1 of that delay taken off at random,
+///   so tasks that failed together do not all come back together: the
+///   delay is drawn from `[delay * (1 - jitter), delay]` (by the database,
+///   at the failing write).
+/// - **Max attempts**: `None` keeps each task's own
+///   ([`NewTask::max_attempts`](crate::queue::NewTask::max_attempts), 5
+///   unless the enqueue said otherwise); `Some(n)` (1 to 1000) replaces it
+///   at the task's first failed attempt (the task row then says `n`).
+///
+/// The default, and what every kind without a policy of its own gets, is
+/// what the queue always did: 1 s doubling up to 60 s, no jitter, the
+/// task's own max attempts.
+///
+/// ```
+/// use leasekeeper_core::RetryPolicy;
+/// use std::time::Duration;
+/// let policy = RetryPolicy::exponential(Duration::from_millis(200), Duration::from_secs(5))
+///     .max_attempts(8)
+///     .jitter(0.2);
+/// assert_eq!(policy.delay(1), Duration::from_millis(200));
+/// assert_eq!(policy.delay(3), Duration::from_millis(800));
+/// assert_eq!(policy.delay(20), Duration::from_secs(5));
+/// assert_eq!(RetryPolicy::default().delay(2), Duration::from_secs(2));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RetryPolicy {
     /// Delay after the first failure.
     pub base: Duration,
     /// The longest delay.
     pub max: Duration,
+    /// The task's attempts in all, replacing its own (`None`: its own).
+    pub max_attempts: Option<i32>,
+    /// The fraction of the delay (0 to 1) taken off at random.
+    pub jitter: f64,
 }
 
 impl Default for RetryPolicy {
@@ -138,15 +170,116 @@ impl Default for RetryPolicy {
         RetryPolicy {
             base: Duration::from_secs(1),
             max: Duration::from_secs(60),
+            max_attempts: None,
+            jitter: 0.0,
         }
     }
 }
 
 impl RetryPolicy {
-    /// The delay before the next attempt after `attempts` attempts.
+    /// `base` doubling per failed attempt up to `max`; no jitter, each
+    /// task's own max attempts.
+    pub fn exponential(base: Duration, max: Duration) -> Self {
+        RetryPolicy {
+            base,
+            max,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// The same `delay` after every failed attempt.
+    pub fn constant(delay: Duration) -> Self {
+        RetryPolicy::exponential(delay, delay)
+    }
+
+    /// At most `attempts` attempts in all (1 to 1000), whatever the task
+    /// was enqueued with.
+    pub fn max_attempts(mut self, attempts: i32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Takes up to `fraction` (0 to 1) of each delay off at random.
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
+        self
+    }
+
+    /// The delay before the next attempt after `attempts` attempts,
+    /// before jitter.
     pub fn delay(&self, attempts: i32) -> Duration {
         let exponent = attempts.saturating_sub(1).clamp(0, 30) as u32;
         self.base.saturating_mul(1 << exponent).min(self.max)
+    }
+
+    /// Refuses max attempts outside 1 to 1000, a jitter outside 0 to 1, and
+    /// a `max` below `base`, saying which.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(n) = self.max_attempts
+            && !(1..=1000).contains(&n)
+        {
+            return Err(format!("max_attempts must be between 1 and 1000, got {n}"));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(format!(
+                "jitter must be a fraction from 0 to 1, got {}",
+                self.jitter
+            ));
+        }
+        if self.max < self.base {
+            return Err(format!(
+                "the longest delay ({:?}) is shorter than the first ({:?})",
+                self.max, self.base
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The retry policy of each task kind: one of its own, or the default.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RetryPolicies {
+    default: RetryPolicy,
+    by_kind: std::sync::Arc<std::collections::HashMap<String, RetryPolicy>>,
+}
+
+impl RetryPolicies {
+    /// `default` for every kind.
+    pub fn new(default: RetryPolicy) -> Self {
+        RetryPolicies {
+            default,
+            by_kind: Default::default(),
+        }
+    }
+
+    /// Kind `kind` gets `policy`.
+    pub fn with(mut self, kind: impl Into<String>, policy: RetryPolicy) -> Self {
+        std::sync::Arc::make_mut(&mut self.by_kind).insert(kind.into(), policy);
+        self
+    }
+
+    /// The default, for a kind without its own.
+    pub fn with_default(mut self, default: RetryPolicy) -> Self {
+        self.default = default;
+        self
+    }
+
+    /// The policy of `kind`.
+    pub fn of(&self, kind: &str) -> RetryPolicy {
+        self.by_kind.get(kind).copied().unwrap_or(self.default)
+    }
+
+    /// Every policy checked ([`RetryPolicy::check`]), the kind named.
+    pub fn check(&self) -> Result<(), String> {
+        self.default
+            .check()
+            .map_err(|e| format!("retry policy: {e}"))?;
+        for (kind, policy) in self.by_kind.iter() {
+            policy
+                .check()
+                .map_err(|e| format!("retry policy of kind {kind:?}: {e}"))?;
+        }
+        Ok(())
     }
 }
 

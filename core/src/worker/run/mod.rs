@@ -26,9 +26,15 @@
 //! for the task's kind. It runs inside the loop (polled, not spawned), so a
 //! pause freezes it too; a panic in it is caught and reported as a failed
 //! attempt. When the claim is lost, the handler's
-//! [`lease_lost`](super::handler::TaskContext::lease_lost) signal fires and
+//! [`lease_lost`](super::handler::TaskContext::lease_lost) and
+//! [`cancelled`](super::handler::TaskContext::cancelled) signals fire and
 //! it gets [`WorkerConfig::lost_grace`] to return; whatever it answers then
 //! is discarded. A task whose kind has no handler fails its attempt.
+//!
+//! An operator's cancel (or force-release) ends the claim in the database;
+//! a worker [hearing cancels](Worker::hearing_cancels) heartbeats at once
+//! on the announcement, is refused, and so loses the claim within moments
+//! instead of at its next heartbeat.
 
 use super::Report;
 use super::WorkerState;
@@ -37,7 +43,7 @@ use super::handler::{Handler, Handlers, SimulatedCrash, TaskContext};
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::lease::Holder;
 use crate::queue::store::FencedTransaction;
-use crate::queue::wake::WorkSignal;
+use crate::queue::wake::{CancelSignal, WorkSignal};
 use futures::FutureExt;
 use serde_json::Value;
 use std::future::Future;
@@ -171,12 +177,13 @@ fn beat<T: Transport>(
     claim: &Claim,
     stall: Option<Duration>,
 ) -> Beat {
-    let (task_id, token) = (claim.task_id, claim.token);
+    let (task_id, token, kind) = (claim.task_id, claim.token, claim.kind.clone());
     Box::pin(async move {
         let claim = ClaimRef {
             worker: &worker,
             task_id,
             token,
+            kind: &kind,
         };
         if let Some(stall) = stall {
             tracing::warn!(worker = %worker, task_id, stall_ms = stall.as_millis() as u64,
@@ -226,6 +233,7 @@ pub struct Worker<T> {
     config: WorkerConfig,
     chaos: Chaos,
     wake: WorkSignal,
+    cancels: CancelSignal,
     stop: CancellationToken,
     drain: CancellationToken,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -254,6 +262,7 @@ impl<T: Transport> Worker<T> {
             config,
             chaos,
             wake: WorkSignal::deaf(),
+            cancels: CancelSignal::deaf(),
             stop: stop.clone(),
             drain: drain.clone(),
             commands: rx,
@@ -277,6 +286,16 @@ impl<T: Transport> Worker<T> {
         self
     }
 
+    /// Heartbeats at once, rather than at the next interval, when `cancels`
+    /// hears that an operator ended a claim somewhere: if it was this
+    /// worker's, the refused heartbeat stops the handler within moments
+    /// (see [`CancelSignal`]). Without one, a cancel is found out at the
+    /// next heartbeat.
+    pub fn hearing_cancels(mut self, cancels: CancelSignal) -> Self {
+        self.cancels = cancels;
+        self
+    }
+
     /// Runs until stopped or crashed.
     pub async fn run(mut self) -> Exit {
         tracing::info!(worker = %self.id, "worker started");
@@ -286,6 +305,8 @@ impl<T: Transport> Worker<T> {
             if self.stop.is_cancelled() || self.drain.is_cancelled() {
                 return self.stopped().await;
             }
+            // Cancels announced before this claim's request are not about it.
+            self.cancels.forget();
             // Not raced against stop: a claim the queue granted must be
             // known here, so that stopping can give it back.
             let sent = Instant::now();
@@ -368,6 +389,9 @@ impl<T: Transport> Worker<T> {
         let mut running = Running::start(handler.as_ref(), &claim, ctx);
         let mut next_beat = sent + interval;
         let mut in_flight: Option<Beat> = None;
+        // A cancel was announced: heartbeat now (or again, once the beat in
+        // flight, perhaps sent before the cancel, is answered).
+        let mut beat_now = false;
         let (result, paused) = loop {
             tokio::select! {
                 biased;
@@ -433,7 +457,9 @@ impl<T: Transport> Worker<T> {
                     }
                 }
                 result = &mut running.0 => break (result, false),
-                () = sleep_until(next_beat), if in_flight.is_none() => {
+                () = self.cancels.heard() => beat_now = true,
+                () = sleep_until(if beat_now { Instant::now() } else { next_beat }), if in_flight.is_none() => {
+                    beat_now = false;
                     let stall = self.chaos.stall_before_heartbeat();
                     in_flight = Some(beat(self.transport.clone(), self.id.clone(), &claim, stall));
                 }

@@ -26,6 +26,9 @@ enum Beats {
     Accept(Duration),
     /// Refused: the claim is lost.
     Refuse,
+    /// Accepted with this much lease left until the given moment (from the
+    /// script's start), refused from then on: an operator ended the claim.
+    RefuseFrom(Duration, Duration),
     /// Never answered.
     Hang,
 }
@@ -102,6 +105,13 @@ impl Transport for Fake {
         match self.0.beats {
             Beats::Accept(left) => Ok(Some(left)),
             Beats::Refuse => Err(TransportError::Lost("fencing token is not current".into())),
+            Beats::RefuseFrom(left, from) => {
+                if self.0.start.elapsed() >= from {
+                    Err(TransportError::Lost("task is cancelled".into()))
+                } else {
+                    Ok(Some(left))
+                }
+            }
             Beats::Hang => std::future::pending().await,
         }
     }
@@ -168,6 +178,51 @@ fn start_with(
         Chaos::seeded(chaos, 1),
     );
     (tokio::spawn(worker.run()), controls)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heard_cancel_heartbeats_at_once_and_the_refusal_stops_the_handler() {
+    // Heartbeats 10 s apart (a 30 s lease); an operator ends the claim at
+    // 2.5 s and it is announced. Other announcements change nothing.
+    let fake = Fake::new(
+        vec![claim(
+            1,
+            7,
+            json!({"sleep_duration_seconds": 600}),
+            secs(30.0),
+        )],
+        Beats::RefuseFrom(secs(30.0), secs(2.5)),
+    );
+    let hub = crate::live::LiveHub::detached();
+    let chaos = ChaosSettings::off();
+    let (worker, controls) = Worker::new(
+        Holder::parse("w1").unwrap(),
+        fake.clone(),
+        simulated::handlers(&chaos),
+        WorkerConfig::new(secs(30.0), secs(10.0)),
+        Chaos::seeded(chaos, 1),
+    );
+    let worker = worker.hearing_cancels(CancelSignal::new(&hub));
+    let running = tokio::spawn(worker.run());
+    sleep(secs(1.0)).await;
+    hub.publish(crate::live::Topics::TASKS | crate::live::Topics::WORK);
+    sleep(secs(1.5)).await;
+    assert!(fake.heartbeats().is_empty(), "not a cancel: no heartbeat");
+    hub.publish(crate::live::Topics::CANCELS);
+    sleep(secs(1.0)).await;
+    // One heartbeat, at the announcement, refused: the sleep stopped at
+    // once (no lost grace waited out), nothing written for the claim, and
+    // the worker idle again.
+    assert_eq!(fake.heartbeats(), vec![secs(2.5)]);
+    assert_eq!(fake.completions(), vec![]);
+    let idle_at = fake
+        .calls()
+        .into_iter()
+        .find(|(_, c)| *c == Call::Report(WorkerState::Idle, None, 0, 1))
+        .map(|(at, _)| at);
+    assert_eq!(idle_at, Some(secs(2.5)));
+    controls.stop();
+    assert_eq!(running.await.unwrap(), Exit::Stopped);
 }
 
 #[tokio::test(start_paused = true)]
