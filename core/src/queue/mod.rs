@@ -3,12 +3,15 @@
 //! This module holds the types the server and the browser share. The
 //! server-only parts are the SQL store ([`store`]).
 
+mod attempt;
 #[cfg(feature = "postgres")]
 pub mod control;
 #[cfg(feature = "postgres")]
 pub mod store;
 #[cfg(feature = "postgres")]
 pub mod wake;
+
+pub use attempt::{Attempt, AttemptOutcome};
 
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
@@ -507,6 +510,12 @@ pub struct FailBody {
         schema(max_length = 4096, pattern = "^[^\\x00]*$")
     )]
     pub error: String,
+    /// How the attempt's record ends: `failed` (the default: the handler
+    /// failed), `timed_out` (the worker stopped it at its time limit) or
+    /// `given_back` (the worker gave it back unfinished). The queue treats
+    /// each as a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<AttemptOutcome>,
 }
 
 /// The body of `PUT /api/tasks/{id}/snooze` (server and HTTP transport).
@@ -530,6 +539,8 @@ pub struct TaskDetail {
     pub task: Task,
     /// Recent events of its lease `task:<id>`, newest first.
     pub history: Vec<crate::lease::LeaseEvent>,
+    /// Its attempts on record, oldest first.
+    pub attempts: Vec<Attempt>,
 }
 
 /// A page of tasks with the TTL their deadlines are measured against.

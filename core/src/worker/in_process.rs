@@ -9,7 +9,7 @@ use super::handler::HostDatabase;
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::db::Schema;
 use crate::lease::Holder;
-use crate::queue::ClaimFilter;
+use crate::queue::{AttemptOutcome, ClaimFilter};
 use crate::queue::store::{self, RetryPolicy};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -152,7 +152,16 @@ impl Transport for InProcess {
     }
 
     async fn fail(&self, claim: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
-        store::fail(
+        self.fail_as(claim, error, AttemptOutcome::Failed).await
+    }
+
+    async fn fail_as(
+        &self,
+        claim: ClaimRef<'_>,
+        error: &str,
+        outcome: AttemptOutcome,
+    ) -> Result<(), TransportError> {
+        store::fail_as(
             &mut *self.conn().await?,
             &self.schema,
             claim.task_id,
@@ -160,6 +169,7 @@ impl Transport for InProcess {
             claim.token,
             error,
             self.retry,
+            outcome,
         )
         .await?;
         Ok(())

@@ -4,6 +4,7 @@
 //! runs them; the dashboard's own tests (REST, pages, server) live in the
 //! repository root's `tests/`.
 
+mod attempts;
 mod batch;
 mod common;
 mod fenced;
