@@ -77,14 +77,14 @@ BEGIN
                        CASE WHEN c.status = 'processed' THEN c.processed_at
                             WHEN c.status = 'cancelled' THEN c.cancelled_at
                             WHEN c.status = 'failed'    THEN c.failed_at
-                            ELSE statement_timestamp() END AS ended_at
+                            ELSE now() END AS ended_at
                   FROM changed c WHERE c.was = 'started') e
          WHERE a.task_id = e.id AND a.fencing_token = e.old_token AND a.outcome = 'running'
     )
     INSERT INTO attempts (task_id, number, processor, fencing_token, claimed_at, outcome)
     SELECT c.id,
            COALESCE((SELECT max(a.number) FROM attempts a WHERE a.task_id = c.id), 0) + 1,
-           c.processor, c.fencing_token, COALESCE(c.started_at, statement_timestamp()), 'running'
+           c.processor, c.fencing_token, COALESCE(c.started_at, now()), 'running'
       FROM changed c
      WHERE c.status = 'started'
      ORDER BY c.id;
