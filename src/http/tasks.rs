@@ -18,8 +18,8 @@ use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::queue::control::{self, TaskFilter};
 use leasekeeper_core::queue::store::{self, Enqueued, RetryPolicy};
 use leasekeeper_core::queue::{
-    Attempt, AttemptOutcome, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, SnoozeBody, Task, TaskStatus,
-    Unique, UniqueScope,
+    Attempt, AttemptOutcome, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask,
+    SnoozeBody, Task, TaskStatus, Unique, UniqueScope,
 };
 use leasekeeper_core::worker::simulated;
 use serde::Deserialize;

@@ -398,7 +398,8 @@ async fn a_tasks_attempts_are_listed_oldest_first_with_their_holders_and_tokens(
     let token1 = first["fencing_token"].as_i64().unwrap();
     // Not a failure's kind: refused, nothing changed.
     for (outcome, expected) in [("completed", "timed_out"), ("finished", "unknown variant")] {
-        let body = json!({"processor": "w1", "fencing_token": token1, "error": "x", "outcome": outcome});
+        let body =
+            json!({"processor": "w1", "fencing_token": token1, "error": "x", "outcome": outcome});
         let (s, err) = api.put(&format!("/api/tasks/{id}/fail"), body).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{outcome}: {err}");
         assert!(error_of(&err).contains(expected), "{err}");
@@ -424,7 +425,12 @@ async fn a_tasks_attempts_are_listed_oldest_first_with_their_holders_and_tokens(
     assert_eq!(s, StatusCode::OK, "{all}");
     let all = all.as_array().unwrap().clone();
     assert_eq!(all.len(), 2, "{all:?}");
-    let keys: Vec<&str> = all[0].as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = all[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     let mut keys = keys;
     keys.sort_unstable();
     assert_eq!(
@@ -440,13 +446,28 @@ async fn a_tasks_attempts_are_listed_oldest_first_with_their_holders_and_tokens(
         ]
     );
     assert_eq!(
-        (&all[0]["number"], &all[0]["processor"], &all[0]["outcome"], &all[0]["error"]),
-        (&json!(1), &json!("w1"), &json!("timed_out"), &json!("timed out after 2s"))
+        (
+            &all[0]["number"],
+            &all[0]["processor"],
+            &all[0]["outcome"],
+            &all[0]["error"]
+        ),
+        (
+            &json!(1),
+            &json!("w1"),
+            &json!("timed_out"),
+            &json!("timed out after 2s")
+        )
     );
     assert_eq!(all[0]["fencing_token"], token1);
     assert!(all[0]["ended_at"].is_string());
     assert_eq!(
-        (&all[1]["number"], &all[1]["processor"], &all[1]["outcome"], &all[1]["ended_at"]),
+        (
+            &all[1]["number"],
+            &all[1]["processor"],
+            &all[1]["outcome"],
+            &all[1]["ended_at"]
+        ),
         (&json!(2), &json!("w2"), &json!("running"), &Value::Null)
     );
     assert_eq!(all[1]["fencing_token"], token2);

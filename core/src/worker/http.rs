@@ -5,7 +5,8 @@ use super::Report;
 use super::transport::{Claim, ClaimRef, Transport, TransportError, ms};
 use crate::lease::Holder;
 use crate::queue::{
-    AttemptOutcome, ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody, Task,
+    AttemptOutcome, ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody,
+    Task,
 };
 use serde::Serialize;
 use serde_json::Value;

@@ -11,8 +11,8 @@
 use super::Report;
 use super::handler::{HostDatabase, Job};
 use crate::lease::Holder;
-use crate::queue::{AttemptOutcome, Task};
 use crate::queue::store::TaskError;
+use crate::queue::{AttemptOutcome, Task};
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;

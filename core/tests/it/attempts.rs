@@ -23,9 +23,13 @@ const NO_BACKOFF: RetryPolicy = RetryPolicy {
 };
 
 async fn enqueue(pool: &PgPool, new: NewTask) -> Task {
-    store::enqueue(&mut pool.acquire().await.unwrap(), &Default::default(), &new)
-        .await
-        .unwrap()
+    store::enqueue(
+        &mut pool.acquire().await.unwrap(),
+        &Default::default(),
+        &new,
+    )
+    .await
+    .unwrap()
 }
 
 async fn claim(pool: &PgPool, by: &str, ttl: Duration) -> Task {
@@ -67,7 +71,12 @@ async fn a_claim_opens_a_running_attempt_and_its_completion_closes_it() {
     assert_eq!(running.len(), 1);
     let a = &running[0];
     assert_eq!(
-        (a.number, a.processor.as_str(), Some(a.fencing_token), a.outcome),
+        (
+            a.number,
+            a.processor.as_str(),
+            Some(a.fencing_token),
+            a.outcome
+        ),
         (1, "w1", claimed.fencing_token, AttemptOutcome::Running)
     );
     assert_eq!(Some(a.claimed_at), claimed.started_at);
@@ -126,7 +135,14 @@ async fn failed_attempts_keep_their_errors_in_order_until_the_task_fails() {
     let all = attempts(&db.pool, t.id).await;
     let seen: Vec<(i32, &str, AttemptOutcome, Option<&str>)> = all
         .iter()
-        .map(|a| (a.number, a.processor.as_str(), a.outcome, a.error.as_deref()))
+        .map(|a| {
+            (
+                a.number,
+                a.processor.as_str(),
+                a.outcome,
+                a.error.as_deref(),
+            )
+        })
         .collect();
     assert_eq!(
         seen,
@@ -238,11 +254,10 @@ async fn an_operators_cancel_of_a_started_task_closes_its_attempt_as_cancelled()
     claim(&db.pool, "w2", TTL).await;
     let all = attempts(&db.pool, t.id).await;
     assert_eq!(
-        all.iter().map(|a| (a.number, a.outcome)).collect::<Vec<_>>(),
-        [
-            (1, AttemptOutcome::Cancelled),
-            (2, AttemptOutcome::Running)
-        ]
+        all.iter()
+            .map(|a| (a.number, a.outcome))
+            .collect::<Vec<_>>(),
+        [(1, AttemptOutcome::Cancelled), (2, AttemptOutcome::Running)]
     );
 }
 
@@ -265,7 +280,9 @@ async fn a_snooze_closes_the_attempt_as_snoozed_and_the_next_claim_numbers_on() 
     let again = claim(&db.pool, "w1", TTL).await;
     let all = attempts(&db.pool, t.id).await;
     assert_eq!(
-        all.iter().map(|a| (a.number, a.outcome)).collect::<Vec<_>>(),
+        all.iter()
+            .map(|a| (a.number, a.outcome))
+            .collect::<Vec<_>>(),
         [(1, AttemptOutcome::Snoozed), (2, AttemptOutcome::Running)]
     );
     assert_eq!(Some(all[1].fencing_token), again.fencing_token);
@@ -373,9 +390,13 @@ async fn a_bulk_claim_records_every_attempt() {
     let news: Vec<NewTask> = (0..1000)
         .map(|i| NewTask::new("k", json!({ "i": i })))
         .collect();
-    store::enqueue_many(&mut db.pool.acquire().await.unwrap(), &Default::default(), &news)
-        .await
-        .unwrap();
+    store::enqueue_many(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &news,
+    )
+    .await
+    .unwrap();
     let claimed = store::claim_batch(
         &mut db.pool.acquire().await.unwrap(),
         &Default::default(),

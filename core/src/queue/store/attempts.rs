@@ -26,39 +26,44 @@ pub async fn attempts(
     schema: &Schema,
     id: i64,
 ) -> Result<Vec<Attempt>, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Vec<Attempt>, TaskError>, async {
-        // One statement, so "no such task" and "no attempts yet" are told
-        // apart in one snapshot: one row with no attempt for a task never
-        // claimed, no row for no task.
-        let rows: Vec<Row> = schema
-            .query_as(
-                "SELECT a.number, a.processor, a.fencing_token, a.claimed_at, a.ended_at,
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Attempt>, TaskError>,
+        async {
+            // One statement, so "no such task" and "no attempts yet" are told
+            // apart in one snapshot: one row with no attempt for a task never
+            // claimed, no row for no task.
+            let rows: Vec<Row> = schema
+                .query_as(
+                    "SELECT a.number, a.processor, a.fencing_token, a.claimed_at, a.ended_at,
                         a.outcome, a.error
                    FROM $schema.tasks t
                    LEFT JOIN $schema.attempts a ON a.task_id = t.id
                   WHERE t.id = $1
                   ORDER BY a.number",
-            )
-            .bind(id)
-            .fetch_all(&mut *conn)
-            .await?;
-        if rows.is_empty() {
-            return Err(TaskError::NotFound(id));
-        }
-        Ok(rows
-            .into_iter()
-            .filter_map(|r| {
-                Some(Attempt {
-                    number: r.number?,
-                    processor: r.processor?,
-                    fencing_token: r.fencing_token?,
-                    claimed_at: r.claimed_at?,
-                    ended_at: r.ended_at,
-                    outcome: r.outcome?,
-                    error: r.error,
+                )
+                .bind(id)
+                .fetch_all(&mut *conn)
+                .await?;
+            if rows.is_empty() {
+                return Err(TaskError::NotFound(id));
+            }
+            Ok(rows
+                .into_iter()
+                .filter_map(|r| {
+                    Some(Attempt {
+                        number: r.number?,
+                        processor: r.processor?,
+                        fencing_token: r.fencing_token?,
+                        claimed_at: r.claimed_at?,
+                        ended_at: r.ended_at,
+                        outcome: r.outcome?,
+                        error: r.error,
+                    })
                 })
-            })
-            .collect())
-    }
-    .await)
+                .collect())
+        }
+        .await
+    )
 }

@@ -349,7 +349,8 @@ impl<T: Transport> Worker<T> {
                 "no handler for task kind {:?} on worker {}",
                 claim.kind, self.id
             );
-            self.give_back(&claim, &why, AttemptOutcome::GivenBack).await;
+            self.give_back(&claim, &why, AttemptOutcome::GivenBack)
+                .await;
             return Flow::Claim;
         };
         let lost = CancellationToken::new();
@@ -456,7 +457,8 @@ impl<T: Transport> Worker<T> {
             }
             Ok(Err(e)) if e.is::<SimulatedCrash>() => Flow::Exit(Exit::Crashed),
             Ok(Err(e)) => {
-                self.give_back(&claim, &e.to_string(), AttemptOutcome::Failed).await;
+                self.give_back(&claim, &e.to_string(), AttemptOutcome::Failed)
+                    .await;
                 Flow::Claim
             }
             Ok(Ok(done)) if let Err(why) = crate::json::storable(&done.output, "its output") => {
@@ -481,8 +483,12 @@ impl<T: Transport> Worker<T> {
                     Err(TransportError::Transient(why)) => {
                         // Not snoozed: the attempt fails instead (retried
                         // after the backoff), rather than waiting out the lease.
-                        self.give_back(&claim, &format!("could not snooze: {why}"), AttemptOutcome::Failed)
-                            .await;
+                        self.give_back(
+                            &claim,
+                            &format!("could not snooze: {why}"),
+                            AttemptOutcome::Failed,
+                        )
+                        .await;
                         return Flow::Claim;
                     }
                 }
@@ -650,7 +656,11 @@ impl<T: Transport> Worker<T> {
         // Cut here too: over REST a longer message would be refused (400)
         // and the task would wait out its lease instead of being retried.
         let why = &*crate::queue::store::bounded_error(why);
-        match self.transport.fail_as(claim.by(&self.id), why, outcome).await {
+        match self
+            .transport
+            .fail_as(claim.by(&self.id), why, outcome)
+            .await
+        {
             Ok(()) => {
                 tracing::warn!(worker = %self.id, task_id = claim.task_id, reason = why, "gave the task back as failed");
             }
