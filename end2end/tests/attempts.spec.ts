@@ -36,20 +36,20 @@ async function spawn(page: Page) {
 test("the task page lists each attempt: the killed worker's taken over, the rescuer's with the next token", async ({ page, request }) => {
   await request.delete("/api/generator/stop");
   await drain(request);
-  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 4 } } });
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 10 } } });
   expect(created.status()).toBe(201);
   const task = await created.json();
 
   // A worker claims it; a second waits idle; the first is killed.
   await page.goto("/workers");
-  await spawn(page);
-  const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
-  await expect(busy).toHaveCount(1, { timeout: 5_000 });
-  const killedId = (await busy.getAttribute("data-worker"))!;
+  const killedId = await spawn(page);
+  const killed = page.locator(`[data-testid="worker-row"][data-worker="${killedId}"]`);
+  await expect(killed).toHaveAttribute("data-task", String(task.id), { timeout: 5_000 });
   const first = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(first.processor).toBe(killedId);
   const rescuerId = await spawn(page);
-  await busy.getByTestId("worker-kill").click();
-  await expect(page.locator(`[data-testid="worker-row"][data-worker="${killedId}"]`)).toHaveAttribute("data-state", "crashed");
+  await killed.getByTestId("worker-kill").click();
+  await expect(killed).toHaveAttribute("data-state", "crashed");
 
   // Its lease runs out (3 s TTL) and the other worker takes the task over.
   await expect
@@ -70,7 +70,7 @@ test("the task page lists each attempt: the killed worker's taken over, the resc
   await expect(rows.nth(1).getByTestId("attempt-outcome")).toHaveText(/^(running|completed)$/);
 
   // The rescuer finishes it; the page, live, says so.
-  await expect(rows.nth(1)).toHaveAttribute("data-outcome", "completed", { timeout: 15_000 });
+  await expect(rows.nth(1)).toHaveAttribute("data-outcome", "completed", { timeout: 30_000 });
   const attempts = await (await request.get(`/api/tasks/${task.id}/attempts`)).json();
   expect(attempts.map((a: { outcome: string }) => a.outcome)).toEqual(["taken_over", "completed"]);
 
