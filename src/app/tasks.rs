@@ -2,8 +2,8 @@
 //! token, attempts and a heartbeat countdown whose colour shifts as the
 //! deadline nears (late tasks are flagged); a search by status, kind,
 //! queue and data (in the URL, so it works before hydration and can be
-//! shared); and lookup by id with attempts, last error and the task
-//! lease's history.
+//! shared); and lookup by id with its attempts on record, last error and
+//! the task lease's history.
 
 use super::live::refresh_tick;
 use super::time::{LocalTime, remaining};
@@ -12,7 +12,9 @@ use super::widgets::{
 };
 use crate::error::AppError;
 use crate::error::parse_id;
-use leasekeeper_core::queue::{TaskAction, TaskDetail, TaskPage, TaskSearch, TaskStatus};
+use leasekeeper_core::queue::{
+    Attempt, AttemptOutcome, TaskAction, TaskDetail, TaskPage, TaskSearch, TaskStatus,
+};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -65,7 +67,12 @@ pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
         50,
     )
     .await?;
-    Ok(Some(TaskDetail { task, history }))
+    let attempts = store::attempts(&mut conn, &super::context::schema()?, id).await?;
+    Ok(Some(TaskDetail {
+        task,
+        history,
+        attempts,
+    }))
 }
 
 /// Cancels (`action` = `cancel`) or retries (`retry`) task `id`: an
@@ -603,8 +610,54 @@ fn TaskDetailView(detail: TaskDetail, one: ServerAction<ControlTask>) -> impl In
                     </dd></div>
                 })}
             </dl>
+            <AttemptsTable attempts=detail.attempts/>
             <HistoryList history=detail.history/>
         </section>
+    }
+}
+
+/// A task's attempts on record, oldest first: who held each claim, under
+/// which token, and how it ended.
+#[component]
+fn AttemptsTable(attempts: Vec<Attempt>) -> impl IntoView {
+    if attempts.is_empty() {
+        return Either::Left(view! {
+            <p class="mt-3 text-sm text-slate-500" data-testid="attempts-none">"No attempt yet."</p>
+        });
+    }
+    Either::Right(view! {
+        <DataTable testid="attempts-table" headers=vec!["attempt", "processor", "token", "claimed", "ended", "outcome", "error"]>
+            {attempts
+                .into_iter()
+                .map(|a| {
+                    view! {
+                        <tr class="border-t border-slate-100" data-testid="attempt-row" data-number=a.number data-outcome=a.outcome.as_str()>
+                            <td class="px-3 py-2 tabular-nums" data-testid="attempt-number">{a.number}</td>
+                            <td class="px-3 py-2 font-mono" data-testid="attempt-processor">{a.processor.clone()}</td>
+                            <td class="px-3 py-2 font-mono" data-testid="attempt-token">{a.fencing_token}</td>
+                            <td class="px-3 py-2 tabular-nums"><LocalTime at=a.claimed_at/></td>
+                            <td class="px-3 py-2 tabular-nums">{a.ended_at.map(|at| view! { <LocalTime at/> })}</td>
+                            <td class="px-3 py-2">
+                                <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", outcome_badge(a.outcome)) data-testid="attempt-outcome">
+                                    {a.outcome.as_str()}
+                                </span>
+                            </td>
+                            <td class="min-w-0 max-w-md break-words px-3 py-2 text-xs" data-testid="attempt-error">{a.error.clone().unwrap_or_default()}</td>
+                        </tr>
+                    }
+                })
+                .collect_view()}
+        </DataTable>
+    })
+}
+
+fn outcome_badge(outcome: AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Running => "bg-sky-100 text-sky-800",
+        AttemptOutcome::Completed => "bg-emerald-100 text-emerald-800",
+        AttemptOutcome::Failed | AttemptOutcome::TimedOut => "bg-red-100 text-red-800",
+        AttemptOutcome::TakenOver | AttemptOutcome::Cancelled => "bg-amber-100 text-amber-800",
+        AttemptOutcome::GivenBack | AttemptOutcome::Snoozed => "bg-slate-200 text-slate-700",
     }
 }
 

@@ -86,6 +86,7 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         tasks::fail,
         tasks::snooze,
         tasks::events,
+        tasks::attempts,
         tasks::cancel_one,
         tasks::retry_one,
         tasks::cancel_matching,

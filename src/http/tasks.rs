@@ -18,8 +18,8 @@ use leasekeeper_core::lease::LeaseEvent;
 use leasekeeper_core::queue::control::{self, TaskFilter};
 use leasekeeper_core::queue::store::{self, Enqueued, RetryPolicy};
 use leasekeeper_core::queue::{
-    ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask, SnoozeBody, Task, TaskSearch,
-    TaskStatus, Unique, UniqueScope,
+    Attempt, AttemptOutcome, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, NewTask,
+    SnoozeBody, Task, TaskSearch, TaskStatus, Unique, UniqueScope,
 };
 use leasekeeper_core::worker::simulated;
 use serde::Deserialize;
@@ -45,6 +45,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/{id}/fail", put(fail))
         .route("/api/tasks/{id}/snooze", put(snooze))
         .route("/api/tasks/{id}/events", get(events))
+        .route("/api/tasks/{id}/attempts", get(attempts))
         .route("/api/tasks/{id}/cancel", post(cancel_one))
         .route("/api/tasks/{id}/retry", post(retry_one))
         .route("/api/tasks/cancel", post(cancel_matching))
@@ -527,7 +528,7 @@ async fn fail(
             "error must not contain the NUL character".into(),
         ));
     }
-    let task = store::fail(
+    let task = store::fail_as(
         &mut *s.pool.acquire().await?,
         s.schema(),
         id,
@@ -535,6 +536,7 @@ async fn fail(
         body.fencing_token,
         &body.error,
         RetryPolicy::default(),
+        body.outcome.unwrap_or(AttemptOutcome::Failed),
     )
     .await?;
     Ok(Json(task))
@@ -764,6 +766,27 @@ async fn retry_matching(
     let count =
         control::retry_matching(&s.pool, s.schema(), &body.filter(), &s.instance_id).await?;
     Ok(Json(Count { count }))
+}
+
+/// `GET /api/tasks/{id}/attempts`: every attempt of the task on record,
+/// oldest first.
+#[utoipa::path(
+    get,
+    path = "/api/tasks/{id}/attempts",
+    tag = "tasks",
+    summary = "A task's attempts",
+    description = "Every attempt of the task on record, oldest first: its number, the processor that held the claim, the claim's fencing token, when it was claimed and ended, its outcome (`running`, `completed`, `failed`, `taken_over`, `cancelled`, `timed_out`, `snoozed`, `given_back`) and the error it ended with. Empty for a task never claimed; pruned with the task.",
+    params(TaskIdPath),
+    responses(
+        (status = 200, description = "The attempts, oldest first", body = [Attempt]),
+        BadId,
+        TaskNotFound,
+    )
+)]
+async fn attempts(State(s): State<AppState>, Id(id): Id) -> Result<Json<Vec<Attempt>>, AppError> {
+    Ok(Json(
+        store::attempts(&mut *s.pool.acquire().await?, s.schema(), id).await?,
+    ))
 }
 
 /// `GET /api/tasks/{id}/events`: the task lease's history (claims,

@@ -183,6 +183,18 @@ impl<T: Transport> Transport for Recorded<T> {
         result
     }
 
+    async fn fail_as(
+        &self,
+        claim: ClaimRef<'_>,
+        error: &str,
+        outcome: leasekeeper_core::queue::AttemptOutcome,
+    ) -> Result<(), TransportError> {
+        let sent = now_ms();
+        let result = self.inner.fail_as(claim, error, outcome).await;
+        self.record_write(claim, OpKind::Fail, sent, &result);
+        result
+    }
+
     // Not recorded: the simulated work (the only work the fault harness
     // runs through this) never snoozes, so the checker knows no such op.
     async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {

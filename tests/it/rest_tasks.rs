@@ -379,3 +379,105 @@ async fn a_claimed_task_snoozes_back_to_pending_without_using_an_attempt() {
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
 }
+
+/// `GET /api/tasks/{id}/attempts`: every attempt, oldest first, in the
+/// documented shape; a worker's fail names how its attempt ended; 404 for
+/// no such task, 400 for a bad id.
+#[tokio::test]
+async fn a_tasks_attempts_are_listed_oldest_first_with_their_holders_and_tokens() {
+    let api = Api::new().await;
+    let task = enqueue(&api, json!({})).await;
+    let id = task["id"].as_i64().unwrap();
+    let uri = format!("/api/tasks/{id}/attempts");
+    let (s, none) = api.get(&uri).await;
+    assert_eq!((s, none), (StatusCode::OK, json!([])));
+
+    let (_, first) = api
+        .post("/api/tasks/next", json!({"processor": "w1"}))
+        .await;
+    let token1 = first["fencing_token"].as_i64().unwrap();
+    // Not a failure's kind: refused, nothing changed.
+    for (outcome, expected) in [("completed", "timed_out"), ("finished", "unknown variant")] {
+        let body =
+            json!({"processor": "w1", "fencing_token": token1, "error": "x", "outcome": outcome});
+        let (s, err) = api.put(&format!("/api/tasks/{id}/fail"), body).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{outcome}: {err}");
+        assert!(error_of(&err).contains(expected), "{err}");
+    }
+    let body = json!({"processor": "w1", "fencing_token": token1, "error": "timed out after 2s", "outcome": "timed_out"});
+    let (s, failed) = api.put(&format!("/api/tasks/{id}/fail"), body).await;
+    assert_eq!(s, StatusCode::OK, "{failed}");
+    // The retry is due after the backoff (1 s).
+    let mut second = json!(null);
+    for _ in 0..60 {
+        let (s, claimed) = api
+            .post("/api/tasks/next", json!({"processor": "w2"}))
+            .await;
+        if s == StatusCode::ACCEPTED {
+            second = claimed;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let token2 = second["fencing_token"].as_i64().expect("claimed again");
+
+    let (s, all) = api.get(&uri).await;
+    assert_eq!(s, StatusCode::OK, "{all}");
+    let all = all.as_array().unwrap().clone();
+    assert_eq!(all.len(), 2, "{all:?}");
+    let keys: Vec<&str> = all[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut keys = keys;
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "claimed_at",
+            "ended_at",
+            "error",
+            "fencing_token",
+            "number",
+            "outcome",
+            "processor"
+        ]
+    );
+    assert_eq!(
+        (
+            &all[0]["number"],
+            &all[0]["processor"],
+            &all[0]["outcome"],
+            &all[0]["error"]
+        ),
+        (
+            &json!(1),
+            &json!("w1"),
+            &json!("timed_out"),
+            &json!("timed out after 2s")
+        )
+    );
+    assert_eq!(all[0]["fencing_token"], token1);
+    assert!(all[0]["ended_at"].is_string());
+    assert_eq!(
+        (
+            &all[1]["number"],
+            &all[1]["processor"],
+            &all[1]["outcome"],
+            &all[1]["ended_at"]
+        ),
+        (&json!(2), &json!("w2"), &json!("running"), &Value::Null)
+    );
+    assert_eq!(all[1]["fencing_token"], token2);
+    assert!(token1 < token2);
+
+    let (s, err) = api.get("/api/tasks/12345/attempts").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
+    for bad in ["abc", "0", "-3"] {
+        let (s, err) = api.get(&format!("/api/tasks/{bad}/attempts")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {err}");
+        assert!(error_of(&err).contains("positive integer"), "{err}");
+    }
+}

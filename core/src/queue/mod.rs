@@ -3,6 +3,7 @@
 //! This module holds the types the server and the browser share. The
 //! server-only parts are the SQL store ([`store`]).
 
+mod attempt;
 #[cfg(feature = "postgres")]
 pub mod control;
 pub mod queues;
@@ -13,6 +14,7 @@ pub mod wake;
 
 mod search;
 pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};
+pub use attempt::{Attempt, AttemptOutcome};
 
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
@@ -511,6 +513,12 @@ pub struct FailBody {
         schema(max_length = 4096, pattern = "^[^\\x00]*$")
     )]
     pub error: String,
+    /// How the attempt's record ends: `failed` (the default: the handler
+    /// failed), `timed_out` (the worker stopped it at its time limit) or
+    /// `given_back` (the worker gave it back unfinished). The queue treats
+    /// each as a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<AttemptOutcome>,
 }
 
 /// The body of `PUT /api/tasks/{id}/snooze` (server and HTTP transport).
@@ -534,6 +542,8 @@ pub struct TaskDetail {
     pub task: Task,
     /// Recent events of its lease `task:<id>`, newest first.
     pub history: Vec<crate::lease::LeaseEvent>,
+    /// Its attempts on record, oldest first.
+    pub attempts: Vec<Attempt>,
 }
 
 /// A page of tasks with the TTL their deadlines are measured against.

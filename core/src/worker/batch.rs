@@ -376,7 +376,7 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
             // The worker's loop ended while its claim was in flight: give
             // the task back rather than let it wait out its lease.
             let why = format!("worker {} stopped before its claim reached it", want.worker);
-            if let Err(e) = store::fail(
+            if let Err(e) = store::fail_as(
                 conn,
                 &setup.schema,
                 claim.task_id,
@@ -384,6 +384,7 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
                 claim.token,
                 &why,
                 setup.retry.of(&claim.kind),
+                crate::queue::AttemptOutcome::GivenBack,
             )
             .await
             {

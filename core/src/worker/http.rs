@@ -5,7 +5,8 @@ use super::Report;
 use super::transport::{Claim, ClaimRef, Transport, TransportError, ms};
 use crate::lease::Holder;
 use crate::queue::{
-    ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody, Task,
+    AttemptOutcome, ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody,
+    Task,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -174,6 +175,15 @@ impl Transport for Http {
     }
 
     async fn fail(&self, claim: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
+        self.fail_as(claim, error, AttemptOutcome::Failed).await
+    }
+
+    async fn fail_as(
+        &self,
+        claim: ClaimRef<'_>,
+        error: &str,
+        outcome: AttemptOutcome,
+    ) -> Result<(), TransportError> {
         self.task_write(
             claim.task_id,
             "fail",
@@ -181,6 +191,8 @@ impl Transport for Http {
                 processor: claim.worker.clone(),
                 fencing_token: claim.token,
                 error: error.to_owned(),
+                // Left out when plain, as a worker before attempts wrote it.
+                outcome: (outcome != AttemptOutcome::Failed).then_some(outcome),
             },
         )
         .await?;

@@ -9,8 +9,8 @@ use super::handler::HostDatabase;
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::db::Schema;
 use crate::lease::Holder;
-use crate::queue::ClaimFilter;
 use crate::queue::store::{self, RetryPolicies, RetryPolicy};
+use crate::queue::{AttemptOutcome, ClaimFilter};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -160,7 +160,16 @@ impl Transport for InProcess {
     }
 
     async fn fail(&self, claim: ClaimRef<'_>, error: &str) -> Result<(), TransportError> {
-        store::fail(
+        self.fail_as(claim, error, AttemptOutcome::Failed).await
+    }
+
+    async fn fail_as(
+        &self,
+        claim: ClaimRef<'_>,
+        error: &str,
+        outcome: AttemptOutcome,
+    ) -> Result<(), TransportError> {
+        store::fail_as(
             &mut *self.conn().await?,
             &self.schema,
             claim.task_id,
@@ -168,6 +177,7 @@ impl Transport for InProcess {
             claim.token,
             error,
             self.retry.of(claim.kind),
+            outcome,
         )
         .await?;
         Ok(())

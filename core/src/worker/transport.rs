@@ -11,8 +11,8 @@
 use super::Report;
 use super::handler::{HostDatabase, Job};
 use crate::lease::Holder;
-use crate::queue::Task;
 use crate::queue::store::TaskError;
+use crate::queue::{AttemptOutcome, Task};
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
@@ -95,6 +95,20 @@ pub trait Transport: Send + Sync + 'static {
         claim: ClaimRef<'_>,
         error: &str,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// [`Transport::fail`], with the attempt's record ending as `outcome`
+    /// (`Failed`, `TimedOut` or `GivenBack`; see
+    /// [`store::fail_as`](crate::queue::store::fail_as)). The default
+    /// forgets the outcome and calls [`Transport::fail`].
+    fn fail_as(
+        &self,
+        claim: ClaimRef<'_>,
+        error: &str,
+        outcome: AttemptOutcome,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send {
+        let _ = outcome;
+        self.fail(claim, error)
+    }
 
     /// Puts the task back to pending, due in `delay`, without using up an
     /// attempt (the handler answered [`Done::snooze`](super::handler::Done::snooze)).

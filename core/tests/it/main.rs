@@ -5,6 +5,7 @@
 //! repository root's `tests/`.
 
 mod assert_fence;
+mod attempts;
 mod batch;
 mod cancel;
 mod common;

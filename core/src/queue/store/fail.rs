@@ -6,7 +6,7 @@ use super::{RetryPolicy, TaskError, millis, task_resource};
 use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::store::{self as leases, LeaseError};
-use crate::queue::Task;
+use crate::queue::{AttemptOutcome, Task};
 use sqlx::PgConnection;
 use std::borrow::Cow;
 
@@ -38,6 +38,47 @@ pub async fn fail(
     error: &str,
     policy: RetryPolicy,
 ) -> Result<Task, TaskError> {
+    fail_as(
+        conn,
+        schema,
+        id,
+        processor,
+        token,
+        error,
+        policy,
+        AttemptOutcome::Failed,
+    )
+    .await
+}
+
+/// [`fail`], with the attempt on record ending as `outcome`: `Failed` (the
+/// handler failed), `TimedOut` (the worker stopped it at its time limit) or
+/// `GivenBack` (the worker gave the task back unfinished). For the queue
+/// each is a failed attempt; only the record tells them apart. Any other
+/// outcome is [`TaskError::BadInput`].
+#[expect(
+    clippy::too_many_arguments,
+    reason = "fail's claim, error and policy, and the outcome: a struct would only rename them"
+)]
+pub async fn fail_as(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    processor: &Holder,
+    token: i64,
+    error: &str,
+    policy: RetryPolicy,
+    outcome: AttemptOutcome,
+) -> Result<Task, TaskError> {
+    if !matches!(
+        outcome,
+        AttemptOutcome::Failed | AttemptOutcome::TimedOut | AttemptOutcome::GivenBack
+    ) {
+        return Err(TaskError::BadInput(format!(
+            "a failed attempt ends as failed, timed_out or given_back, not {}",
+            outcome.as_str()
+        )));
+    }
     crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
@@ -77,6 +118,20 @@ pub async fn fail(
         )
         .await?;
         release_claim(&mut tx, schema, id, processor, token).await?;
+        if outcome != AttemptOutcome::Failed {
+            // The trigger recorded the attempt's end as a failure; say which
+            // kind, in the same transaction (the token names the attempt).
+            schema
+                .query(
+                    "UPDATE $schema.attempts SET outcome = $3
+                      WHERE task_id = $1 AND fencing_token = $2 AND outcome = 'failed'",
+                )
+                .bind(id)
+                .bind(token)
+                .bind(outcome)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         crate::metrics::failed(&task);
         Ok(task)

@@ -8,7 +8,8 @@
 //! claim guard every processor write shares, and the record of a refused
 //! write); `heartbeat.rs`; `complete.rs`; `fail.rs`; `fenced.rs` (a
 //! handler's writes committed with its completion); `read.rs` (one task,
-//! the lists); [`sql`] (the hot statements as text).
+//! the lists); `attempts.rs` (a task's attempts on record); [`sql`] (the
+//! hot statements as text).
 //!
 //! A claim takes the task's lease (`task:<id>`) in the same transaction as
 //! it marks the task started, so the task row and its lease never disagree.
@@ -58,6 +59,7 @@
 //! # }
 //! ```
 
+mod attempts;
 mod claim;
 mod complete;
 mod enqueue;
@@ -68,13 +70,14 @@ mod heartbeat;
 mod read;
 pub mod sql;
 
+pub use attempts::attempts;
 pub use claim::{Claimed, claim_batch, claim_for, claim_next, claim_next_in};
 pub use complete::{Completion, complete, complete_all_of, complete_each};
 pub use enqueue::{
     Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, check as check_new, enqueue, enqueue_many,
     enqueue_outcome,
 };
-pub use fail::{MAX_ERROR_CHARS, MAX_SNOOZE, bounded_error, fail, snooze};
+pub use fail::{MAX_ERROR_CHARS, MAX_SNOOZE, bounded_error, fail, fail_as, snooze};
 pub use fenced::FencedTransaction;
 pub use heartbeat::{heartbeat, heartbeat_each};
 pub use read::{get, list, list_page};

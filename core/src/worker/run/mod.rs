@@ -42,6 +42,7 @@ use super::chaos::Chaos;
 use super::handler::{Handler, Handlers, SimulatedCrash, TaskContext};
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::lease::Holder;
+use crate::queue::AttemptOutcome;
 use crate::queue::store::FencedTransaction;
 use crate::queue::wake::{CancelSignal, WorkSignal};
 use futures::FutureExt;
@@ -369,7 +370,8 @@ impl<T: Transport> Worker<T> {
                 "no handler for task kind {:?} on worker {}",
                 claim.kind, self.id
             );
-            self.give_back(&claim, &why).await;
+            self.give_back(&claim, &why, AttemptOutcome::GivenBack)
+                .await;
             return Flow::Claim;
         };
         let lost = CancellationToken::new();
@@ -399,7 +401,8 @@ impl<T: Transport> Worker<T> {
                     drop(in_flight.take());
                     lost.cancel();
                     drop(running);
-                    self.give_back(&claim, &format!("worker {} stopped before finishing", self.id)).await;
+                    self.give_back(&claim, &format!("worker {} stopped before finishing", self.id),
+                        AttemptOutcome::GivenBack).await;
                     return Flow::Exit(self.stopped().await);
                 }
                 () = sleep_until(deadline), if !self.config.trust_claims => {
@@ -475,12 +478,13 @@ impl<T: Transport> Worker<T> {
             Err(panic) => {
                 let why = format!("the handler panicked: {}", panic_message(&*panic));
                 tracing::error!(worker = %self.id, task_id = claim.task_id, error = %why, "handler panicked");
-                self.give_back(&claim, &why).await;
+                self.give_back(&claim, &why, AttemptOutcome::Failed).await;
                 Flow::Claim
             }
             Ok(Err(e)) if e.is::<SimulatedCrash>() => Flow::Exit(Exit::Crashed),
             Ok(Err(e)) => {
-                self.give_back(&claim, &e.to_string()).await;
+                self.give_back(&claim, &e.to_string(), AttemptOutcome::Failed)
+                    .await;
                 Flow::Claim
             }
             Ok(Ok(done)) if let Err(why) = crate::json::storable(&done.output, "its output") => {
@@ -488,7 +492,7 @@ impl<T: Transport> Worker<T> {
                 // a failed attempt, and the handler's writes roll back with
                 // its transaction.
                 let why = format!("the handler's answer cannot be stored: {why}");
-                self.give_back(&claim, &why).await;
+                self.give_back(&claim, &why, AttemptOutcome::Failed).await;
                 Flow::Claim
             }
             Ok(Ok(done)) if let Some(delay) = done.snooze => {
@@ -505,8 +509,12 @@ impl<T: Transport> Worker<T> {
                     Err(TransportError::Transient(why)) => {
                         // Not snoozed: the attempt fails instead (retried
                         // after the backoff), rather than waiting out the lease.
-                        self.give_back(&claim, &format!("could not snooze: {why}"))
-                            .await;
+                        self.give_back(
+                            &claim,
+                            &format!("could not snooze: {why}"),
+                            AttemptOutcome::Failed,
+                        )
+                        .await;
                         return Flow::Claim;
                     }
                 }
@@ -570,8 +578,12 @@ impl<T: Transport> Worker<T> {
         cancelled.cancel();
         let _ = tokio::time::timeout(self.config.lost_grace, &mut running.0).await;
         drop(running);
-        self.give_back(claim, &format!("timed out after {limit:?}"))
-            .await;
+        self.give_back(
+            claim,
+            &format!("timed out after {limit:?}"),
+            AttemptOutcome::TimedOut,
+        )
+        .await;
         Flow::Claim
     }
 
@@ -664,12 +676,17 @@ impl<T: Transport> Worker<T> {
     }
 
     /// Reports the attempt at `claim` as failed with `why` (the queue
-    /// retries it after a backoff, or marks it failed after its attempts).
-    async fn give_back(&mut self, claim: &Claim, why: &str) {
+    /// retries it after a backoff, or marks it failed after its attempts),
+    /// its record ending as `outcome`.
+    async fn give_back(&mut self, claim: &Claim, why: &str, outcome: AttemptOutcome) {
         // Cut here too: over REST a longer message would be refused (400)
         // and the task would wait out its lease instead of being retried.
         let why = &*crate::queue::store::bounded_error(why);
-        match self.transport.fail(claim.by(&self.id), why).await {
+        match self
+            .transport
+            .fail_as(claim.by(&self.id), why, outcome)
+            .await
+        {
             Ok(()) => {
                 tracing::warn!(worker = %self.id, task_id = claim.task_id, reason = why, "gave the task back as failed");
             }

@@ -126,6 +126,17 @@ impl Transport for Fake {
         Ok(())
     }
 
+    // The outcome is the record's business (the store's tests read it);
+    // the loop's tests see a failed attempt.
+    async fn fail_as(
+        &self,
+        c: ClaimRef<'_>,
+        error: &str,
+        _outcome: crate::queue::AttemptOutcome,
+    ) -> Result<(), TransportError> {
+        self.fail(c, error).await
+    }
+
     async fn snooze(&self, c: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
         self.log(Call::Snooze(c.task_id, c.token, delay));
         Ok(())

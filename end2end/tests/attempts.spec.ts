@@ -1,0 +1,81 @@
+import { test, expect, type APIRequestContext, type Page } from "@playwright/test";
+
+// The e2e server starts with no simulated workers, no chaos and a 3 s TTL
+// (see .ci/test); this test spawns the workers it needs.
+
+/** Finishes every other task, so ours is the only work (as workers.spec.ts does). */
+async function drain(request: APIRequestContext) {
+  const deadline = Date.now() + 15_000;
+  while (Date.now() < deadline) {
+    for (;;) {
+      const res = await request.post("/api/tasks/next", { data: { processor: "pw-drain" } });
+      if (res.status() !== 202) break;
+      const t = await res.json();
+      await request.put(`/api/tasks/${t.id}/complete`, {
+        data: { processor: "pw-drain", fencing_token: t.fencing_token, task_output: "drained" },
+      });
+    }
+    const started = await (await request.get("/api/tasks/started")).json();
+    const pending = await (await request.get("/api/tasks/pending")).json();
+    if (started.length === 0 && pending.length === 0) return;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error("other tests' tasks did not drain within 15 s");
+}
+
+/** Presses "Spawn a worker" and answers the new worker's id. */
+async function spawn(page: Page) {
+  const result = page.getByTestId("worker-action-result");
+  const earlier = (await result.count()) > 0 ? await result.textContent() : null;
+  await page.getByTestId("worker-spawn").click();
+  await expect(result).toHaveText(/^spawned \S+$/);
+  await expect(result).not.toHaveText(earlier ?? "");
+  return (await result.textContent())!.replace("spawned ", "");
+}
+
+test("the task page lists each attempt: the killed worker's taken over, the rescuer's with the next token", async ({ page, request }) => {
+  await request.delete("/api/generator/stop");
+  await drain(request);
+  const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 10 } } });
+  expect(created.status()).toBe(201);
+  const task = await created.json();
+
+  // A worker claims it; a second waits idle; the first is killed.
+  await page.goto("/workers");
+  const killedId = await spawn(page);
+  const killed = page.locator(`[data-testid="worker-row"][data-worker="${killedId}"]`);
+  await expect(killed).toHaveAttribute("data-task", String(task.id), { timeout: 5_000 });
+  const first = await (await request.get(`/api/tasks/${task.id}`)).json();
+  expect(first.processor).toBe(killedId);
+  const rescuerId = await spawn(page);
+  await killed.getByTestId("worker-kill").click();
+  await expect(killed).toHaveAttribute("data-state", "crashed");
+
+  // Its lease runs out (3 s TTL) and the other worker takes the task over.
+  await expect
+    .poll(async () => (await (await request.get(`/api/tasks/${task.id}`)).json()).processor, { timeout: 10_000 })
+    .toBe(rescuerId);
+
+  // The task page's attempts table: two rows, oldest first, different tokens.
+  await page.goto(`/tasks?id=${task.id}`);
+  const rows = page.getByTestId("attempts-table").getByTestId("attempt-row");
+  await expect(rows).toHaveCount(2);
+  await expect(rows.nth(0).getByTestId("attempt-number")).toHaveText("1");
+  await expect(rows.nth(0).getByTestId("attempt-processor")).toHaveText(killedId);
+  await expect(rows.nth(0).getByTestId("attempt-token")).toHaveText(String(first.fencing_token));
+  await expect(rows.nth(0).getByTestId("attempt-outcome")).toHaveText("taken_over");
+  await expect(rows.nth(1).getByTestId("attempt-number")).toHaveText("2");
+  await expect(rows.nth(1).getByTestId("attempt-processor")).toHaveText(rescuerId);
+  await expect(rows.nth(1).getByTestId("attempt-token")).toHaveText(String(first.fencing_token + 1));
+  await expect(rows.nth(1).getByTestId("attempt-outcome")).toHaveText(/^(running|completed)$/);
+
+  // The rescuer finishes it; the page, live, says so.
+  await expect(rows.nth(1)).toHaveAttribute("data-outcome", "completed", { timeout: 30_000 });
+  const attempts = await (await request.get(`/api/tasks/${task.id}/attempts`)).json();
+  expect(attempts.map((a: { outcome: string }) => a.outcome)).toEqual(["taken_over", "completed"]);
+
+  // Leave nothing running for other tests.
+  await page.goto("/workers");
+  await page.locator(`[data-testid="worker-row"][data-worker="${rescuerId}"]`).getByTestId("worker-kill").click();
+  await expect(page.locator(`[data-testid="worker-row"][data-worker="${rescuerId}"]`)).toHaveAttribute("data-state", "crashed");
+});
