@@ -20,6 +20,8 @@ const TTL: Duration = Duration::from_secs(30);
 const NO_BACKOFF: RetryPolicy = RetryPolicy {
     base: Duration::from_millis(1),
     max: Duration::from_millis(1),
+    max_attempts: None,
+    jitter: 0.0,
 };
 
 async fn enqueue(pool: &PgPool, new: NewTask) -> Task {

@@ -201,6 +201,7 @@ async fn a_bulk_cancel_reaches_every_handler() {
         status: TaskStatus::Started,
         kind: Some("long".into()),
         queue: None,
+        data: None,
     };
     let n = control::cancel_matching(&db.pool, &Schema::default(), &filter, "ops")
         .await
