@@ -53,6 +53,8 @@ test("pause a queue from the page: its started task finishes, nothing new is cla
     await expect(row).toHaveAttribute("data-paused", "false");
     await expect(row.getByTestId("queue-started")).toHaveText("1");
     await expect(row.getByTestId("queue-workers")).toHaveText("1");
+    // Hydrated and live, so the page's answer shows in place.
+    await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
     await row.getByTestId("queue-pause").click();
     await expect(page.getByTestId("queue-action-result")).toHaveText("paused default");
     await expect(row).toHaveAttribute("data-paused", "true");

@@ -213,8 +213,9 @@ async fn metrics_show_task_counts_and_count_claims_takeovers_refusals_and_renewa
     );
     assert!(rose("leasekeeper_takeovers_total") >= 2.0, "{after}");
     assert!(
-        rose(r#"leasekeeper_stale_writes_refused_total{source="task",queue="default",kind="sleep"}"#)
-            >= 1.0,
+        rose(
+            r#"leasekeeper_stale_writes_refused_total{source="task",queue="default",kind="sleep"}"#
+        ) >= 1.0,
         "{after}"
     );
     assert!(

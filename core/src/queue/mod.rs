@@ -13,8 +13,8 @@ pub mod store;
 pub mod wake;
 
 mod search;
-pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};
 pub use attempt::{Attempt, AttemptOutcome};
+pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};
 
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
