@@ -284,7 +284,7 @@ async fn a_fresh_instance_exports_every_family_from_its_first_scrape() {
     let db = crate::common::TestDb::new().await;
     // One queue in use, for the per-queue gauges.
     tasks::enqueue(
-        &mut *db.pool.acquire().await.unwrap(),
+        &mut db.pool.acquire().await.unwrap(),
         &Default::default(),
         &NewTask::new("sleep", json!({ "sleep_duration_seconds": 1 })),
     )
