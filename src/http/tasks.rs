@@ -60,9 +60,10 @@ pub fn routes() -> Router<AppState> {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// `all` (the default), `pending`, `started`, `processed`, `failed` or
-    /// `cancelled`; ignored by the routes that name a status in their path.
-    #[param(pattern = "^(all|pending|started|processed|failed|cancelled)$")]
+    /// `all` (the default; empty is the same), `pending`, `started`,
+    /// `processed`, `failed` or `cancelled`; ignored by the routes that name
+    /// a status in their path.
+    #[param(pattern = "^(|all|pending|started|processed|failed|cancelled)$")]
     status: Option<String>,
     /// Only tasks of this kind (empty: any).
     #[param(max_length = 128, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$")]
