@@ -120,9 +120,11 @@ impl TaskSearch {
     }
 }
 
-/// `raw`, unless it is blank.
+/// `raw`, unless it is blank: empty or plain spaces (a form's untouched
+/// field). Other whitespace is not blank: a control character such as a
+/// form feed goes on to the name rules, which refuse it.
 fn given(raw: Option<&str>) -> Option<&str> {
-    raw.filter(|r| !r.trim().is_empty())
+    raw.filter(|r| !r.trim_matches(' ').is_empty())
 }
 
 /// `raw` as a data filter: a JSON object, `None` when it is empty.
@@ -164,6 +166,9 @@ mod tests {
     fn blank_parameters_mean_any_and_each_given_one_is_kept() {
         let any = TaskSearch::parse(Some("all"), Some(""), Some("  "), Some("{}")).unwrap();
         assert!(any.is_any(), "{any:?}");
+        // A control character is not blank: refused, not read as "any".
+        assert!(TaskSearch::parse(None, None, Some("\u{c}"), None).is_err());
+        assert!(TaskSearch::parse(None, Some("\t"), None, None).is_err());
         assert_eq!(any.query(), "");
         let s = TaskSearch::parse(
             Some("pending"),
