@@ -173,19 +173,15 @@ async fn ship(job: Job, pool: PgPool, replica: Arc<str>) -> HandlerResult {
     let order = job.data["order"].as_i64().ok_or("ship needs an order")?;
     tokio::time::sleep(Duration::from_millis(20 + (job.id % 3) as u64 * 20)).await;
     let mut tx = pool.begin().await?;
-    match fence::assert_fence(
+    // Refused (LK001): the claim is over and another replica has, or will
+    // have, the task; the handler fails and its failure is refused too.
+    fence::assert_fence(
         &mut tx,
         &db::Schema::default(),
         &job.resource(),
         job.fencing_token,
     )
-    .await
-    {
-        Ok(()) => {}
-        // The claim is over: another replica has (or will have) the task.
-        Err(fence::FenceError::Stale(why)) => return Err(why.into()),
-        Err(e) => return Err(e.into()),
-    }
+    .await?;
     let shipped: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM public.shipments WHERE task_id = $1)")
             .bind(job.id)
