@@ -1,29 +1,10 @@
 import { test, expect, type APIRequestContext } from "@playwright/test";
+import { drain } from "../support/drain";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL
 // (see .ci/test); this test spawns the worker it needs. Simulated workers
 // serve the queue `default`, so that is the queue paused here; the test
 // resumes it whatever happens.
-
-/** Claims and completes every claimable task, so ours are the only work. */
-async function drain(request: APIRequestContext) {
-  const deadline = Date.now() + 15_000;
-  while (Date.now() < deadline) {
-    for (;;) {
-      const res = await request.post("/api/tasks/next", { data: { processor: "pw-drain" } });
-      if (res.status() !== 202) break;
-      const t = await res.json();
-      await request.put(`/api/tasks/${t.id}/complete`, {
-        data: { processor: "pw-drain", fencing_token: t.fencing_token, task_output: "drained" },
-      });
-    }
-    const started = await (await request.get("/api/tasks/started")).json();
-    const pending = await (await request.get("/api/tasks/pending")).json();
-    if (started.length === 0 && pending.length === 0) return;
-    await new Promise((r) => setTimeout(r, 500));
-  }
-  throw new Error("other tests' tasks did not drain within 15 s");
-}
 
 async function enqueue(request: APIRequestContext, seconds: number) {
   const created = await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: seconds } } });

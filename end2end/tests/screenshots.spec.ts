@@ -13,6 +13,7 @@ const pages: [string, string][] = [
   ["tasks", `/tasks?id=${process.env.SHOT_TASK ?? "1"}`],
   ["workers", "/workers"],
   ["schedules", "/schedules"],
+  ["queues", "/queues"],
   ["instances", "/instances"],
   ["audit", "/audit"],
 ];

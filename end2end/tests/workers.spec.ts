@@ -1,31 +1,8 @@
 import { test, expect, type APIRequestContext, type Page } from "@playwright/test";
+import { drain } from "../support/drain";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL
 // (see .ci/test); this test spawns the workers it needs.
-
-/**
- * Finishes every other task, so ours is the only work: claims and completes
- * all that is claimable, and waits for tasks other tests left claimed to go
- * late (one TTL) so it can take those over and finish them too.
- */
-async function drain(request: APIRequestContext) {
-  const deadline = Date.now() + 15_000;
-  while (Date.now() < deadline) {
-    for (;;) {
-      const res = await request.post("/api/tasks/next", { data: { processor: "pw-drain" } });
-      if (res.status() !== 202) break;
-      const t = await res.json();
-      await request.put(`/api/tasks/${t.id}/complete`, {
-        data: { processor: "pw-drain", fencing_token: t.fencing_token, task_output: "drained" },
-      });
-    }
-    const started = await (await request.get("/api/tasks/started")).json();
-    const pending = await (await request.get("/api/tasks/pending")).json();
-    if (started.length === 0 && pending.length === 0) return;
-    await new Promise((r) => setTimeout(r, 500));
-  }
-  throw new Error("other tests' tasks did not drain within 15 s");
-}
 
 /**
  * Enqueues a task of `seconds`, spawns one worker from the page and waits
