@@ -10,7 +10,7 @@ use leasekeeper_tools::testing;
 
 const TOOLS: &str = env!("CARGO_BIN_EXE_leasekeeper-tools");
 
-const KEYS: [&str; 35] = [
+const KEYS: &[&str] = &[
     "throughput_w1",
     "throughput_w16",
     "throughput_w64",
@@ -28,6 +28,8 @@ const KEYS: [&str; 35] = [
     "rows_per_task_tasks",
     "rows_per_task_lease_events",
     "fleet_latency_no_linger_p50_ms",
+    "pickup_p50_ms",
+    "pickup_p99_ms",
     "fleet_instances_1",
     "fleet_instances_2",
     "fleet_instances_4",

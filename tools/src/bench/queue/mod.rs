@@ -25,7 +25,9 @@
 //!    embedding the library gets), and the `lease_events` rows it wrote per
 //!    task; the same runtime in 1, 2 and 4 processes of its own on the one
 //!    database (scale-out); and once more with millions of rows already in
-//!    `lease_events` (history must not slow claims).
+//!    `lease_events` (history must not slow claims); and its **pickup**
+//!    latency, one task at a time on the idle runtime, from the enqueue's
+//!    commit to the handler's start.
 //! 7. **Baselines**: (a) the raw SQL ceiling: pgbench driving the very same
 //!    claim and complete statements ([`tasks::sql::claim`],
 //!    [`tasks::sql::complete`]) with no application code; (b) the minimal
@@ -37,9 +39,9 @@
 //!    with its defaults and with its documented fast path.
 //!
 //! One file per idea: `throughput.rs` (1-3), `wakeup.rs` (2), `leases.rs`
-//! (4), `failover.rs` (5), `fleet.rs` and `scale_out.rs` (6),
-//! `ceilings.rs`, `baselines.rs` and `graphile.rs` (7); this one plans the
-//! run and reports; `--charts` draws it ([`super::charts`]).
+//! (4), `failover.rs` (5), `fleet.rs`, `scale_out.rs` and `pickup.rs`
+//! (6), `ceilings.rs`, `baselines.rs` and `graphile.rs` (7); this one
+//! plans the run and reports; `--charts` draws it ([`super::charts`]).
 //!
 //! Every queue run starts from an emptied queue, prefilled with enough
 //! tasks not to run dry, vacuumed and checkpointed, so no run pays for the
@@ -60,6 +62,7 @@ mod failover;
 pub(crate) mod fleet;
 mod graphile;
 mod leases;
+mod pickup;
 mod scale_out;
 mod throughput;
 mod wakeup;
@@ -330,6 +333,11 @@ async fn run(
         "fleet_latency_no_linger_p99_ms",
         no_linger.percentile_fine(99.0),
     ));
+    progress.phase("pickup: enqueue commit to handler start, idle runtime, defaults");
+    prepare_noop(pool, 0, 0).await?;
+    let pickup = pickup::pickups(db, latency_tasks).await?;
+    r.push(("pickup_p50_ms", pickup.percentile_fine(50.0)));
+    r.push(("pickup_p99_ms", pickup.percentile_fine(99.0)));
     // Sized on the figure just measured, generously: more instances may
     // get through more.
     let prefill = plan.prefill(runtime.per_s.max(5_000.0) * 2.0);
