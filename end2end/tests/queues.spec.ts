@@ -46,6 +46,8 @@ test("pause a queue from the page: its started task finishes, nothing new is cla
     // Enqueued while paused: pending, and the row says so live.
     const waiting = [await enqueue(request, 1), await enqueue(request, 1)];
     await expect(row.getByTestId("queue-pending")).toHaveText("2");
+    // The oldest of them has waited: an age, in the past.
+    await expect(row.getByTestId("queue-oldest")).toHaveText(/^\d+(\.\d)? (s|min|h) ago$/);
     // The task already started finishes normally.
     await expect.poll(() => statusOf(request, running.id), { timeout: 6_000 }).toBe("processed");
     // The worker is idle and looks for work every half second: for 3 s it

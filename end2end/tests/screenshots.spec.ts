@@ -22,9 +22,13 @@ test.skip(!process.env.SCREENSHOTS, "set SCREENSHOTS=1 to refresh docs/*.png");
 
 for (const [name, url] of pages) {
   test(`screenshot ${name}`, async ({ page }) => {
+    // The queues page draws its charts from what it has seen since it
+    // opened: give it half a minute of them.
+    const watch = name === "queues" ? 30_000 : 1_500;
+    test.setTimeout(watch + 30_000);
     await page.setViewportSize({ width: 1280, height: 900 });
     await page.goto(url);
-    await page.waitForTimeout(1_500); // hydrated, live, a few updates in
+    await page.waitForTimeout(watch); // hydrated, live, a few updates in
     // The whole page, but no taller than 1,600 px (a long task list).
     const height = Math.min(1_600, await page.evaluate(() => document.documentElement.scrollHeight));
     await page.screenshot({

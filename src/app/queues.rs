@@ -163,7 +163,8 @@ fn QueueLine(
             {cell("queue-started", q.started)}
             {cell("queue-failed", q.failed)}
             <td class="px-3 py-2 tabular-nums" data-testid="queue-oldest">
-                {q.oldest_pending_age_ms.map(relative).unwrap_or_else(|| "—".to_string())}
+                // An age (how long it has waited), so in the past: "… ago".
+                {q.oldest_pending_age_ms.map(|ms| relative(-ms)).unwrap_or_else(|| "—".to_string())}
             </td>
             {cell("queue-completed", q.completed_last_minute)}
             {cell("queue-workers", q.workers)}
