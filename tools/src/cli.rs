@@ -39,7 +39,8 @@ pub enum Command {
     /// --release for figures worth comparing). Without a subcommand: the
     /// queue suite (throughput, the worker runtime and its scale-out,
     /// latency, depth, history, lease operations, failover, against
-    /// pgbench's ceilings, the original design and graphile-worker).
+    /// pgbench's ceilings, the original design, graphile-worker and Awa;
+    /// bulk insert against both).
     Bench {
         /// Another benchmark instead of the queue suite.
         #[command(subcommand)]
@@ -80,6 +81,18 @@ pub enum BenchWhat {
     /// 1,000 and 1,000,000 tasks.
     Dashboard {
         /// Fewer samples: well under a minute.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+    /// Only the peers' phases of the queue suite, with the same keys:
+    /// graphile-worker and Awa at concurrency 16 (defaults and best
+    /// settings) and the bulk inserts (enqueue_many, graphile-worker's
+    /// addJobs, Awa's COPY).
+    Peers {
+        /// Fewer jobs: a few minutes.
         #[arg(long)]
         quick: bool,
         /// Also write the results to this file as a flat JSON object.

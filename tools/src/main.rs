@@ -67,6 +67,17 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
+            Some(BenchWhat::Peers { quick, json }) => {
+                bench::queue::peers::suite(
+                    settings,
+                    bench::Options {
+                        quick,
+                        json,
+                        charts: None,
+                    },
+                )
+                .await
+            }
             Some(BenchWhat::Dashboard { quick, json }) => {
                 bench::dashboard::dashboard(
                     settings,

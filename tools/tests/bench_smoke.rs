@@ -3,7 +3,8 @@
 //! asserted here (speed is the benchmark's business, not a test's); what is
 //! asserted: each figure is a positive number (graphile-worker's, and the
 //! ratios to them, may be `null` when npm is unavailable, with a note on
-//! stderr), and the failover phase lost no task and completed none twice.
+//! stderr; Awa's may not: cargo is always there, and `.ci/setup` builds it),
+//! and the failover phase lost no task and completed none twice.
 //! Its own test binary, so it runs alone.
 
 use leasekeeper_tools::testing;
@@ -48,12 +49,21 @@ const KEYS: &[&str] = &[
     "batched_vs_w16",
     "fleet_w16_vs_graphile_best",
     "throughput_w16_vs_graphile_default",
+    "awa_default_w16",
+    "awa_best_w16",
+    "enqueue_many_per_s",
+    "graphile_add_jobs_per_s",
+    "awa_insert_many_per_s",
+    "fleet_w16_vs_awa_default",
+    "fleet_w16_vs_awa_best",
+    "enqueue_many_vs_fastest_peer",
 ];
 
 /// Keys that are `null` when graphile-worker could not run (no npm or
 /// node), which the bench then says on stderr.
-const GRAPHILE_KEYS: [&str; 5] = [
+const GRAPHILE_KEYS: [&str; 6] = [
     "graphile_worker_w16",
+    "graphile_add_jobs_per_s",
     "graphile_default_w16",
     "graphile_best_w16",
     "fleet_w16_vs_graphile_best",

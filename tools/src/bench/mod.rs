@@ -6,7 +6,10 @@
 //!   suite ([`queue`]): throughput, the worker runtime's own rate and its
 //!   scale-out over processes, claim and wake-up latency, depth, history,
 //!   lease operations, failover, against pgbench's ceilings, the original
-//!   design and graphile-worker; SVG charts of it ([`charts`]).
+//!   design, graphile-worker and Awa; bulk insert against both peers; SVG
+//!   charts of it ([`charts`]).
+//! - `leasekeeper-tools bench peers [--quick] [--json PATH]`: only the peers'
+//!   phases of that suite ([`queue::peers`]).
 //! - `leasekeeper-tools bench dashboard [--quick] [--json PATH]`: push latency and
 //!   server-side rendering ([`dashboard`]).
 //! - `leasekeeper-tools bench retention [--tasks N] [--prune-older-than-secs S]

@@ -9,6 +9,10 @@
 // fetched in one query, and completions and failures written in batches
 // (a delay of 0 ms: whatever completed in the same tick goes in one query).
 //
+// MODE=add_jobs instead times graphile-worker's bulk insert on the emptied
+// queue: one `addJobs` call (WorkerUtils, over the `add_jobs` SQL function)
+// of JOBS no-op jobs, and checks they are all there.
+//
 // Prints one JSON line: {"jobs": N, "seconds": S, "jobs_per_s": R, ...}.
 // Written to target/bench-graphile/ and run there by the benchmark.
 import { run, makeWorkerUtils, Logger } from "graphile-worker";
@@ -17,6 +21,7 @@ const connectionString = process.env.DATABASE_URL;
 const jobs = Number(process.env.JOBS);
 const concurrency = Number(process.env.CONCURRENCY);
 const fast = process.env.FAST === "1";
+const mode = process.env.MODE ?? "run";
 // Errors only: graphile-worker logs every completed job at info level, and
 // printing that would slow it down.
 const logger = new Logger(() => (level, message) => {
@@ -28,6 +33,25 @@ await utils.migrate();
 await utils.withPgClient((client) =>
   client.query("DELETE FROM graphile_worker._private_jobs"),
 );
+if (mode === "add_jobs") {
+  const specs = Array.from({ length: jobs }, () => ({
+    identifier: "noop",
+    payload: {},
+  }));
+  const started = process.hrtime.bigint();
+  await utils.addJobs(specs);
+  const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+  const queued = await utils.withPgClient((client) =>
+    client.query("SELECT count(*)::int AS n FROM graphile_worker._private_jobs"),
+  );
+  await utils.release();
+  if (queued.rows[0].n !== jobs) {
+    console.error(`${queued.rows[0].n} jobs queued of ${jobs}`);
+    process.exit(1);
+  }
+  console.log(JSON.stringify({ mode, jobs, seconds, jobs_per_s: jobs / seconds }));
+  process.exit(0);
+}
 await utils.withPgClient((client) =>
   client.query(
     `SELECT graphile_worker.add_jobs(array(

@@ -42,28 +42,61 @@ pub(super) async fn graphile_worker(
     }
 }
 
+/// graphile-worker's bulk insert: one `addJobs` call of `jobs` no-op jobs
+/// on its emptied queue, jobs per second; `None` (with a note) as
+/// [`graphile_worker`].
+pub(super) async fn graphile_add_jobs(
+    conninfo: &str,
+    jobs: i64,
+    progress: &Progress,
+) -> Option<f64> {
+    let env = [("MODE", "add_jobs".to_string()), ("JOBS", jobs.to_string())];
+    match run_node(conninfo, &env).await {
+        Ok(rate) => Some(rate.round()),
+        Err(e) => {
+            progress.note(&format!("bench: graphile-worker skipped: {e:#}"));
+            None
+        }
+    }
+}
+
 async fn try_graphile_worker(
     conninfo: &str,
     jobs: i64,
     concurrency: usize,
     config: Config,
 ) -> Result<f64> {
-    let dir = Path::new("target/bench-graphile");
-    install(dir).await?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(600),
-        tokio::process::Command::new("node")
-            .arg("run.mjs")
-            .current_dir(dir)
-            .env("DATABASE_URL", conninfo)
-            .env("JOBS", jobs.to_string())
-            .env("CONCURRENCY", concurrency.to_string())
-            .env("FAST", if config == Config::Best { "1" } else { "0" })
-            .output(),
+    run_node(
+        conninfo,
+        &[
+            ("JOBS", jobs.to_string()),
+            ("CONCURRENCY", concurrency.to_string()),
+            (
+                "FAST",
+                if config == Config::Best { "1" } else { "0" }.into(),
+            ),
+        ],
     )
     .await
-    .context("graphile-worker took over 10 minutes")?
-    .context("node is not available")?;
+}
+
+/// Installs graphile-worker if needed and runs `graphile.mjs` with `env`;
+/// the `jobs_per_s` of its JSON line.
+async fn run_node(conninfo: &str, env: &[(&str, String)]) -> Result<f64> {
+    let dir = Path::new("target/bench-graphile");
+    install(dir).await?;
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg("run.mjs")
+        .current_dir(dir)
+        .env("DATABASE_URL", conninfo);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(600), command.output())
+        .await
+        .context("graphile-worker took over 10 minutes")?
+        .context("node is not available")?;
     if !out.status.success() {
         bail!(
             "graphile-worker run failed: {}",

@@ -36,12 +36,18 @@
 //!    scheduled_at LIMIT 1 OFFSET n FOR UPDATE`, then a separate lease
 //!    insert, in one transaction; `n` random below the worker count); (d)
 //!    graphile-worker from npm processing no-op jobs on the same database,
-//!    with its defaults and with its documented fast path.
+//!    with its defaults and with its documented fast path; (e) Awa 0.6.9
+//!    (crates.io `awa`, a program of the bench's own built outside the
+//!    workspace) likewise, with its defaults and its documented settings
+//!    for a hot queue.
+//! 8. **Bulk insert**: 10,000 tasks in one call, ours ([`tasks::enqueue_many`])
+//!    next to graphile-worker's `addJobs` and Awa's COPY insert.
 //!
 //! One file per idea: `throughput.rs` (1-3), `wakeup.rs` (2), `leases.rs`
 //! (4), `failover.rs` (5), `fleet.rs`, `scale_out.rs` and `pickup.rs`
-//! (6), `ceilings.rs`, `baselines.rs` and `graphile.rs` (7); this one
-//! plans the run and reports; `--charts` draws it ([`super::charts`]).
+//! (6), `ceilings.rs`, `baselines.rs`, `graphile.rs` and `awa.rs` (7),
+//! `bulk.rs` (8); this one plans the run and reports; `--charts` draws it
+//! ([`super::charts`]).
 //!
 //! Every queue run starts from an emptied queue, prefilled with enough
 //! tasks not to run dry, vacuumed and checkpointed, so no run pays for the
@@ -51,17 +57,21 @@
 //! [`tasks::complete`]: leasekeeper_core::queue::store::complete
 //! [`tasks::claim_batch`]: leasekeeper_core::queue::store::claim_batch
 //! [`tasks::complete_all_of`]: leasekeeper_core::queue::store::complete_all_of
+//! [`tasks::enqueue_many`]: leasekeeper_core::queue::store::enqueue_many
 //! [`tasks::sql::claim`]: leasekeeper_core::queue::store::sql::claim
 //! [`tasks::sql::complete`]: leasekeeper_core::queue::store::sql::complete
 //! [`WorkSignal`]: leasekeeper_core::queue::wake::WorkSignal
 //! [`Runtime`]: leasekeeper_core::Runtime
 
+mod awa;
 mod baselines;
+mod bulk;
 mod ceilings;
 mod failover;
 pub(crate) mod fleet;
 mod graphile;
 mod leases;
+pub mod peers;
 mod pickup;
 mod scale_out;
 mod throughput;
@@ -103,7 +113,7 @@ const INSTANCES: [usize; 3] = [1, 2, 4];
 /// runtime figure is known (graphile-worker's fast path does about 30,000
 /// here; the runtime is meant to pass it). Later runs size theirs on it.
 const RUNTIME_RATE_GUESS: f64 = 40_000.0;
-const PHASES: u64 = 22;
+const PHASES: u64 = 25;
 
 /// How long and how much: full or `--quick`.
 struct Plan {
@@ -118,6 +128,10 @@ struct Plan {
     /// 300,000), so the fast path gets 100,000 at most: the generous figure.
     graphile_jobs: i64,
     graphile_best_jobs: i64,
+    /// No-op jobs for Awa, with its defaults and with its best settings
+    /// (as many as graphile-worker's defaults get: Awa does about 3,300/s
+    /// here either way).
+    awa_jobs: i64,
     /// Rows of old history in `lease_events` for the history run.
     history_rows: i64,
     /// Rounds of the pairs whose ratio matters most (ours vs the raw SQL
@@ -139,6 +153,7 @@ impl Plan {
                 failovers: 5,
                 graphile_jobs: 10_000,
                 graphile_best_jobs: 50_000,
+                awa_jobs: 10_000,
                 history_rows: 1_000_000,
                 rounds: 1,
                 latency_tasks: 40,
@@ -151,6 +166,7 @@ impl Plan {
                 failovers: 20,
                 graphile_jobs: 40_000,
                 graphile_best_jobs: 100_000,
+                awa_jobs: 40_000,
                 history_rows: 10_000_000,
                 rounds: 3,
                 latency_tasks: 200,
@@ -292,6 +308,32 @@ async fn run(
     .unwrap_or(f64::NAN);
     r.push(("graphile_best_w16", graphile_best));
 
+    progress.phase("Awa 0.6.9 (crates.io), 16 workers, its defaults");
+    let awa_default = awa::awa_worker(
+        &db.conninfo,
+        plan.awa_jobs,
+        16,
+        awa::Config::Default,
+        progress,
+    )
+    .await
+    .unwrap_or(f64::NAN);
+    r.push(("awa_default_w16", awa_default));
+    progress.phase("Awa 0.6.9, 16 workers, its documented hot-queue settings");
+    let awa_best = awa::awa_worker(&db.conninfo, plan.awa_jobs, 16, awa::Config::Best, progress)
+        .await
+        .unwrap_or(f64::NAN);
+    r.push(("awa_best_w16", awa_best));
+
+    progress.phase(&format!(
+        "bulk insert of {} tasks: enqueue_many, graphile-worker's addJobs, Awa's COPY",
+        bulk::BULK
+    ));
+    let bulk = bulk::bulk_inserts(db, plan, progress).await?;
+    r.push(("enqueue_many_per_s", bulk.ours));
+    r.push(("graphile_add_jobs_per_s", bulk.graphile));
+    r.push(("awa_insert_many_per_s", bulk.awa));
+
     progress.phase("the worker runtime: one instance, 16 workers, no-op handler");
     prepare_noop(pool, plan.prefill(RUNTIME_RATE_GUESS), 0).await?;
     let runtime = fleet(db, "bench-fleet", plan, progress).await?;
@@ -425,6 +467,17 @@ async fn run(
     r.push((
         "throughput_w16_vs_graphile_default",
         ratio(ours16, graphile_default),
+    ));
+    r.push((
+        "fleet_w16_vs_awa_default",
+        ratio(runtime.per_s, awa_default),
+    ));
+    r.push(("fleet_w16_vs_awa_best", ratio(runtime.per_s, awa_best)));
+    // Against the faster of the two peers' bulk inserts (`max` skips one
+    // that could not run).
+    r.push((
+        "enqueue_many_vs_fastest_peer",
+        ratio(bulk.ours, bulk.graphile.max(bulk.awa)),
     ));
     hub.shutdown();
     Ok(r)
@@ -564,6 +617,8 @@ fn write_charts(dir: &Path, results: &Results) -> Result<()> {
         ("throughput_w16", "throughput_w16_median"),
         ("graphile best", "graphile_best_w16"),
         ("graphile default", "graphile_default_w16"),
+        ("awa best", "awa_best_w16"),
+        ("awa default", "awa_default_w16"),
         ("minimal ceiling", "minimal_ceiling_w16"),
         ("raw ceiling", "raw_ceiling_w16"),
     ]
