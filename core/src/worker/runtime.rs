@@ -49,7 +49,7 @@
 //! shows them.
 
 use super::WorkerKind;
-use super::batch::Batching;
+use super::batch::{Batching, Prefetch};
 use super::chaos::{Chaos, ChaosSettings};
 use super::handler::{Handler, Handlers};
 use super::in_process::{DEFAULT_HOST_SEARCH_PATH, InProcess};
@@ -91,6 +91,7 @@ pub struct RuntimeBuilder {
     host_search_path: String,
     shutdown_grace: Duration,
     batching: Batching,
+    prefetch: Prefetch,
     schedules: Vec<NewSchedule>,
     scheduler: Option<SchedulerConfig>,
 }
@@ -212,6 +213,27 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Lets each worker have up to `per_worker` claims waiting in its
+    /// local queue besides the task it runs: a worker that finishes a task
+    /// starts the next at once, and one claim statement claims for many
+    /// tasks, each with its own lease and fencing token (see
+    /// [`super::batch`] for how, and what it costs in fairness between
+    /// replicas). How far ahead a claim asks adapts up to `per_worker`
+    /// with the depth of the queue. 0 turns it off. Default: see
+    /// [`Prefetch::default`].
+    pub fn prefetch(mut self, per_worker: usize) -> Self {
+        self.prefetch.per_worker = per_worker;
+        self
+    }
+
+    /// The longest a prefetched claim waits in a local queue before it is
+    /// given back (pending again at its old place, its attempt not
+    /// counted). Default: see [`Prefetch::default`].
+    pub fn prefetch_wait(mut self, max_wait: Duration) -> Self {
+        self.prefetch.max_wait = max_wait;
+        self
+    }
+
     /// How long a handler may run on after its claim was lost (its answer
     /// is discarded). Default: 1 s.
     pub fn lost_grace(mut self, grace: Duration) -> Self {
@@ -261,6 +283,17 @@ impl RuntimeBuilder {
             ));
         }
         self.retry.check().map_err(RuntimeError::Config)?;
+        if self.prefetch.per_worker > 100 {
+            return Err(RuntimeError::Config(format!(
+                "prefetch must be 0 to 100 claims per worker, got {}",
+                self.prefetch.per_worker
+            )));
+        }
+        if self.prefetch.max_wait.is_zero() {
+            return Err(RuntimeError::Config(
+                "a prefetched claim must be allowed to wait a while (prefetch_wait > 0)".into(),
+            ));
+        }
         let mut queues = self.queues;
         if queues.is_empty() {
             queues.push((DEFAULT_QUEUE.to_string(), 10));
@@ -319,7 +352,8 @@ impl RuntimeBuilder {
                 .recorded_as(WorkerKind::Embedded)
                 .retrying_by_kind(self.retry.clone())
                 .host_search_path(&self.host_search_path)
-                .batching(self.batching);
+                .batching(self.batching)
+                .prefetch(self.prefetch);
             transports.push(transport.clone());
             for n in 1..=*concurrency {
                 let name = Holder::parse(format!("{id}-{queue}-{n}"))
@@ -390,6 +424,7 @@ impl Runtime {
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
             shutdown_grace: Duration::from_secs(10),
             batching: Batching::default(),
+            prefetch: Prefetch::default(),
             schedules: Vec::new(),
             scheduler: Some(SchedulerConfig::default()),
         }
@@ -418,6 +453,11 @@ impl Runtime {
         }
         for (controls, _) in &self.workers {
             controls.drain();
+        }
+        // What waits in the local queues will not be started here: back to
+        // the queue at once, for other replicas, without using an attempt.
+        for transport in &self.transports {
+            transport.give_back_waiting().await;
         }
         let deadline = tokio::time::Instant::now() + self.shutdown_grace;
         for (controls, mut task) in self.workers {
