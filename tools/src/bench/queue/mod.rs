@@ -58,6 +58,7 @@ mod baselines;
 mod ceilings;
 mod failover;
 pub(crate) mod fleet;
+pub use fleet::fleet_only;
 mod graphile;
 mod leases;
 mod scale_out;
@@ -305,6 +306,15 @@ async fn run(
             .map(|(_, rows)| rows)
             .sum::<f64>(),
     ));
+
+    let best = fleet::best(db, plan, progress).await?;
+    r.push(("fleet_best_w16", best.0));
+    r.push(("fleet_best_prefetch", best.1.prefetch as f64));
+    r.push((
+        "fleet_best_linger_ms",
+        best.1.batching.linger.as_secs_f64() * 1000.0,
+    ));
+    r.push(("fleet_best_batch_max", best.1.batching.max as f64));
 
     progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
     let latency_tasks = plan.latency_tasks;
