@@ -60,7 +60,8 @@
 //!   pending again at its old place in the queue, its attempt not counted,
 //!   `given_back` in its attempts and its lease's history) when it waited
 //!   longer than [`Prefetch::max_wait`], when its worker stops, and all of
-//!   them at the start of a graceful stop ([`Batcher::give_back_waiting`]);
+//!   them at the start of a graceful stop
+//!   ([`InProcess::give_back_waiting`](super::in_process::InProcess::give_back_waiting));
 //! - after a kill (the process dies, nothing is written) they are claims
 //!   like any other: their leases run out and other workers take them
 //!   over, each with a new token that fences off the dead holder.
