@@ -149,7 +149,7 @@ async fn prefetched_claims_have_their_own_leases_and_a_graceful_stop_gives_them_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_claims_are_renewed_in_bulk_then_given_back_past_their_bound() {
-    // One busy worker, a lease of 1 s and a bound of 2.5 s: the claims
+    // One busy worker, a lease of 2 s and a bound of 5 s: the claims
     // waiting in its queue outlive their first lease (renewed, same
     // token, `renewed` on record), then go back at the bound, unused,
     // while the running task stays its worker's.
@@ -158,9 +158,9 @@ async fn waiting_claims_are_renewed_in_bulk_then_given_back_past_their_bound() {
     let runtime = Runtime::builder(db.pool.clone())
         .id("pfw")
         .queue("default", 1)
-        .lease(Duration::from_secs(1), Duration::from_millis(300))
+        .lease(Duration::from_secs(2), Duration::from_millis(600))
         .prefetch(3)
-        .prefetch_wait(Duration::from_millis(2500))
+        .prefetch_wait(Duration::from_secs(5))
         .shutdown_grace(Duration::from_millis(100))
         .handler("block", block)
         .start()
@@ -180,7 +180,7 @@ async fn waiting_claims_are_renewed_in_bulk_then_given_back_past_their_bound() {
         .map(|t| (t.0, t.2))
         .collect();
     let ids: Vec<i64> = waiting.iter().map(|w| w.0).collect();
-    tokio::time::sleep(Duration::from_millis(1800)).await;
+    tokio::time::sleep(Duration::from_millis(3200)).await;
     // Past their first lease: still held, under the same token.
     let now: Vec<(i64, String, i64, i32)> = started(&db.pool).await;
     for (id, token) in &waiting {
@@ -193,7 +193,7 @@ async fn waiting_claims_are_renewed_in_bulk_then_given_back_past_their_bound() {
     assert_eq!(events(&db.pool, "taken_over", &ids).await, 0);
     until(
         "the waiting claims are given back at their bound",
-        Duration::from_secs(5),
+        Duration::from_secs(8),
         || async {
             let pending: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM tasks WHERE id = ANY($1) AND status = 'pending' AND attempts = 0",
