@@ -109,7 +109,7 @@ impl Settings {
     }
 }
 
-/// What `fleet_best_w16` tries, fastest kept: prefetch depths, and the
+/// What `fleet_best_w16` tries, fastest kept: the defaults, prefetch depths, and the
 /// completer's batches (a longer linger and bigger batches: fewer
 /// commits, more delay per task).
 pub(super) fn best_candidates() -> Vec<Settings> {
@@ -119,6 +119,8 @@ pub(super) fn best_candidates() -> Vec<Settings> {
         ..Batching::default()
     };
     vec![
+        // The defaults too: the fastest the runtime offers may be them.
+        Settings::defaults(),
         Settings {
             prefetch: 8,
             batching: Batching::default(),
