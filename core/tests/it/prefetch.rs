@@ -414,3 +414,50 @@ async fn a_give_back_raced_with_takeovers_at_the_deadline_never_lets_both_win() 
         "both outcomes must occur: given back {given_back}, taken over {taken_over}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_queue_keeps_the_queues_order() {
+    // One worker prefetching: the tasks claimed ahead in one statement run
+    // in the queue's order (priority, then enqueue), not in id order.
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    // Each task more urgent than the one before: any two claimed in one
+    // statement are out of id order.
+    for (n, priority) in [(0, 0), (1, -1), (2, -2), (3, -3), (4, -4), (5, -5)] {
+        store::enqueue(
+            &mut conn,
+            &Default::default(),
+            &leasekeeper_core::queue::NewTask::new("note", json!({ "n": n })).priority(priority),
+        )
+        .await
+        .unwrap();
+    }
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = order.clone();
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("pfo")
+        .queue("default", 1)
+        .prefetch(8)
+        .handler("note", move |job: Job, _: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(job.data["n"].as_i64().unwrap());
+                Ok(Done::output(json!({})))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    until("six notes", Duration::from_secs(10), || async {
+        order.lock().unwrap().len() == 6
+    })
+    .await;
+    runtime.shutdown().await;
+    assert_eq!(*order.lock().unwrap(), vec![5, 4, 3, 2, 1, 0]);
+    // More than one task per claim statement: the worker did take ahead.
+    let statements: i64 = sqlx::query_scalar("SELECT count(DISTINCT started_at) FROM tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(statements < 6, "{statements} claim statements for 6 tasks");
+}

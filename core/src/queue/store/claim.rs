@@ -129,7 +129,8 @@ pub async fn claim_batch(
 /// someone holds by hand), which [`claim_next_in`] then handles.
 #[derive(Debug, Default)]
 pub struct Claimed {
-    /// The tasks claimed, in deadline order.
+    /// The tasks claimed, in claim order (late ones first, then by
+    /// priority, due time and id).
     pub tasks: Vec<Task>,
     /// Candidates were left for the careful path.
     pub passed_over: bool,
