@@ -135,7 +135,12 @@ pub struct Prefetch {
     /// prefetching off (a worker claims only when it is free). How many a
     /// claim asks for adapts between 0 and this: it doubles while claims
     /// get all they ask for, and halves when they get fewer (the queue is
-    /// draining). Default: 0 (off).
+    /// draining). Default: 0 (off): measured on a no-op handler, 8 to 32
+    /// per worker gave several times the throughput (`fleet_best_w16` of
+    /// `leasekeeper-tools bench`), but with it a task shows `started`
+    /// while it waits, and a task may wait behind a slow one (up to
+    /// [`Prefetch::max_wait`]) while another worker is idle; a service
+    /// that wants the throughput opts in.
     pub per_worker: usize,
     /// The longest a claim waits in a local queue before it is given back
     /// (pending again at its old place, its attempt not counted), so that

@@ -44,7 +44,10 @@
 //! moment (each task with its own lease and fencing token), completions
 //! written in batches while the workers go on to their next task,
 //! heartbeats of all due claims in one statement, and the workers' reports
-//! every 100 ms. The runtime registers itself as an instance and its
+//! every 100 ms. With [`RuntimeBuilder::prefetch`] each worker also keeps a
+//! local queue of claims taken ahead (see [`super::batch`]): a worker
+//! finishing a task starts the next at once, and one claim statement
+//! claims many. The runtime registers itself as an instance and its
 //! workers in the `workers` table (kind `embedded`), so the dashboard
 //! shows them.
 
@@ -444,7 +447,10 @@ impl Runtime {
     /// tasks at hand, for up to the [shutdown
     /// grace](RuntimeBuilder::shutdown_grace); a task still running then is
     /// given back (a failed attempt, retried after the backoff, so a
-    /// deploy never waits out a lease). Then the instance is marked stopped.
+    /// deploy never waits out a lease). Claims waiting in the workers'
+    /// local queues ([`RuntimeBuilder::prefetch`]) are given back first,
+    /// unstarted and without using an attempt. Then the instance is marked
+    /// stopped.
     pub async fn shutdown(self) {
         // The scheduler first: it releases its lease so another replica
         // fires the next tick without waiting out the TTL.
