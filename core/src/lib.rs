@@ -113,7 +113,7 @@ pub use queue::store::{
 pub use queue::{NewTask, Task, Unique, UniqueScope};
 pub use schedule::{CatchUp, NewSchedule};
 #[cfg(feature = "postgres")]
-pub use worker::batch::Batching;
+pub use worker::batch::{Batching, Prefetch};
 #[cfg(feature = "postgres")]
 pub use worker::handler::{Done, HandlerError, HandlerResult, Job, TaskContext};
 #[cfg(feature = "postgres")]

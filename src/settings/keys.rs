@@ -64,6 +64,11 @@ pub(super) const WORKERS: Key = Key {
     env: "LEASEKEEPER_WORKERS",
     flag: "workers",
 };
+pub(super) const PREFETCH: Key = Key {
+    file: "prefetch",
+    env: "LEASEKEEPER_PREFETCH",
+    flag: "prefetch",
+};
 pub(super) const CHAOS: Key = Key {
     file: "chaos",
     env: "LEASEKEEPER_CHAOS",
@@ -102,7 +107,7 @@ pub(super) const MAINTENANCE_INTERVAL: Key = Key {
     flag: "maintenance-interval-secs",
 };
 
-pub(super) const ALL_KEYS: [&Key; 16] = [
+pub(super) const ALL_KEYS: [&Key; 17] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &DATA_DIR,
@@ -113,6 +118,7 @@ pub(super) const ALL_KEYS: [&Key; 16] = [
     &GENERATOR_INTERVAL,
     &GENERATOR_MAX_SLEEP,
     &WORKERS,
+    &PREFETCH,
     &CHAOS,
     &CRASH_PROBABILITY,
     &STALL_PROBABILITY,

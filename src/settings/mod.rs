@@ -61,6 +61,10 @@ pub struct SettingArgs {
     /// Simulated workers per instance.
     #[arg(long, global = true, env = "LEASEKEEPER_WORKERS")]
     pub workers: Option<String>,
+    /// Tasks each simulated worker may claim ahead into its local queue
+    /// (0, the default: none).
+    #[arg(long, global = true, env = "LEASEKEEPER_PREFETCH")]
+    pub prefetch: Option<String>,
     /// Chaos on (1/true) or off (0/false).
     #[arg(long, global = true, env = "LEASEKEEPER_CHAOS")]
     pub chaos: Option<String>,
@@ -114,6 +118,8 @@ pub struct Settings {
     pub generator_max_sleep: u32,
     /// Simulated workers per instance.
     pub workers: u32,
+    /// Tasks each simulated worker may claim ahead (0: none).
+    pub prefetch: u32,
     /// Whether chaos (crashes, stalls) is on.
     pub chaos: bool,
     /// Crash probability per chaos check.
@@ -277,6 +283,7 @@ impl Settings {
                 },
             )?,
             workers: src.parse(&WORKERS, &args.workers, 4, count(1000))?,
+            prefetch: src.parse(&PREFETCH, &args.prefetch, 0, count(100))?,
             chaos: src.parse(&CHAOS, &args.chaos, true, boolean)?,
             crash_probability: src.parse(
                 &CRASH_PROBABILITY,
@@ -404,6 +411,7 @@ impl Settings {
                 self.generator_max_sleep.to_string(),
             ),
             (WORKERS.env, self.workers.to_string()),
+            (PREFETCH.env, self.prefetch.to_string()),
             (CHAOS.env, self.chaos.to_string()),
             (CRASH_PROBABILITY.env, self.crash_probability.to_string()),
             (STALL_PROBABILITY.env, self.stall_probability.to_string()),

@@ -163,6 +163,7 @@ fn to_env_round_trips_through_resolve() {
             generator_interval_secs: env.get("LEASEKEEPER_GENERATOR_INTERVAL_SECS").cloned(),
             generator_max_sleep_secs: env.get("LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS").cloned(),
             workers: env.get("LEASEKEEPER_WORKERS").cloned(),
+            prefetch: env.get("LEASEKEEPER_PREFETCH").cloned(),
             chaos: env.get("LEASEKEEPER_CHAOS").cloned(),
             crash_probability: env.get("LEASEKEEPER_CRASH_PROBABILITY").cloned(),
             stall_probability: env.get("LEASEKEEPER_STALL_PROBABILITY").cloned(),

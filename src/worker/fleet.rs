@@ -43,6 +43,9 @@ pub struct FleetConfig {
     /// Seed for the workers' chaos (worker `n` uses `seed + n`); `None`
     /// seeds each from the operating system.
     pub seed: Option<u64>,
+    /// How far the workers claim ahead (see
+    /// [`Prefetch`](leasekeeper_core::worker::batch::Prefetch)).
+    pub prefetch: leasekeeper_core::worker::batch::Prefetch,
 }
 
 impl FleetConfig {
@@ -53,6 +56,9 @@ impl FleetConfig {
             chaos: settings.chaos_settings(),
             respawn_after: Some(settings.lease_ttl),
             seed: None,
+            prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(
+                settings.prefetch as usize,
+            ),
         }
     }
 }
@@ -143,7 +149,8 @@ impl Fleet {
             kinds.iter().map(|k| (serving.queue.as_str(), k.as_str())),
         );
         let transport = InProcess::new(pool.clone(), config.worker.lease_ttl, instance_id.clone())
-            .serving(serving);
+            .serving(serving)
+            .prefetch(config.prefetch);
         Fleet {
             inner: Arc::new(Inner {
                 schema: Schema::of(&pool),
@@ -410,6 +417,8 @@ impl Fleet {
                 }
             }
         }
+        // Whatever still waits in a local queue goes back to the queue.
+        self.inner.transport.give_back_waiting().await;
         // The completions handed over and the workers' last reports.
         self.inner.transport.flush().await;
     }

@@ -29,6 +29,7 @@ fn fleet(db: &TestDb, instance: &str) -> Fleet {
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
+            prefetch: Default::default(),
         },
         None,
     )
@@ -324,6 +325,7 @@ fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper_core::
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
+            prefetch: Default::default(),
         },
         Some(live.clone()),
     );
@@ -510,6 +512,7 @@ async fn crashes_and_kills_leave_no_stray_rollback() {
             chaos,
             respawn_after: Some(Duration::from_millis(200)),
             seed: Some(7),
+            prefetch: Default::default(),
         },
         None,
     );
@@ -559,6 +562,7 @@ async fn a_simulated_worker_is_free_again_within_two_seconds_of_a_cancel() {
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
+            prefetch: Default::default(),
         },
         Some(live.clone()),
     );

@@ -76,6 +76,18 @@ pub enum Command {
 /// The benchmarks.
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
 pub enum BenchWhat {
+    /// Only the worker runtime's throughput (one instance, 16 workers,
+    /// no-op handler): `fleet_w16` with its defaults and `fleet_best_w16`
+    /// with the fastest settings it offers (prefetch, batching), named in
+    /// the results.
+    Fleet {
+        /// Shorter runs.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Push latency (commit to page data, idle and under 1,000 workers'
     /// worth of events) and server-side render time of the tasks page with
     /// 1,000 and 1,000,000 tasks.

@@ -78,6 +78,17 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
+            Some(BenchWhat::Fleet { quick, json }) => {
+                bench::queue::fleet_only(
+                    settings,
+                    bench::Options {
+                        quick,
+                        json,
+                        charts: None,
+                    },
+                )
+                .await
+            }
             Some(BenchWhat::Dashboard { quick, json }) => {
                 bench::dashboard::dashboard(
                     settings,

@@ -23,6 +23,10 @@ const KEYS: &[&str] = &[
     "graphile_default_w16",
     "graphile_best_w16",
     "fleet_w16",
+    "fleet_best_w16",
+    "fleet_best_prefetch",
+    "fleet_w16_vs_graphile_default",
+    "fleet_best_vs_fastest_peer",
     "lease_events_per_task",
     "fleet_latency_p50_ms",
     "rows_per_task",
@@ -61,13 +65,14 @@ const KEYS: &[&str] = &[
 
 /// Keys that are `null` when graphile-worker could not run (no npm or
 /// node), which the bench then says on stderr.
-const GRAPHILE_KEYS: [&str; 6] = [
+const GRAPHILE_KEYS: &[&str] = &[
     "graphile_worker_w16",
     "graphile_add_jobs_per_s",
     "graphile_default_w16",
     "graphile_best_w16",
     "fleet_w16_vs_graphile_best",
     "throughput_w16_vs_graphile_default",
+    "fleet_w16_vs_graphile_default",
 ];
 
 #[test]

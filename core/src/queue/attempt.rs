@@ -26,8 +26,12 @@ text_enum! {
         TimedOut = "timed_out",
         /// Its handler snoozed the task (the attempt is not counted).
         Snoozed = "snoozed",
-        /// Its worker gave the task back unfinished (it stopped, or had no
-        /// handler for the kind): a failed attempt, retried after the backoff.
+        /// Its worker gave the task back unfinished. Stopped mid-task, or
+        /// without a handler for the kind: a failed attempt, retried after
+        /// the backoff. Claimed ahead into a runtime's local queue and given
+        /// back unstarted (a graceful stop, or it waited past its bound):
+        /// not counted, pending again at once (see
+        /// [`give_back_each`](super::store::give_back_each)).
         GivenBack = "given_back",
     }
 }

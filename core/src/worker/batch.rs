@@ -8,9 +8,10 @@
 //! - the **producer** gathers the claims of every worker that is free at
 //!   that moment and makes one statement of them
 //!   ([`store::claim_for`]): each task claimed gets its own lease and
-//!   fencing token, held by the worker it is handed to. Free workers only:
-//!   nothing is fetched ahead of a worker that could run it, so no lease
-//!   ticks away in a local buffer;
+//!   fencing token, held by the worker it is handed to. Without
+//!   [`Prefetch`] only free workers are served: nothing is fetched ahead;
+//!   with it, the same statement also fills the workers' local queues
+//!   (below);
 //! - the **completer** writes completions in batches
 //!   ([`store::complete_each`]): it waits up to [`Batching::linger`] after
 //!   the first for more, or until [`Batching::max`] are waiting. Each is
@@ -21,6 +22,62 @@
 //! - the **reporter** writes what the workers are doing to the `workers`
 //!   table every [`Batching::report_every`], the newest report of each
 //!   worker in one statement ([`registry::record_each`]).
+//!
+//! ## Prefetch: a local queue per worker
+//!
+//! With [`Prefetch::per_worker`] above 0, a worker may have claims waiting
+//! in a local queue besides the task it runs. A worker that finishes a
+//! task takes the next from its local queue at once, without a round trip
+//! (the producer then tops the queue up, in its next statement, with every
+//! other top-up and free worker's claim: one commit claims many tasks).
+//! How far ahead the producer claims adapts: it doubles while a claim gets
+//! all it asked for, and halves when it gets fewer (the queue drains) or a
+//! claim waited past its bound, so an idle or shallow queue is claimed one
+//! task per free worker, as without prefetch.
+//!
+//! Each prefetched task is claimed **in the name of the worker that will
+//! run it**, with its own lease and fencing token, by the one claim
+//! statement (a name repeated in [`store::claim_for`]'s holders gets that
+//! many claims). So the database says at every moment who holds what: the
+//! dashboard's "worker holds task" stays true, and handing a task over is
+//! free (no write: the claim is already the worker's). The alternative, a
+//! local queue shared by a runtime's workers under one runtime holder,
+//! would let any idle worker take any waiting task, but either every
+//! hand-over re-writes the claim (a commit per task, the cost prefetch is
+//! there to save) or workers run claims held under another name (a
+//! kill of that name would not end them). The cost of the choice: a task
+//! waits for its own worker even when another worker of the runtime is
+//! idle; the wait bound caps that.
+//!
+//! While they wait, the claims are the producer's to look after:
+//! - **renewed in bulk**: once a third of a waiting claim's lease has
+//!   gone, one [`store::heartbeat_each`] renews all such claims of the
+//!   transport; a refused renewal (the claim ran out and was taken over)
+//!   drops the claim. A worker is handed a waiting claim only with a third
+//!   of its lease left, and its deadline counts from the claim's (or
+//!   renewal's) statement, not from the worker's request;
+//! - **given back** ([`store::give_back_each`], one statement for many:
+//!   pending again at its old place in the queue, its attempt not counted,
+//!   `given_back` in its attempts and its lease's history) when it waited
+//!   longer than [`Prefetch::max_wait`], when its worker stops, and all of
+//!   them at the start of a graceful stop
+//!   ([`InProcess::give_back_waiting`](super::in_process::InProcess::give_back_waiting));
+//! - after a kill (the process dies, nothing is written) they are claims
+//!   like any other: their leases run out and other workers take them
+//!   over, each with a new token that fences off the dead holder.
+//!
+//! A worker that is killed in-process (its loop aborted, the transport
+//! alive) leaves its waiting claims to the bound: they are given back at
+//! [`Prefetch::max_wait`], sooner than its running task, which is taken
+//! over when its lease runs out.
+//!
+//! What prefetch costs: a task claimed ahead waits behind the task its
+//! worker is running; with a no-op handler that is microseconds, behind a
+//! slow one it is up to the bound, while another replica (or another
+//! worker of this one) may be idle. That is unfairness between replicas,
+//! bounded by [`Prefetch::max_wait`]. An idle fleet's pickup latency is
+//! unchanged: the adaptive depth is 0 when claims come back short, so a
+//! lone task is claimed by the first free worker as without prefetch.
 //!
 //! Claims and heartbeats are batched by arrival (whatever is waiting when
 //! the previous statement returns goes in the next), so a lone claim or
@@ -35,7 +92,7 @@ use super::{Report, WorkerKind};
 use crate::db::Schema;
 use crate::lease::Holder;
 use crate::queue::ClaimFilter;
-use crate::queue::store::{self, Completion, MAX_BATCH, RetryPolicies};
+use crate::queue::store::{self, Completion, MAX_BATCH};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -68,6 +125,55 @@ impl Default for Batching {
     }
 }
 
+/// How far ahead a transport's workers claim: each worker may have claims
+/// waiting in its local queue besides the task it runs, so that when it
+/// finishes one it starts the next at once, and one claim statement
+/// claims for many tasks (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prefetch {
+    /// The most claims waiting in one worker's local queue; 0 turns
+    /// prefetching off (a worker claims only when it is free). How many a
+    /// claim asks for adapts between 0 and this: it doubles while claims
+    /// get all they ask for, and halves when they get fewer (the queue is
+    /// draining). Default: 0 (off): measured on a no-op handler, 8 to 32
+    /// per worker gave several times the throughput (`fleet_best_w16` of
+    /// `leasekeeper-tools bench`), but with it a task shows `started`
+    /// while it waits, and a task may wait behind a slow one (up to
+    /// [`Prefetch::max_wait`]) while another worker is idle; a service
+    /// that wants the throughput opts in.
+    pub per_worker: usize,
+    /// The longest a claim waits in a local queue before it is given back
+    /// (pending again at its old place, its attempt not counted), so that
+    /// a worker busy with a long task does not sit on work another worker
+    /// could run. Default: 1 s.
+    pub max_wait: Duration,
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Prefetch {
+            per_worker: 0,
+            max_wait: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Prefetch {
+    /// Up to `per_worker` claims waiting per worker, each for at most the
+    /// default [`Prefetch::max_wait`].
+    pub fn per_worker(per_worker: usize) -> Self {
+        Prefetch {
+            per_worker,
+            ..Prefetch::default()
+        }
+    }
+
+    /// Claims wait at most `max_wait` before they are given back.
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        Prefetch { max_wait, ..self }
+    }
+}
+
 /// What the loops need to write.
 #[derive(Debug)]
 pub(crate) struct Setup {
@@ -75,11 +181,11 @@ pub(crate) struct Setup {
     /// The pool's schema.
     pub(crate) schema: Schema,
     pub(crate) ttl: Duration,
-    pub(crate) retry: RetryPolicies,
     pub(crate) filter: ClaimFilter,
     pub(crate) kind: WorkerKind,
     pub(crate) instance_id: Arc<str>,
     pub(crate) batching: Batching,
+    pub(crate) prefetch: Prefetch,
 }
 
 type Answer<T> = oneshot::Sender<Result<T, TransportError>>;
@@ -88,6 +194,53 @@ type Answer<T> = oneshot::Sender<Result<T, TransportError>>;
 struct Want {
     worker: Holder,
     reply: Answer<Option<Claim>>,
+}
+
+/// A claim waiting in a worker's local queue.
+#[derive(Debug)]
+struct Waiting {
+    claim: Claim,
+    /// The monotonic instant just before the statement that last set the
+    /// lease (the claim or a renewal) was sent.
+    sent: Instant,
+    /// What the database said was left of the lease then.
+    remaining: Duration,
+    /// When it was claimed: it waits at most [`Prefetch::max_wait`].
+    since: Instant,
+}
+
+impl Waiting {
+    /// What is surely left of its lease now, by the local clock: the
+    /// database's remainder, less the time since the statement was sent.
+    fn left(&self) -> Duration {
+        self.remaining.saturating_sub(self.sent.elapsed())
+    }
+}
+
+/// The workers' local queues, shared by the workers (who take from them
+/// without waiting for the producer) and the producer (who fills them,
+/// renews them and gives back what waited too long).
+#[derive(Debug, Default)]
+struct Local {
+    queues: HashMap<Holder, std::collections::VecDeque<Waiting>>,
+    /// Set by [`Batcher::give_back_waiting`]: nothing more is prefetched.
+    closed: bool,
+}
+
+/// What the producer is asked to do.
+enum ToProducer {
+    /// A free worker with nothing in its local queue wants a task.
+    Want(Want),
+    /// A worker took a claim from its local queue: fill it up again.
+    TopUp(Holder),
+    /// Claims taken out of a local queue that must go back (too little
+    /// left of the lease to hand to a worker).
+    GiveBack(Holder, Vec<Waiting>),
+    /// A worker stopped: give back what waits in its local queue.
+    Forget(Holder),
+    /// Give back every waiting claim and prefetch nothing more (a graceful
+    /// stop); answered once written.
+    Close(oneshot::Sender<()>),
 }
 
 /// A heartbeat of one claim.
@@ -126,7 +279,11 @@ enum ToReporter {
 /// when the last handle is dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct Batcher {
-    claims: mpsc::UnboundedSender<Want>,
+    claims: mpsc::UnboundedSender<ToProducer>,
+    local: Arc<std::sync::Mutex<Local>>,
+    /// The least that must be left of a waiting claim's lease to hand it
+    /// to a worker.
+    min_left: Duration,
     beats: mpsc::UnboundedSender<Beat>,
     completions: mpsc::Sender<ToCompleter>,
     reports: mpsc::UnboundedSender<ToReporter>,
@@ -144,28 +301,84 @@ impl Batcher {
         let (beats, beats_rx) = mpsc::unbounded_channel();
         let (completions, completions_rx) = mpsc::channel(setup.batching.max.clamp(1, MAX_BATCH));
         let (reports, reports_rx) = mpsc::unbounded_channel();
-        tokio::spawn(produce(setup.clone(), claims_rx));
+        let local = Arc::new(std::sync::Mutex::new(Local::default()));
+        let min_left = setup.ttl / 3;
+        tokio::spawn(produce(setup.clone(), local.clone(), claims_rx));
         tokio::spawn(heartbeat(setup.clone(), beats_rx));
         tokio::spawn(complete(setup.clone(), completions_rx));
         tokio::spawn(report(setup, reports_rx));
         Batcher {
             claims,
+            local,
+            min_left,
             beats,
             completions,
             reports,
         }
     }
 
-    /// Claims a task for `worker` with the other free workers' claims.
+    /// Claims a task for `worker`: the first in its local queue, at once
+    /// (the producer then tops the queue up), else with the other free
+    /// workers' claims.
     pub(crate) async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
+        if let Some(claim) = self.take_waiting(worker) {
+            return Ok(Some(claim));
+        }
         let (reply, answer) = oneshot::channel();
         self.claims
-            .send(Want {
+            .send(ToProducer::Want(Want {
                 worker: worker.clone(),
                 reply,
-            })
+            }))
             .map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
+    }
+
+    /// The first claim of `worker`'s local queue with enough of its lease
+    /// left, its remainder as the worker may trust it (less the time it
+    /// waited: the worker times its deadline from its own request, which
+    /// came later than the claim's statement).
+    fn take_waiting(&self, worker: &Holder) -> Option<Claim> {
+        let mut too_late = Vec::new();
+        let taken = {
+            let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+            let queue = local.queues.get_mut(worker)?;
+            loop {
+                let Some(waiting) = queue.pop_front() else {
+                    break None;
+                };
+                let left = waiting.left();
+                if left >= self.min_left {
+                    let mut claim = waiting.claim;
+                    claim.remaining = Some(left);
+                    break Some(claim);
+                }
+                too_late.push(waiting);
+            }
+        };
+        if !too_late.is_empty() {
+            let _ = self
+                .claims
+                .send(ToProducer::GiveBack(worker.clone(), too_late));
+        }
+        if taken.is_some() {
+            let _ = self.claims.send(ToProducer::TopUp(worker.clone()));
+        }
+        taken
+    }
+
+    /// `worker` stopped: what waits in its local queue is given back.
+    pub(crate) fn forget(&self, worker: &Holder) {
+        let _ = self.claims.send(ToProducer::Forget(worker.clone()));
+    }
+
+    /// Gives back every claim waiting in a local queue, in one statement,
+    /// and prefetches nothing more: a graceful stop.
+    pub(crate) async fn give_back_waiting(&self) {
+        let (done, written) = oneshot::channel();
+        if self.claims.send(ToProducer::Close(done)).is_ok() {
+            let _ = written.await;
+        }
     }
 
     /// Heartbeats a claim with the other heartbeats due.
@@ -294,26 +507,248 @@ impl Held {
     }
 }
 
-/// The producer: one claim statement for every worker free at the moment.
-async fn produce(setup: Arc<Setup>, mut rx: mpsc::UnboundedReceiver<Want>) {
+/// The producer: one claim statement for every worker free at the moment
+/// and every local queue to fill; and, while claims wait in local queues,
+/// their renewal and give-back.
+async fn produce(
+    setup: Arc<Setup>,
+    local: Arc<std::sync::Mutex<Local>>,
+    mut rx: mpsc::UnboundedReceiver<ToProducer>,
+) {
     let mut held = Held::default();
-    while let Some(first) = held.next(&mut rx).await {
-        let mut wants = vec![first];
-        drain(&mut rx, &mut wants, MAX_BATCH);
+    let prefetch = setup.prefetch;
+    let prefetching = prefetch.per_worker > 0;
+    // How many claims a local queue is filled to: adapts between 0 and the
+    // setting (see `Prefetch::per_worker`).
+    let mut ahead = prefetch.per_worker.min(1);
+    // Waiting claims are looked at often enough that none waits much past
+    // its bound or comes near the end of its lease unrenewed.
+    let every = (prefetch.max_wait.min(setup.ttl / 3) / 4).max(Duration::from_millis(5));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let first = tokio::select! {
+            msg = held.next(&mut rx) => match msg {
+                Some(msg) => Some(msg),
+                None => break,
+            },
+            _ = tick.tick(), if prefetching => None,
+        };
+        let mut msgs: Vec<ToProducer> = first.into_iter().collect();
+        while msgs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(msg) => msgs.push(msg),
+                Err(_) => break,
+            }
+        }
+        let mut wants = Vec::new();
+        let mut top_up: Vec<Holder> = Vec::new();
+        let mut back: Vec<(Holder, Waiting)> = Vec::new();
+        let mut closes = Vec::new();
+        for msg in msgs {
+            match msg {
+                ToProducer::Want(want) => wants.push(want),
+                ToProducer::TopUp(worker) => top_up.push(worker),
+                ToProducer::GiveBack(worker, waiting) => {
+                    back.extend(waiting.into_iter().map(|w| (worker.clone(), w)));
+                }
+                ToProducer::Forget(worker) => {
+                    let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(queue) = local.queues.remove(&worker) {
+                        back.extend(queue.into_iter().map(|w| (worker.clone(), w)));
+                    }
+                }
+                ToProducer::Close(done) => {
+                    let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+                    local.closed = true;
+                    for (worker, queue) in local.queues.drain() {
+                        back.extend(queue.into_iter().map(|w| (worker.clone(), w)));
+                    }
+                    closes.push(done);
+                }
+            }
+        }
+        if prefetching {
+            // Claims that waited past their bound go back; the others are
+            // renewed once a third of their lease is gone.
+            let mut renew = Vec::new();
+            {
+                let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+                for (worker, queue) in local.queues.iter_mut() {
+                    let (stay, late): (Vec<Waiting>, Vec<Waiting>) = queue
+                        .drain(..)
+                        .partition(|w| w.since.elapsed() < prefetch.max_wait);
+                    back.extend(late.into_iter().map(|w| (worker.clone(), w)));
+                    for w in &stay {
+                        if w.sent.elapsed() >= setup.ttl / 3 {
+                            renew.push((w.claim.task_id, w.claim.token, worker.clone()));
+                        }
+                    }
+                    queue.extend(stay);
+                }
+            }
+            if !back.is_empty() {
+                // The bound was hit: claim less far ahead.
+                ahead /= 2;
+            }
+            renew_waiting(&setup, &mut held, &local, renew).await;
+        }
+        give_back(&setup, &mut held, back).await;
+        for done in closes {
+            let _ = done.send(());
+        }
         // A worker whose loop ended while it waited wants nothing now; and
         // one name twice (a worker restarted under its id) is served once.
         wants.retain(|w| !w.reply.is_closed());
         let mut seen = std::collections::HashSet::new();
         wants.reverse();
         wants.retain(|w| seen.insert(w.worker.clone()));
-        if !wants.is_empty() {
-            serve(&setup, &mut held, wants).await;
+        top_up.retain(|w| seen.insert(w.clone()));
+        if !prefetching || local.lock().unwrap_or_else(|e| e.into_inner()).closed {
+            top_up.clear();
+        }
+        if wants.is_empty() && top_up.is_empty() {
+            continue;
+        }
+        let (asked, got) = serve(&setup, &mut held, &local, wants, top_up, ahead).await;
+        if prefetching {
+            ahead = if got >= asked {
+                (ahead * 2).clamp(1, prefetch.per_worker)
+            } else {
+                ahead / 2
+            };
+        }
+    }
+    // Every handle is gone (the workers ended): nothing will take what
+    // still waits.
+    let rest: Vec<(Holder, Waiting)> = {
+        let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+        local
+            .queues
+            .drain()
+            .flat_map(|(worker, queue)| queue.into_iter().map(move |w| (worker.clone(), w)))
+            .collect()
+    };
+    give_back(&setup, &mut held, rest).await;
+}
+
+/// Renews the waiting claims `renew` in one statement per [`MAX_BATCH`],
+/// and updates what the local queues know of their leases. A refused
+/// renewal (the claim is no longer this runtime's) drops the claim.
+async fn renew_waiting(
+    setup: &Setup,
+    held: &mut Held,
+    local: &std::sync::Mutex<Local>,
+    renew: Vec<(i64, i64, Holder)>,
+) {
+    for chunk in renew.chunks(MAX_BATCH) {
+        let sent = Instant::now();
+        let outcomes = async {
+            let conn = held.conn(setup).await?;
+            Ok::<_, TransportError>(
+                store::heartbeat_each(conn, &setup.schema, chunk, setup.ttl).await?,
+            )
+        }
+        .await;
+        let outcomes = match outcomes {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                // Tried again at the next tick; a claim whose lease runs low
+                // meanwhile is not handed out (see `Batcher::take_waiting`).
+                held.failed(&e);
+                tracing::warn!(claims = chunk.len(), error = %e, "could not renew the waiting claims");
+                continue;
+            }
+        };
+        let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+        for ((task_id, token, worker), outcome) in chunk.iter().zip(outcomes) {
+            let Some(queue) = local.queues.get_mut(worker) else {
+                continue;
+            };
+            // Taken by its worker meanwhile: the worker heartbeats it now.
+            let Some(at) = queue
+                .iter()
+                .position(|w| w.claim.task_id == *task_id && w.claim.token == *token)
+            else {
+                continue;
+            };
+            match outcome {
+                Ok(task) => {
+                    queue[at].sent = sent;
+                    queue[at].remaining = ms(task.heartbeat_in_ms).unwrap_or_default();
+                }
+                Err(e) => {
+                    queue.remove(at);
+                    tracing::warn!(worker = %worker, task_id, token, error = %e,
+                        "a waiting claim was lost before its worker took it");
+                }
+            }
         }
     }
 }
 
-async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
-    let holders: Vec<Holder> = wants.iter().map(|w| w.worker.clone()).collect();
+/// Gives back `claims` that no worker started on, in one statement per
+/// [`MAX_BATCH`] (see [`store::give_back_each`]). One that cannot be given
+/// back (the database failed) waits out its lease and is taken over.
+async fn give_back(setup: &Setup, held: &mut Held, claims: Vec<(Holder, Waiting)>) {
+    let claims: Vec<(i64, i64, Holder)> = claims
+        .into_iter()
+        .map(|(worker, w)| (w.claim.task_id, w.claim.token, worker))
+        .collect();
+    for chunk in claims.chunks(MAX_BATCH) {
+        let why = "claimed ahead and not started: given back unstarted";
+        let outcomes = async {
+            let conn = held.conn(setup).await?;
+            Ok::<_, TransportError>(store::give_back_each(conn, &setup.schema, chunk, why).await?)
+        }
+        .await;
+        match outcomes {
+            Ok(outcomes) => {
+                let refused = outcomes.iter().filter(|o| o.is_err()).count();
+                tracing::debug!(claims = chunk.len(), refused, "gave back waiting claims");
+            }
+            Err(e) => {
+                held.failed(&e);
+                tracing::warn!(claims = chunk.len(), error = %e,
+                    "could not give back waiting claims; their leases will run out");
+            }
+        }
+    }
+}
+
+/// One claim statement for `wants` (one task each, to hand over now) and
+/// for the local queues of `top_up` and of the wanting workers (filled to
+/// `ahead`). Answers how many tasks it asked for and how many it got.
+async fn serve(
+    setup: &Setup,
+    held: &mut Held,
+    local: &std::sync::Mutex<Local>,
+    wants: Vec<Want>,
+    top_up: Vec<Holder>,
+    ahead: usize,
+) -> (usize, usize) {
+    // Each wanting worker first (one each, in the statement's first rows,
+    // which get the work when there is less than asked), then the room in
+    // the local queues.
+    let mut holders: Vec<Holder> = wants.iter().map(|w| w.worker.clone()).collect();
+    {
+        let local = local.lock().unwrap_or_else(|e| e.into_inner());
+        let room = |worker: &Holder| {
+            if local.closed {
+                return 0;
+            }
+            ahead.saturating_sub(local.queues.get(worker).map_or(0, |q| q.len()))
+        };
+        for worker in wants.iter().map(|w| &w.worker).chain(top_up.iter()) {
+            let n = room(worker).min(MAX_BATCH - holders.len());
+            holders.extend(std::iter::repeat_n(worker.clone(), n));
+        }
+    }
+    let asked = holders.len();
+    if asked == 0 {
+        return (0, 0);
+    }
+    let sent = Instant::now();
     let claimed = async {
         let conn = held.conn(setup).await?;
         Ok::<_, TransportError>(
@@ -328,22 +763,38 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
             for want in wants {
                 let _ = want.reply.send(Err(e.clone()));
             }
-            return;
+            return (asked, 0);
+        }
+    };
+    let got = claimed.tasks.len();
+    let mut by_holder: HashMap<String, std::collections::VecDeque<crate::queue::Task>> =
+        HashMap::new();
+    for task in claimed.tasks {
+        by_holder
+            .entry(task.processor.clone().unwrap_or_default())
+            .or_default()
+            .push_back(task);
+    }
+    // The claims no worker will take go back at once.
+    let mut back: Vec<(Holder, Waiting)> = Vec::new();
+    let waiting = |task: crate::queue::Task| {
+        let claim = Claim::of(task);
+        Waiting {
+            remaining: claim.remaining.unwrap_or(setup.ttl),
+            claim,
+            sent,
+            since: sent,
         }
     };
     let Ok(conn) = held.conn(setup).await else {
-        return;
+        return (asked, got);
     };
-    let mut by_holder: HashMap<String, crate::queue::Task> = claimed
-        .tasks
-        .into_iter()
-        .map(|t| (t.processor.clone().unwrap_or_default(), t))
-        .collect();
     // Candidates the statement passed over (a late task out of attempts, a
     // task lease held by hand) are the careful path's, one worker at a time.
     let mut careful = claimed.passed_over;
     for want in wants {
-        let task = match by_holder.remove(want.worker.as_str()) {
+        let mut mine = by_holder.remove(want.worker.as_str()).unwrap_or_default();
+        let task = match mine.pop_front() {
             Some(task) => Some(task),
             None if careful => {
                 match store::claim_next_in(
@@ -372,27 +823,52 @@ async fn serve(setup: &Setup, held: &mut Held, wants: Vec<Want>) {
             let _ = want.reply.send(Ok(None));
             continue;
         };
+        // Queued before the reply, so that the worker's next claim finds them.
+        let rest: Vec<Waiting> = mine.into_iter().map(waiting).collect();
+        let queued = rest.len();
+        if queued > 0 {
+            let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+            local
+                .queues
+                .entry(want.worker.clone())
+                .or_default()
+                .extend(rest);
+        }
         if let Err(Ok(Some(claim))) = want.reply.send(Ok(Some(Claim::of(task)))) {
             // The worker's loop ended while its claim was in flight: give
-            // the task back rather than let it wait out its lease.
-            let why = format!("worker {} stopped before its claim reached it", want.worker);
-            if let Err(e) = store::fail_as(
-                conn,
-                &setup.schema,
-                claim.task_id,
-                &want.worker,
-                claim.token,
-                &why,
-                setup.retry.of(&claim.kind),
-                crate::queue::AttemptOutcome::GivenBack,
-            )
-            .await
-            {
-                tracing::warn!(worker = %want.worker, task_id = claim.task_id, error = %e,
-                    "could not give back a claim nobody took; its lease will run out");
+            // the task back (and what was queued for it) rather than let
+            // them wait out their leases.
+            let now = Instant::now();
+            back.push((
+                want.worker.clone(),
+                Waiting {
+                    remaining: claim.remaining.unwrap_or(setup.ttl),
+                    claim,
+                    sent: now,
+                    since: now,
+                },
+            ));
+            let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(queue) = local.queues.remove(&want.worker) {
+                back.extend(queue.into_iter().map(|w| (want.worker.clone(), w)));
             }
         }
     }
+    {
+        let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+        for (worker, tasks) in by_holder {
+            let Ok(worker) = Holder::parse(worker) else {
+                continue;
+            };
+            local
+                .queues
+                .entry(worker)
+                .or_default()
+                .extend(tasks.into_iter().map(waiting));
+        }
+    }
+    give_back(setup, held, back).await;
+    (asked, got)
 }
 
 /// The heartbeater: one statement for every heartbeat due at the moment.

@@ -4,7 +4,7 @@
 
 use super::Report;
 use super::WorkerKind;
-use super::batch::{Batcher, Batching, Finish, Setup};
+use super::batch::{Batcher, Batching, Finish, Prefetch, Setup};
 use super::handler::HostDatabase;
 use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
 use crate::db::Schema;
@@ -34,6 +34,7 @@ pub struct InProcess {
     kind: WorkerKind,
     host_search_path: Arc<str>,
     batching: Batching,
+    prefetch: Prefetch,
     batcher: Arc<OnceLock<Batcher>>,
 }
 
@@ -57,6 +58,7 @@ impl InProcess {
             kind: WorkerKind::Simulated,
             host_search_path: Arc::from(DEFAULT_HOST_SEARCH_PATH),
             batching: Batching::default(),
+            prefetch: Prefetch::default(),
             batcher: Arc::new(OnceLock::new()),
         }
     }
@@ -103,6 +105,23 @@ impl InProcess {
         self
     }
 
+    /// Claims ahead of its free workers into their local queues as
+    /// `prefetch` says (default: [`Prefetch::default`], off; see
+    /// [`super::batch`]).
+    pub fn prefetch(mut self, prefetch: Prefetch) -> Self {
+        self.prefetch = prefetch;
+        self.batcher = Arc::new(OnceLock::new());
+        self
+    }
+
+    /// Gives back every claim waiting in its workers' local queues and
+    /// claims nothing more ahead: the start of a graceful stop.
+    pub async fn give_back_waiting(&self) {
+        if let Some(batcher) = self.batcher.get() {
+            batcher.give_back_waiting().await;
+        }
+    }
+
     /// The batcher shared by this transport's clones, started on first use.
     fn batcher(&self) -> &Batcher {
         self.batcher.get_or_init(|| {
@@ -110,11 +129,11 @@ impl InProcess {
                 pool: self.pool.clone(),
                 schema: self.schema.clone(),
                 ttl: self.ttl,
-                retry: self.retry.clone(),
                 filter: self.filter.clone(),
                 kind: self.kind,
                 instance_id: self.instance_id.clone(),
                 batching: self.batching,
+                prefetch: self.prefetch,
             })
         })
     }
@@ -218,6 +237,12 @@ impl Transport for InProcess {
 
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
         self.batcher().report(worker, report.clone())
+    }
+
+    fn forget(&self, worker: &Holder) {
+        if let Some(batcher) = self.batcher.get() {
+            batcher.forget(worker);
+        }
     }
 
     fn database(&self) -> Option<HostDatabase> {

@@ -44,12 +44,15 @@
 //! moment (each task with its own lease and fencing token), completions
 //! written in batches while the workers go on to their next task,
 //! heartbeats of all due claims in one statement, and the workers' reports
-//! every 100 ms. The runtime registers itself as an instance and its
+//! every 100 ms. With [`RuntimeBuilder::prefetch`] each worker also keeps a
+//! local queue of claims taken ahead (see [`super::batch`]): a worker
+//! finishing a task starts the next at once, and one claim statement
+//! claims many. The runtime registers itself as an instance and its
 //! workers in the `workers` table (kind `embedded`), so the dashboard
 //! shows them.
 
 use super::WorkerKind;
-use super::batch::Batching;
+use super::batch::{Batching, Prefetch};
 use super::chaos::{Chaos, ChaosSettings};
 use super::handler::{Handler, Handlers};
 use super::in_process::{DEFAULT_HOST_SEARCH_PATH, InProcess};
@@ -91,6 +94,7 @@ pub struct RuntimeBuilder {
     host_search_path: String,
     shutdown_grace: Duration,
     batching: Batching,
+    prefetch: Prefetch,
     schedules: Vec<NewSchedule>,
     scheduler: Option<SchedulerConfig>,
 }
@@ -212,6 +216,27 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Lets each worker have up to `per_worker` claims waiting in its
+    /// local queue besides the task it runs: a worker that finishes a task
+    /// starts the next at once, and one claim statement claims for many
+    /// tasks, each with its own lease and fencing token (see
+    /// [`super::batch`] for how, and what it costs in fairness between
+    /// replicas). How far ahead a claim asks adapts up to `per_worker`
+    /// with the depth of the queue. 0 turns it off. Default: see
+    /// [`Prefetch::default`].
+    pub fn prefetch(mut self, per_worker: usize) -> Self {
+        self.prefetch.per_worker = per_worker;
+        self
+    }
+
+    /// The longest a prefetched claim waits in a local queue before it is
+    /// given back (pending again at its old place, its attempt not
+    /// counted). Default: see [`Prefetch::default`].
+    pub fn prefetch_wait(mut self, max_wait: Duration) -> Self {
+        self.prefetch.max_wait = max_wait;
+        self
+    }
+
     /// How long a handler may run on after its claim was lost (its answer
     /// is discarded). Default: 1 s.
     pub fn lost_grace(mut self, grace: Duration) -> Self {
@@ -261,6 +286,17 @@ impl RuntimeBuilder {
             ));
         }
         self.retry.check().map_err(RuntimeError::Config)?;
+        if self.prefetch.per_worker > 100 {
+            return Err(RuntimeError::Config(format!(
+                "prefetch must be 0 to 100 claims per worker, got {}",
+                self.prefetch.per_worker
+            )));
+        }
+        if self.prefetch.max_wait.is_zero() {
+            return Err(RuntimeError::Config(
+                "a prefetched claim must be allowed to wait a while (prefetch_wait > 0)".into(),
+            ));
+        }
         let mut queues = self.queues;
         if queues.is_empty() {
             queues.push((DEFAULT_QUEUE.to_string(), 10));
@@ -319,7 +355,8 @@ impl RuntimeBuilder {
                 .recorded_as(WorkerKind::Embedded)
                 .retrying_by_kind(self.retry.clone())
                 .host_search_path(&self.host_search_path)
-                .batching(self.batching);
+                .batching(self.batching)
+                .prefetch(self.prefetch);
             transports.push(transport.clone());
             for n in 1..=*concurrency {
                 let name = Holder::parse(format!("{id}-{queue}-{n}"))
@@ -390,6 +427,7 @@ impl Runtime {
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
             shutdown_grace: Duration::from_secs(10),
             batching: Batching::default(),
+            prefetch: Prefetch::default(),
             schedules: Vec::new(),
             scheduler: Some(SchedulerConfig::default()),
         }
@@ -409,7 +447,10 @@ impl Runtime {
     /// tasks at hand, for up to the [shutdown
     /// grace](RuntimeBuilder::shutdown_grace); a task still running then is
     /// given back (a failed attempt, retried after the backoff, so a
-    /// deploy never waits out a lease). Then the instance is marked stopped.
+    /// deploy never waits out a lease). Claims waiting in the workers'
+    /// local queues ([`RuntimeBuilder::prefetch`]) are given back first,
+    /// unstarted and without using an attempt. Then the instance is marked
+    /// stopped.
     pub async fn shutdown(self) {
         // The scheduler first: it releases its lease so another replica
         // fires the next tick without waiting out the TTL.
@@ -418,6 +459,11 @@ impl Runtime {
         }
         for (controls, _) in &self.workers {
             controls.drain();
+        }
+        // What waits in the local queues will not be started here: back to
+        // the queue at once, for other replicas, without using an attempt.
+        for transport in &self.transports {
+            transport.give_back_waiting().await;
         }
         let deadline = tokio::time::Instant::now() + self.shutdown_grace;
         for (controls, mut task) in self.workers {

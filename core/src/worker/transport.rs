@@ -143,6 +143,12 @@ pub trait Transport: Send + Sync + 'static {
         std::future::ready(false)
     }
 
+    /// `worker` stopped gracefully: a transport that claims ahead gives
+    /// back what waits for it (the default does nothing).
+    fn forget(&self, worker: &Holder) {
+        let _ = worker;
+    }
+
     /// The database a handler's fenced transactions run on; `None` (the
     /// default) for a transport that reaches the queue from afar.
     fn database(&self) -> Option<HostDatabase> {

@@ -52,7 +52,7 @@ async fn expire_in(pool: &PgPool, ids: &[i64], offset_ms: i64) {
 }
 
 /// `kind` events recorded for the task leases of `ids`.
-async fn events(pool: &PgPool, kind: &str, ids: &[i64]) -> i64 {
+pub(crate) async fn events(pool: &PgPool, kind: &str, ids: &[i64]) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM lease_events
           WHERE kind = $1 AND resource = ANY(SELECT 'task:' || unnest($2::int4[]))",
@@ -88,7 +88,7 @@ async fn take_over(pool: PgPool, round: usize, n: usize) -> Vec<(i64, i64)> {
 }
 
 /// Claims `n` fresh tasks for `n` holders of round `round`.
-async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i64, i64, Holder)> {
+pub(crate) async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i64, i64, Holder)> {
     add_tasks(pool, "sleep", n as i32).await;
     let mut conn = pool.acquire().await.unwrap();
     let old = holders(&format!("a{round}-"), n);
@@ -118,7 +118,7 @@ async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i64, i64, Ho
 
 /// Completes the tasks a round's taker took (`(id, token)`), so the next
 /// round's claims find only their own tasks.
-async fn finish_round(pool: &PgPool, taken: &[(i64, i64)]) {
+pub(crate) async fn finish_round(pool: &PgPool, taken: &[(i64, i64)]) {
     let mut each = Vec::new();
     for &(id, token) in taken {
         let processor: String = sqlx::query_scalar("SELECT processor FROM tasks WHERE id = $1")
@@ -137,14 +137,14 @@ async fn finish_round(pool: &PgPool, taken: &[(i64, i64)]) {
     }
 }
 
-type Outcomes = Vec<Result<Task, TaskError>>;
+pub(crate) type Outcomes = Vec<Result<Task, TaskError>>;
 
 /// One round of a race at the deadline: the round's `claims` run out 0 to
 /// 12 ms from now; then, released together by a barrier, `write` (one
 /// batched statement over the claims, on a connection of its own) races a
 /// taker claiming whatever is late. Answers the write's outcomes and what
 /// the taker took (`(id, token)`).
-async fn race_at_deadline<F, Fut>(
+pub(crate) async fn race_at_deadline<F, Fut>(
     pool: &PgPool,
     round: usize,
     claims: &[(i64, i64, Holder)],

@@ -17,6 +17,7 @@ mod lease_race;
 mod lease_store;
 mod overview;
 mod pooler;
+mod prefetch;
 mod queues;
 mod retention;
 mod retry;

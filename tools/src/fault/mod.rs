@@ -6,7 +6,9 @@
 //! is among the `--faults`, a highly available cluster of two nodes under
 //! Patroni behind HAProxy (`ha.rs`, `target/leasekeeper-ha-db`). Two
 //! `leasekeeper serve` instances (the generator running, 2 s TTL unless
-//! `--ttl-secs`) reach it through links a partition can cut (`cut.rs`); six
+//! `--ttl-secs`), each with one simulated worker that prefetches (claims
+//! two tasks ahead into its local queue), reach it through links a
+//! partition can cut (`cut.rs`); six
 //! `leasekeeper worker` processes reach the instances through
 //! [`proxy::Proxy`], while the harness enqueues a task every 150 ms and a
 //! schedule ticks every second (catch-up `all`, `schedule.rs`). Every
@@ -209,7 +211,7 @@ pub struct ChaosArgs {
 
 /// Runs the harness; fails when an invariant is broken. Of the program's own
 /// settings only the schema is used: every process of the harness gets the
-/// harness's (2 s TTL, no simulated workers, chaos off) through its
+/// harness's (2 s TTL, one prefetching simulated worker per instance, chaos off) through its
 /// environment.
 pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }) as usize;

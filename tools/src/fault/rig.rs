@@ -14,6 +14,11 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+/// Simulated workers in each `leasekeeper serve` instance.
+const INSTANCE_WORKERS: u32 = 1;
+/// Tasks each of them may claim ahead.
+const INSTANCE_PREFETCH: u32 = 2;
+
 pub(super) struct Instance {
     pub(super) port: u16,
     pub(super) proxy: proxy::Proxy,
@@ -108,6 +113,13 @@ impl Rig {
         self.base_command(&format!("instance-{port}-{}.log", self.instance_starts))?
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
             .env("DATABASE_URL", url)
+            // A prefetching fleet among the workers: one simulated worker
+            // per instance claiming up to two tasks ahead into its local
+            // queue, so an instance killed or paused takes running and
+            // waiting claims down with it, and waits past the bound give
+            // tasks back, all under the same checks.
+            .env("LEASEKEEPER_WORKERS", INSTANCE_WORKERS.to_string())
+            .env("LEASEKEEPER_PREFETCH", INSTANCE_PREFETCH.to_string())
             .spawn()
             .context("starting leasekeeper serve")
     }

@@ -129,16 +129,21 @@ pub async fn claim_batch(
 /// someone holds by hand), which [`claim_next_in`] then handles.
 #[derive(Debug, Default)]
 pub struct Claimed {
-    /// The tasks claimed, in deadline order.
+    /// The tasks claimed, in claim order (late ones first, then by
+    /// priority, due time and id).
     pub tasks: Vec<Task>,
     /// Candidates were left for the careful path.
     pub passed_over: bool,
 }
 
-/// Claims up to one task for each of `holders` (distinct names) among the
-/// tasks `filter` lets through, in one statement (one round trip, one
-/// commit), each task with its own lease and fencing token: what a
-/// runtime's producer does for its free workers.
+/// Claims up to one task for each entry of `holders` among the tasks
+/// `filter` lets through, in one statement (one round trip, one commit),
+/// each task with its own lease and fencing token: what a runtime's
+/// producer does for its free workers. A name may come more than once: it
+/// then gets up to that many tasks, each a claim of its own (a runtime
+/// that prefetches claims its workers' local queues this way, see
+/// [`crate::worker::batch`]). The n-th task claimed goes to the n-th entry,
+/// so when there is less work than entries, the first entries get it.
 pub async fn claim_for(
     conn: &mut PgConnection,
     schema: &Schema,

@@ -6,7 +6,9 @@
 //! One file per idea, one path per item (`queue::store::…`): `enqueue.rs`;
 //! `claim.rs` (a lease per claim, one statement for many); `guard.rs` (the
 //! claim guard every processor write shares, and the record of a refused
-//! write); `heartbeat.rs`; `complete.rs`; `fail.rs`; `fenced.rs` (a
+//! write); `heartbeat.rs`; `complete.rs`; `fail.rs`; `give_back.rs` (claims a
+//! runtime prefetched and never started, given back without using an
+//! attempt); `fenced.rs` (a
 //! handler's writes committed with its completion); `read.rs` (one task,
 //! the lists); `attempts.rs` (a task's attempts on record); [`sql`] (the
 //! hot statements as text).
@@ -65,6 +67,7 @@ mod complete;
 mod enqueue;
 mod fail;
 mod fenced;
+mod give_back;
 mod guard;
 mod heartbeat;
 mod read;
@@ -79,6 +82,7 @@ pub use enqueue::{
 };
 pub use fail::{MAX_ERROR_CHARS, MAX_SNOOZE, bounded_error, fail, fail_as, snooze};
 pub use fenced::FencedTransaction;
+pub use give_back::give_back_each;
 pub use heartbeat::{heartbeat, heartbeat_each};
 pub use read::{get, list, list_page};
 

@@ -12,7 +12,10 @@ use super::TASK_COLUMNS;
 /// `limit` names; one name repeated for a batch of one holder), with a
 /// lease of `$2` milliseconds each (see [`claim_batch`](super::claim_batch) and
 /// [`claim_for`](super::claim_for)); with `by_kind`, only tasks whose kind
-/// is in the array `$4`.
+/// is in the array `$4`. The rows come in claim order (late tasks first,
+/// then by priority, due time and id), so that a holder given several
+/// (a worker's local queue, see [`crate::worker::batch`]) runs them in
+/// the queue's order.
 ///
 /// The limit is written into the statement, not bound: with a bound limit
 /// PostgreSQL cannot tell a one-task claim from a thousand-task one when it
@@ -69,13 +72,13 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
                    must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
               FROM candidate c JOIN lease ON lease.resource = 'task:' || c.id
              WHERE t.id = c.id
-            RETURNING t.*, c.late AS took_over,
+            RETURNING t.*, c.late AS took_over, c.n AS claim_order,
                       (EXTRACT(EPOCH FROM (now() - c.last_seen)) * 1000)::bigint AS silent_ms
          )
          SELECT n.candidates, claimed.*
            FROM (SELECT count(*) AS candidates FROM candidate) n
-           LEFT JOIN (SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed) claimed ON true
-          ORDER BY claimed.must_heartbeat_before, claimed.id"
+           LEFT JOIN (SELECT {TASK_COLUMNS}, took_over, silent_ms, claim_order FROM claimed) claimed ON true
+          ORDER BY claimed.claim_order"
     )
 }
 

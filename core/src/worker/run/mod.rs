@@ -699,6 +699,8 @@ impl<T: Transport> Worker<T> {
     }
 
     async fn stopped(&mut self) -> Exit {
+        // Claims taken ahead for this worker go back now, not at their bound.
+        self.transport.forget(&self.id);
         tracing::info!(worker = %self.id, done = self.tally.done(), abandoned = self.tally.abandoned(),
             "worker stopped");
         self.report(WorkerState::Stopped, None, false, false).await;

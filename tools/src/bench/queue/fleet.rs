@@ -12,7 +12,7 @@
 use super::{BenchDb, Plan, Progress, Samples, ratio};
 use anyhow::{Result, ensure};
 use leasekeeper_core::queue::{DEFAULT_QUEUE, NewTask};
-use leasekeeper_core::worker::batch::Batching;
+use leasekeeper_core::worker::batch::{Batching, Prefetch};
 use leasekeeper_core::{Done, HandlerResult, Job, Runtime, TaskContext};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
@@ -77,10 +77,81 @@ async fn noop_runtime_batching(
     concurrency: usize,
     batching: Batching,
 ) -> Result<Runtime> {
+    noop_runtime_with(
+        pool,
+        id,
+        concurrency,
+        Settings::defaults().batching(batching),
+    )
+    .await
+}
+
+/// The runtime settings a fleet run uses: the defaults, or what
+/// `fleet_best_w16` tries.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Settings {
+    /// Claims waiting per worker at most ([`Prefetch::per_worker`]).
+    pub(super) prefetch: usize,
+    pub(super) batching: Batching,
+}
+
+impl Settings {
+    /// The runtime's defaults.
+    pub(super) fn defaults() -> Self {
+        Settings {
+            prefetch: Prefetch::default().per_worker,
+            batching: Batching::default(),
+        }
+    }
+
+    fn batching(self, batching: Batching) -> Self {
+        Settings { batching, ..self }
+    }
+}
+
+/// What `fleet_best_w16` tries, fastest kept: the defaults, prefetch depths, and the
+/// completer's batches (a longer linger and bigger batches: fewer
+/// commits, more delay per task).
+pub(super) fn best_candidates() -> Vec<Settings> {
+    let big = Batching {
+        linger: Duration::from_millis(5),
+        max: 500,
+        ..Batching::default()
+    };
+    vec![
+        // The defaults too: the fastest the runtime offers may be them.
+        Settings::defaults(),
+        Settings {
+            prefetch: 8,
+            batching: Batching::default(),
+        },
+        Settings {
+            prefetch: 32,
+            batching: Batching::default(),
+        },
+        Settings {
+            prefetch: 8,
+            batching: big,
+        },
+        Settings {
+            prefetch: 32,
+            batching: big,
+        },
+    ]
+}
+
+/// [`noop_runtime`] with `settings`.
+async fn noop_runtime_with(
+    pool: PgPool,
+    id: &str,
+    concurrency: usize,
+    settings: Settings,
+) -> Result<Runtime> {
     Ok(Runtime::builder(pool)
         .id(id)
         .queue(DEFAULT_QUEUE, concurrency)
-        .batching(batching)
+        .batching(settings.batching)
+        .prefetch(settings.prefetch)
         .handler(NOOP, |_job: Job, _ctx: TaskContext| async {
             HandlerResult::Ok(Done::empty())
         })
@@ -128,6 +199,17 @@ pub(super) async fn fleet(
     plan: &Plan,
     progress: &Progress,
 ) -> Result<FleetRun> {
+    fleet_with(db, id, plan, progress, Settings::defaults()).await
+}
+
+/// [`fleet`] with the runtime's `settings`.
+pub(super) async fn fleet_with(
+    db: &BenchDb,
+    id: &str,
+    plan: &Plan,
+    progress: &Progress,
+    settings: Settings,
+) -> Result<FleetRun> {
     let pool = &db.pool;
     let events_before: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM lease_events")
         .fetch_one(pool)
@@ -135,7 +217,7 @@ pub(super) async fn fleet(
     let processed_before = processed(pool).await?;
     let writes_before = table_writes(pool).await?;
     let service_pool = db.service_pool().await?;
-    let runtime = noop_runtime(service_pool.clone(), id, CONCURRENCY).await?;
+    let runtime = noop_runtime_with(service_pool.clone(), id, CONCURRENCY, settings).await?;
     let per_s = completed_per_s(pool, plan, progress).await;
     runtime.shutdown().await;
     service_pool.close().await;
@@ -169,6 +251,64 @@ pub(super) async fn fleet(
             f64::NAN
         },
     })
+}
+
+/// `fleet_best_w16`: [`fleet_with`] for each of [`best_candidates`], each
+/// over a fresh queue; the fastest rate and its settings.
+pub(super) async fn best(
+    db: &BenchDb,
+    plan: &Plan,
+    progress: &Progress,
+) -> Result<(f64, Settings)> {
+    let mut best = (f64::NAN, Settings::defaults());
+    for settings in best_candidates() {
+        super::prepare_noop(&db.pool, plan.prefill(super::RUNTIME_RATE_GUESS), 0).await?;
+        let run = fleet_with(db, "bench-best", plan, progress, settings).await?;
+        progress.note(&format!(
+            "bench: runtime with prefetch {} per worker, linger {:?}, batches of {}: {}/s",
+            settings.prefetch, settings.batching.linger, settings.batching.max, run.per_s
+        ));
+        // The first figure, then any faster one (NaN, a run that failed, never wins).
+        if best.0.is_nan() || run.per_s > best.0 {
+            best = (run.per_s, settings);
+        }
+    }
+    Ok(best)
+}
+
+/// `leasekeeper-tools bench fleet`: only the runtime's throughput, with
+/// its defaults (`fleet_w16`) and with the fastest of
+/// [`best_candidates`] (`fleet_best_w16`), on a fresh database: the quick
+/// way to measure a change to the runtime.
+pub async fn fleet_only(
+    settings: leasekeeper::settings::Settings,
+    options: crate::bench::Options,
+) -> Result<()> {
+    let plan = Plan::new(options.quick);
+    let db = crate::bench::fresh_database(&settings, super::DB, 100).await?;
+    let progress = Progress::new(2);
+    let result = async {
+        let mut r: crate::bench::Results = Vec::new();
+        progress.phase("the worker runtime: one instance, 16 workers, no-op handler, defaults");
+        super::prepare_noop(&db.pool, plan.prefill(super::RUNTIME_RATE_GUESS), 0).await?;
+        let defaults = fleet(&db, "bench-fleet", &plan, &progress).await?;
+        r.push(("fleet_w16", defaults.per_s));
+        r.push(("lease_events_per_task", defaults.events_per_task));
+        progress.phase("the worker runtime: the fastest settings it offers");
+        let best = best(&db, &plan, &progress).await?;
+        r.push(("fleet_best_w16", best.0));
+        r.push(("fleet_best_prefetch", best.1.prefetch as f64));
+        r.push((
+            "fleet_best_linger_ms",
+            best.1.batching.linger.as_secs_f64() * 1000.0,
+        ));
+        r.push(("fleet_best_batch_max", best.1.batching.max as f64));
+        anyhow::Ok(r)
+    }
+    .await;
+    progress.finish();
+    db.close().await?;
+    crate::bench::report(&result?, &options)
 }
 
 /// Puts `rows` rows of history into `lease_events`, set-based, as a

@@ -69,6 +69,7 @@ mod bulk;
 mod ceilings;
 mod failover;
 pub(crate) mod fleet;
+pub use fleet::fleet_only;
 mod graphile;
 mod leases;
 pub mod peers;
@@ -351,6 +352,15 @@ async fn run(
             .sum::<f64>(),
     ));
 
+    let best = fleet::best(db, plan, progress).await?;
+    r.push(("fleet_best_w16", best.0));
+    r.push(("fleet_best_prefetch", best.1.prefetch as f64));
+    r.push((
+        "fleet_best_linger_ms",
+        best.1.batching.linger.as_secs_f64() * 1000.0,
+    ));
+    r.push(("fleet_best_batch_max", best.1.batching.max as f64));
+
     progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
     let latency_tasks = plan.latency_tasks;
     prepare_noop(pool, 0, 0).await?;
@@ -473,6 +483,16 @@ async fn run(
         ratio(runtime.per_s, awa_default),
     ));
     r.push(("fleet_w16_vs_awa_best", ratio(runtime.per_s, awa_best)));
+    // The targets: the defaults against each peer's defaults, and
+    // the runtime's best against the faster of the peers' best.
+    r.push((
+        "fleet_w16_vs_graphile_default",
+        ratio(runtime.per_s, graphile_default),
+    ));
+    r.push((
+        "fleet_best_vs_fastest_peer",
+        ratio(best.0, graphile_best.max(awa_best)),
+    ));
     // Against the faster of the two peers' bulk inserts (`max` skips one
     // that could not run).
     r.push((
