@@ -7,8 +7,9 @@
 //!   scale-out over processes, claim and wake-up latency, depth, history,
 //!   lease operations, failover, against pgbench's ceilings, the original
 //!   design and graphile-worker; SVG charts of it ([`charts`]).
-//! - `leasekeeper-tools bench dashboard [--quick] [--json PATH]`: push latency and
-//!   server-side rendering ([`dashboard`]).
+//! - `leasekeeper-tools bench dashboard [--quick] [--json PATH]`: push latency,
+//!   push to pixel in Chromium ([`pixel`]) and server-side rendering
+//!   ([`dashboard`]).
 //! - `leasekeeper-tools bench retention [--tasks N] [--prune-older-than-secs S]
 //!   [--prune-every-secs I] [--no-baseline] [--json PATH]`: a million tasks
 //!   through the runtime with the maintenance job pruning, against the same
@@ -21,6 +22,7 @@
 
 pub mod charts;
 pub mod dashboard;
+pub mod pixel;
 pub mod queue;
 pub mod retention;
 
