@@ -67,7 +67,11 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
-            Some(BenchWhat::Dashboard { quick, json }) => {
+            Some(BenchWhat::Dashboard {
+                quick,
+                pixel_only,
+                json,
+            }) => {
                 bench::dashboard::dashboard(
                     settings,
                     bench::Options {
@@ -75,6 +79,7 @@ async fn main() -> ExitCode {
                         json,
                         charts: None,
                     },
+                    pixel_only,
                 )
                 .await
             }

@@ -41,15 +41,21 @@ const LOAD_CONNECTIONS: usize = 16;
 /// The search target: p95 of a data search at a million tasks, in ms.
 const SEARCH_TARGET_MS: f64 = 50.0;
 
-/// Runs the dashboard benchmark and prints (and optionally writes) results.
-pub async fn dashboard(settings: Settings, options: Options) -> Result<()> {
+/// Runs the dashboard benchmark (only its push-to-pixel phase with
+/// `pixel_only`) and prints (and optionally writes) results.
+pub async fn dashboard(settings: Settings, options: Options, pixel_only: bool) -> Result<()> {
     let db = fresh_database(&settings, BENCH_DB, 48).await?;
-    let result = run(settings, &options, db.pool.clone()).await;
+    let result = run(settings, &options, db.pool.clone(), pixel_only).await;
     db.close().await?;
     report(&result?, &options)
 }
 
-async fn run(settings: Settings, options: &Options, pool: PgPool) -> Result<Results> {
+async fn run(
+    settings: Settings,
+    options: &Options,
+    pool: PgPool,
+    pixel_only: bool,
+) -> Result<Results> {
     let live = LiveHub::start(pool.clone());
     let server = BenchServer::start(settings, &pool, live.clone()).await?;
     let base = server.base.clone();
@@ -59,6 +65,12 @@ async fn run(settings: Settings, options: &Options, pool: PgPool) -> Result<Resu
     let probes = if options.quick { 40 } else { 200 };
     let renders = if options.quick { 40 } else { 200 };
     let mut results = Results::new();
+    if pixel_only {
+        super::pixel::push_to_pixel(&base, &pool, probes, &mut results).await?;
+        live.shutdown();
+        server.stop().await?;
+        return Ok(results);
+    }
 
     step("push latency, idle (baseline)");
     let idle = push_latency(&http, &base, &pool, probes).await?;
