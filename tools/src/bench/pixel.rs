@@ -8,7 +8,11 @@
 //! page's resource refetching its server function, Leptos rendering the
 //! answer, and the frame that shows it. The browser is Debian's Chromium
 //! driven by playwright-core through `pixel.mjs`; its pages are hydrated
-//! and live (`live-status` in state `live`) before any probe.
+//! and live (`live-status` in state `live`) before any probe. The site it
+//! loads is `target/site`, which must come from `cargo leptos build` at
+//! the same commit and profile as this binary: the server refuses to go
+//! live with another build's bundle (`src/bundle.rs`), and the phase then
+//! says so.
 //!
 //! A probe is a task that fails for good (queue `pixel`, one attempt): its
 //! failure is the measured commit. The clock starts when `fail` returns
@@ -80,6 +84,35 @@ impl Page {
             Page::Overview => "/",
         }
     }
+
+    /// Part of the path of the server function whose answer shows the
+    /// probe (for the stages).
+    fn fetch(self) -> &'static str {
+        match self {
+            Page::Tasks => "get_tasks",
+            Page::Overview => "get_overview",
+        }
+    }
+}
+
+/// Where a probe's time went, each in ms after its commit (see
+/// `pixel.mjs`): the first `change` event in the page, the start and end
+/// of the refetch that brought the change, the DOM showing it.
+const STAGES: [&str; 4] = ["event", "fetch_start", "fetch_end", "dom"];
+
+/// Prints the stages' p50 and p95 on stderr: the profile behind a figure.
+fn print_stages(what: &str, stages: &[Vec<f64>; 4], pixel: &Samples) {
+    let mut line = format!("bench: {what}, ms after the commit (p50/p95):");
+    for (name, v) in STAGES.iter().zip(stages) {
+        let s = Samples(v.clone());
+        line += &format!(" {name} {}/{}", s.percentile(50.0), s.percentile(95.0));
+    }
+    line += &format!(
+        " pixel {}/{}",
+        pixel.percentile(50.0),
+        pixel.percentile(95.0)
+    );
+    eprintln!("{line}");
 }
 
 /// Measures push to pixel on both pages, idle and under load, and pushes
@@ -360,6 +393,7 @@ async fn probe_page(
     let prober = Holder::parse("bench-pixel")?;
     let filter = ClaimFilter::queue(PROBE_QUEUE);
     let mut samples = Vec::with_capacity(probes);
+    let mut stages: [Vec<f64>; 4] = Default::default();
     let mut conn = pool.acquire().await?;
     for n in 0..probes {
         // The probe task, claimed: neither step is measured.
@@ -417,16 +451,26 @@ async fn probe_page(
         )
         .await?;
         let committed = wall_ms();
-        let shown = browser
-            .ask(json!({"cmd": "wait", "probe": n}), Duration::from_secs(15))
+        let answer = browser
+            .ask(
+                json!({"cmd": "wait", "probe": n, "committed_ms": committed, "fetch": page.fetch()}),
+                Duration::from_secs(15),
+            )
             .await
             .with_context(|| format!("probe {n} on the {} page ({})", page.name(), page.path()))?;
-        let shown = shown["shown_ms"].as_f64().context("no shown_ms")?;
+        let shown = answer["shown_ms"].as_f64().context("no shown_ms")?;
         samples.push(shown - committed);
+        for (name, v) in STAGES.iter().zip(stages.iter_mut()) {
+            if let Some(ms) = answer["stages"][name].as_f64() {
+                v.push(ms);
+            }
+        }
         let pause = 50 + rand::random::<u64>() % 100;
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
-    Ok(Samples(samples))
+    let samples = Samples(samples);
+    print_stages(&format!("{} page", page.name()), &stages, &samples);
+    Ok(samples)
 }
 
 /// Tasks enqueued, claimed and completed through the library at
