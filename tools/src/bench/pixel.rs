@@ -415,6 +415,12 @@ async fn probe_page(
         .await?
         .context("the probe task was not claimable")?;
         let token = task.fencing_token.context("a claimed task has a token")?;
+        // Past the event stream's gap (100 ms) after the enqueue's and the
+        // claim's own events, so an idle probe's change is not held back by
+        // its own preparation; a random phase, so under load commits fall
+        // anywhere between two events.
+        let pause = 110 + rand::random::<u64>() % 100;
+        tokio::time::sleep(Duration::from_millis(pause)).await;
         let (selector, value) = match page {
             Page::Tasks => (
                 format!(
@@ -465,8 +471,6 @@ async fn probe_page(
                 v.push(ms);
             }
         }
-        let pause = 50 + rand::random::<u64>() % 100;
-        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     let samples = Samples(samples);
     print_stages(&format!("{} page", page.name()), &stages, &samples);
