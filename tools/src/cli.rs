@@ -89,12 +89,18 @@ pub enum BenchWhat {
         json: Option<std::path::PathBuf>,
     },
     /// Push latency (commit to page data, idle and under 1,000 workers'
-    /// worth of events) and server-side render time of the tasks page with
-    /// 1,000 and 1,000,000 tasks.
+    /// worth of events), push to pixel (commit to the painted frame in
+    /// Chromium, idle and under 1,000 task events a second) and
+    /// server-side render time of the tasks page with 1,000 and 1,000,000
+    /// tasks.
     Dashboard {
         /// Fewer samples: well under a minute.
         #[arg(long)]
         quick: bool,
+        /// Only push to pixel (needs `cargo leptos build` first): no push
+        /// latency, no million tasks.
+        #[arg(long)]
+        pixel_only: bool,
         /// Also write the results to this file as a flat JSON object.
         #[arg(long)]
         json: Option<std::path::PathBuf>,

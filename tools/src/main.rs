@@ -89,7 +89,11 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
-            Some(BenchWhat::Dashboard { quick, json }) => {
+            Some(BenchWhat::Dashboard {
+                quick,
+                pixel_only,
+                json,
+            }) => {
                 bench::dashboard::dashboard(
                     settings,
                     bench::Options {
@@ -97,6 +101,7 @@ async fn main() -> ExitCode {
                         json,
                         charts: None,
                     },
+                    pixel_only,
                 )
                 .await
             }

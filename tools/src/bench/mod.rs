@@ -9,9 +9,11 @@
 //!   design, graphile-worker and Awa; bulk insert against both peers; SVG
 //!   charts of it ([`charts`]).
 //! - `leasekeeper-tools bench peers [--quick] [--json PATH]`: only the peers'
-//!   phases of that suite ([`queue::peers`]).
-//! - `leasekeeper-tools bench dashboard [--quick] [--json PATH]`: push latency and
-//!   server-side rendering ([`dashboard`]).
+//!   phases of that suite ([`queue::peers`]); `bench fleet`: only the
+//!   worker runtime's.
+//! - `leasekeeper-tools bench dashboard [--quick] [--pixel-only] [--json PATH]`:
+//!   push latency, push to pixel in Chromium ([`pixel`]) and server-side
+//!   rendering ([`dashboard`]).
 //! - `leasekeeper-tools bench retention [--tasks N] [--prune-older-than-secs S]
 //!   [--prune-every-secs I] [--no-baseline] [--json PATH]`: a million tasks
 //!   through the runtime with the maintenance job pruning, against the same
@@ -24,6 +26,7 @@
 
 pub mod charts;
 pub mod dashboard;
+pub mod pixel;
 pub mod queue;
 pub mod retention;
 
