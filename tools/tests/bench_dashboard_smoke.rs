@@ -9,7 +9,9 @@
 //! playwright-core and Chromium. Where one is missing (command 2 runs the
 //! Rust tests before `cargo leptos end-to-end` builds the site), the bench
 //! writes every key as `null` and says why on stderr; this test then checks
-//! exactly that, so it never passes on silence.
+//! exactly that, so it never passes on silence. Command 2 builds the site
+//! first and sets `LEASEKEEPER_BENCH_REQUIRE_BROWSER=1`: there a skipped
+//! phase is a failure, so the browser really runs in CI.
 
 use leasekeeper_tools::bench::pixel::KEYS;
 use leasekeeper_tools::testing;
@@ -21,6 +23,11 @@ fn the_quick_push_to_pixel_bench_writes_every_key() {
     let run = testing::run(TOOLS, &["bench", "dashboard", "--quick", "--pixel-only"]);
     let results = run.succeeded();
     let skipped = run.stderr.contains("push to pixel skipped");
+    assert!(
+        !(skipped && std::env::var_os("LEASEKEEPER_BENCH_REQUIRE_BROWSER").is_some()),
+        "the browser was required (LEASEKEEPER_BENCH_REQUIRE_BROWSER) but the phase was skipped:\n{}",
+        run.stderr
+    );
     for key in KEYS {
         let v = &results[key];
         if skipped {
