@@ -87,7 +87,7 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
     let stderr = &run.stderr;
     for key in KEYS {
         let v = &results[key];
-        if GRAPHILE_KEYS.contains(&key) && v.is_null() {
+        if GRAPHILE_KEYS.contains(key) && v.is_null() {
             assert!(
                 stderr.contains("graphile-worker skipped"),
                 "null without a reason:\n{stderr}"
