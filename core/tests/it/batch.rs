@@ -23,7 +23,7 @@ use tokio::sync::Barrier;
 
 const TTL: Duration = Duration::from_secs(30);
 
-async fn add_tasks(pool: &PgPool, kind: &str, n: i32) {
+pub(crate) async fn add_tasks(pool: &PgPool, kind: &str, n: i32) {
     sqlx::query("INSERT INTO tasks (kind, task_data) SELECT $1, '{}' FROM generate_series(1, $2)")
         .bind(kind)
         .bind(n)

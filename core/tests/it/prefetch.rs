@@ -5,7 +5,7 @@
 //! and past their bound, and taken over after a kill; and the give-back
 //! statement raced against takeovers at the deadline.
 
-use crate::batch::{claim_round, events, finish_round, race_at_deadline};
+use crate::batch::{add_tasks, claim_round, events, finish_round, race_at_deadline};
 use crate::common::{TestDb, until};
 use leasekeeper_core::queue::store::{self, Completion, TaskError};
 use leasekeeper_core::worker::handler::{Done, Job, TaskContext};
@@ -14,15 +14,6 @@ use serde_json::json;
 use sqlx::PgPool;
 use std::collections::HashSet;
 use std::time::Duration;
-
-async fn add_tasks(pool: &PgPool, kind: &str, n: i32) {
-    sqlx::query("INSERT INTO tasks (kind, task_data) SELECT $1, '{}' FROM generate_series(1, $2)")
-        .bind(kind)
-        .bind(n)
-        .execute(pool)
-        .await
-        .unwrap();
-}
 
 /// A handler that never finishes by itself: its worker keeps its task.
 async fn block(_job: Job, _ctx: TaskContext) -> leasekeeper_core::worker::handler::HandlerResult {
