@@ -227,6 +227,29 @@ struct Local {
     closed: bool,
 }
 
+impl Local {
+    /// The first claim of `worker`'s local queue with at least `min_left`
+    /// of its lease left, its remainder as the worker may trust it (less
+    /// the time it waited); and the claims before it that had too little
+    /// left (to be given back).
+    fn take(&mut self, worker: &Holder, min_left: Duration) -> (Option<Claim>, Vec<Waiting>) {
+        let mut too_late = Vec::new();
+        let Some(queue) = self.queues.get_mut(worker) else {
+            return (None, too_late);
+        };
+        while let Some(waiting) = queue.pop_front() {
+            let left = waiting.left();
+            if left >= min_left {
+                let mut claim = waiting.claim;
+                claim.remaining = Some(left);
+                return (Some(claim), too_late);
+            }
+            too_late.push(waiting);
+        }
+        (None, too_late)
+    }
+}
+
 /// What the producer is asked to do.
 enum ToProducer {
     /// A free worker with nothing in its local queue wants a task.
@@ -339,23 +362,11 @@ impl Batcher {
     /// waited: the worker times its deadline from its own request, which
     /// came later than the claim's statement).
     fn take_waiting(&self, worker: &Holder) -> Option<Claim> {
-        let mut too_late = Vec::new();
-        let taken = {
-            let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
-            let queue = local.queues.get_mut(worker)?;
-            loop {
-                let Some(waiting) = queue.pop_front() else {
-                    break None;
-                };
-                let left = waiting.left();
-                if left >= self.min_left {
-                    let mut claim = waiting.claim;
-                    claim.remaining = Some(left);
-                    break Some(claim);
-                }
-                too_late.push(waiting);
-            }
-        };
+        let (taken, too_late) = self
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(worker, self.min_left);
         if !too_late.is_empty() {
             let _ = self
                 .claims
@@ -593,7 +604,7 @@ async fn produce(
             }
             renew_waiting(&setup, &mut held, &local, renew).await;
         }
-        give_back(&setup, &mut held, back).await;
+        give_back(&setup, &mut held, std::mem::take(&mut back)).await;
         for done in closes {
             let _ = done.send(());
         }
@@ -604,6 +615,43 @@ async fn produce(
         wants.reverse();
         wants.retain(|w| seen.insert(w.worker.clone()));
         top_up.retain(|w| seen.insert(w.clone()));
+        if prefetching {
+            // Race prevented: a worker found its local queue empty and
+            // asked, while the statement of an earlier top-up was filling
+            // it. Serving the ask with a new claim would run that task
+            // before the ones already waiting (out of the queue's order):
+            // the ask takes the first waiting claim instead, and the local
+            // queue is topped up.
+            let min_left = setup.ttl / 3;
+            let mut asked = Vec::with_capacity(wants.len());
+            for want in wants {
+                let (taken, too_late) = local
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(&want.worker, min_left);
+                back.extend(too_late.into_iter().map(|w| (want.worker.clone(), w)));
+                let Some(claim) = taken else {
+                    asked.push(want);
+                    continue;
+                };
+                top_up.push(want.worker.clone());
+                if let Err(Ok(Some(claim))) = want.reply.send(Ok(Some(claim))) {
+                    // Its loop ended meanwhile: the claim goes back.
+                    let now = Instant::now();
+                    back.push((
+                        want.worker.clone(),
+                        Waiting {
+                            remaining: claim.remaining.unwrap_or(setup.ttl),
+                            claim,
+                            sent: now,
+                            since: now,
+                        },
+                    ));
+                }
+            }
+            wants = asked;
+            give_back(&setup, &mut held, std::mem::take(&mut back)).await;
+        }
         if !prefetching || local.lock().unwrap_or_else(|e| e.into_inner()).closed {
             top_up.clear();
         }
