@@ -134,6 +134,31 @@ pub fn storable(value: &serde_json::Value, field: &str) -> Result<(), String> {
     }
 }
 
+/// `value` as it reads back once stored as `jsonb` (a [`storable`] value):
+/// the same but for numbers written with an exponent, which PostgreSQL
+/// keeps as plain digits (`1e16` reads back as the integer
+/// `10000000000000000`). What an insert answers without reading its rows
+/// back is then what a later read gives.
+pub fn as_stored(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let printed = n.to_string();
+            if printed.contains(['e', 'E']) {
+                serde_json::from_str(&as_postgres_prints(&printed))
+                    .unwrap_or_else(|_| value.clone())
+            } else {
+                value.clone()
+            }
+        }
+        Value::Array(items) => Value::Array(items.iter().map(as_stored).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), as_stored(v))).collect())
+        }
+        _ => value.clone(),
+    }
+}
+
 /// `number` (as serde_json writes it, maybe with an exponent) written out
 /// in plain digits, as PostgreSQL's `numeric` prints it.
 fn as_postgres_prints(number: &str) -> String {
@@ -186,5 +211,15 @@ mod storable_tests {
         assert!(err.contains("task_data"), "{err}");
         assert!(storable(&json!({"s": "a\u{0}b"}), "d").is_err());
         assert!(storable(&json!({"a\u{0}": 1}), "d").is_err());
+    }
+
+    #[test]
+    fn as_stored_writes_exponents_out_and_keeps_the_rest() {
+        let v = json!({"big": 1e16, "small": 2.5e-7, "n": [1, 2.5, "x"], "o": {"z": 3e20}});
+        let stored = super::as_stored(&v);
+        assert_eq!(stored["big"], json!(10_000_000_000_000_000_u64));
+        assert_eq!(stored["small"].as_f64(), Some(2.5e-7));
+        assert_eq!(stored["n"], json!([1, 2.5, "x"]));
+        assert_eq!(stored["o"]["z"].as_f64(), Some(3e20));
     }
 }

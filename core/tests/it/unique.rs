@@ -304,3 +304,49 @@ async fn a_batch_is_one_statement_in_order_all_or_nothing() {
         Err(TaskError::BadInput(_))
     ));
 }
+
+/// A batch without unique keys takes the plain insert, whose answer is
+/// built from the input rather than read back: it must be exactly what a
+/// read of each task gives, field by field, numbers written with an
+/// exponent included (jsonb keeps them as plain digits).
+#[tokio::test]
+async fn a_plain_batch_answers_what_a_read_gives_back() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let data = serde_json::from_str::<serde_json::Value>(
+        r#"{"big": 1e16, "small": 2.5e-7, "n": [1, 2.5, -3e30, "x", null], "o": {"z": true}}"#,
+    )
+    .unwrap();
+    let batch = vec![
+        NewTask::new("plain", data.clone()),
+        NewTask::new("plain", json!({ "i": 2 }))
+            .queue("elsewhere")
+            .priority(-4)
+            .max_attempts(9)
+            .delay(Duration::from_secs(30))
+            .timeout(Duration::from_millis(1500)),
+        NewTask::new("other", json!([])),
+    ];
+    let out = store::enqueue_many(&mut conn, &schema, &batch)
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 3);
+    for (o, input) in out.iter().zip(&batch) {
+        assert!(o.is_new());
+        let read = store::get(&mut conn, &schema, o.task().id)
+            .await
+            .unwrap()
+            .expect("stored");
+        assert_eq!(o.task(), &read, "answered as stored");
+        assert_eq!(read.kind, input.kind);
+    }
+    assert_eq!(
+        out[0].task().task_data["big"],
+        json!(10_000_000_000_000_000_u64)
+    );
+    assert!(
+        out[1].task().scheduled_at > out[0].task().scheduled_at + chrono::Duration::seconds(29)
+    );
+    assert!(out[0].task().id < out[1].task().id && out[1].task().id < out[2].task().id);
+}
