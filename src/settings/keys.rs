@@ -69,6 +69,11 @@ pub(super) const PREFETCH: Key = Key {
     env: "LEASEKEEPER_PREFETCH",
     flag: "prefetch",
 };
+pub(super) const PREFETCH_WAIT: Key = Key {
+    file: "prefetch_wait_secs",
+    env: "LEASEKEEPER_PREFETCH_WAIT_SECS",
+    flag: "prefetch-wait-secs",
+};
 pub(super) const CHAOS: Key = Key {
     file: "chaos",
     env: "LEASEKEEPER_CHAOS",
@@ -107,7 +112,7 @@ pub(super) const MAINTENANCE_INTERVAL: Key = Key {
     flag: "maintenance-interval-secs",
 };
 
-pub(super) const ALL_KEYS: [&Key; 17] = [
+pub(super) const ALL_KEYS: [&Key; 18] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &DATA_DIR,
@@ -119,6 +124,7 @@ pub(super) const ALL_KEYS: [&Key; 17] = [
     &GENERATOR_MAX_SLEEP,
     &WORKERS,
     &PREFETCH,
+    &PREFETCH_WAIT,
     &CHAOS,
     &CRASH_PROBABILITY,
     &STALL_PROBABILITY,

@@ -65,6 +65,10 @@ pub struct SettingArgs {
     /// (0, the default: none).
     #[arg(long, global = true, env = "LEASEKEEPER_PREFETCH")]
     pub prefetch: Option<String>,
+    /// The longest a claim waits in a simulated worker's local queue
+    /// before it is given back, in seconds (default 1).
+    #[arg(long, global = true, env = "LEASEKEEPER_PREFETCH_WAIT_SECS")]
+    pub prefetch_wait_secs: Option<String>,
     /// Chaos on (1/true) or off (0/false).
     #[arg(long, global = true, env = "LEASEKEEPER_CHAOS")]
     pub chaos: Option<String>,
@@ -120,6 +124,8 @@ pub struct Settings {
     pub workers: u32,
     /// Tasks each simulated worker may claim ahead (0: none).
     pub prefetch: u32,
+    /// The longest a claim waits in a local queue before it is given back.
+    pub prefetch_wait: Duration,
     /// Whether chaos (crashes, stalls) is on.
     pub chaos: bool,
     /// Crash probability per chaos check.
@@ -284,6 +290,17 @@ impl Settings {
             )?,
             workers: src.parse(&WORKERS, &args.workers, 4, count(1000))?,
             prefetch: src.parse(&PREFETCH, &args.prefetch, 0, count(100))?,
+            prefetch_wait: src.parse(
+                &PREFETCH_WAIT,
+                &args.prefetch_wait_secs,
+                Duration::from_secs(1),
+                |raw| match seconds(raw)? {
+                    d if d > Duration::from_secs(3600) => {
+                        Err("must be at most 3600 seconds (one hour)".into())
+                    }
+                    d => Ok(d),
+                },
+            )?,
             chaos: src.parse(&CHAOS, &args.chaos, true, boolean)?,
             crash_probability: src.parse(
                 &CRASH_PROBABILITY,
@@ -412,6 +429,10 @@ impl Settings {
             ),
             (WORKERS.env, self.workers.to_string()),
             (PREFETCH.env, self.prefetch.to_string()),
+            (
+                PREFETCH_WAIT.env,
+                self.prefetch_wait.as_secs_f64().to_string(),
+            ),
             (CHAOS.env, self.chaos.to_string()),
             (CRASH_PROBABILITY.env, self.crash_probability.to_string()),
             (STALL_PROBABILITY.env, self.stall_probability.to_string()),

@@ -149,6 +149,8 @@ fn to_env_round_trips_through_resolve() {
         schema: Some("svc_jobs".into()),
         retention_secs: Some("90.5".into()),
         maintenance_interval_secs: Some("7".into()),
+        prefetch: Some("3".into()),
+        prefetch_wait_secs: Some("2.5".into()),
         ..Default::default()
     };
     let original = resolve(None, args).unwrap();
@@ -164,6 +166,7 @@ fn to_env_round_trips_through_resolve() {
             generator_max_sleep_secs: env.get("LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS").cloned(),
             workers: env.get("LEASEKEEPER_WORKERS").cloned(),
             prefetch: env.get("LEASEKEEPER_PREFETCH").cloned(),
+            prefetch_wait_secs: env.get("LEASEKEEPER_PREFETCH_WAIT_SECS").cloned(),
             chaos: env.get("LEASEKEEPER_CHAOS").cloned(),
             crash_probability: env.get("LEASEKEEPER_CRASH_PROBABILITY").cloned(),
             stall_probability: env.get("LEASEKEEPER_STALL_PROBABILITY").cloned(),
@@ -223,5 +226,25 @@ fn zero_negative_and_nan_durations_are_refused() {
             ..Default::default()
         };
         assert!(resolve(None, args).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn the_prefetch_wait_defaults_to_a_second_and_refuses_what_is_not_a_wait() {
+    let s = resolve(None, SettingArgs::default()).unwrap();
+    assert_eq!(s.prefetch_wait, Duration::from_secs(1));
+    let s = resolve(
+        Some("[leasekeeper]\nprefetch_wait_secs = 5\n"),
+        SettingArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(s.prefetch_wait, Duration::from_secs(5));
+    for bad in ["0", "-1", "NaN", "soon", "3601"] {
+        let args = SettingArgs {
+            prefetch_wait_secs: Some(bad.into()),
+            ..Default::default()
+        };
+        let err = resolve(None, args).unwrap_err().to_string();
+        assert!(err.contains("prefetch_wait_secs"), "{bad}: {err}");
     }
 }

@@ -58,7 +58,8 @@ impl FleetConfig {
             seed: None,
             prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(
                 settings.prefetch as usize,
-            ),
+            )
+            .max_wait(settings.prefetch_wait),
         }
     }
 }

@@ -225,9 +225,75 @@ struct Local {
     queues: HashMap<Holder, std::collections::VecDeque<Waiting>>,
     /// Set by [`Batcher::give_back_waiting`]: nothing more is prefetched.
     closed: bool,
+    /// When each worker that runs a task was handed it.
+    handed: HashMap<Holder, Instant>,
+    /// How long a worker takes from one task to the next (a moving
+    /// average of the time from a task handed over to its worker's next
+    /// ask): what the depth of a local queue is capped by (see
+    /// [`Local::depth_cap`]). Time a worker spent idle is no sample.
+    cycle: Option<Duration>,
 }
 
 impl Local {
+    /// `worker` was handed a task to run.
+    fn handed(&mut self, worker: &Holder) {
+        self.handed.insert(worker.clone(), Instant::now());
+    }
+
+    /// `worker` asks for a task: if it was running one, the time since it
+    /// was handed that task is one sample of the cycle.
+    fn asked(&mut self, worker: &Holder) {
+        if let Some(before) = self.handed.remove(worker) {
+            let sample = before.elapsed();
+            self.cycle = Some(match self.cycle {
+                // A new sample weighs one eighth: a few tasks of a new
+                // length move it, one outlier does not.
+                Some(c) => (c * 7 + sample) / 8,
+                None => sample,
+            });
+        }
+    }
+
+    /// The deepest a local queue may be so that its last claim is
+    /// expected to start within half of `max_wait`: a worker whose tasks
+    /// take 100 ms keeps at most 5 waiting with the default 1 s bound, one
+    /// whose tasks take a second or more keeps none (it claims only when
+    /// free, as without prefetch), so slow handlers do not claim ahead
+    /// only to give back. Unknown (no worker has finished a task yet):
+    /// no cap.
+    fn depth_cap(&self, max_wait: Duration) -> usize {
+        match self.cycle {
+            None => usize::MAX,
+            Some(c) if c.is_zero() => usize::MAX,
+            Some(c) => (max_wait.as_secs_f64() / 2.0 / c.as_secs_f64()) as usize,
+        }
+    }
+
+    /// Takes out the `n` claims that have waited longest at the head of
+    /// their local queues (each the next its worker would run): to be
+    /// given back for idle workers to claim.
+    fn steal(&mut self, n: usize) -> Vec<(Holder, Waiting)> {
+        let mut taken = Vec::new();
+        while taken.len() < n {
+            let Some(worker) = self
+                .queues
+                .iter()
+                .filter_map(|(w, q)| q.front().map(|f| (f.since, w)))
+                .min_by_key(|(since, _)| *since)
+                .map(|(_, w)| w.clone())
+            else {
+                break;
+            };
+            let waiting = self
+                .queues
+                .get_mut(&worker)
+                .and_then(|q| q.pop_front())
+                .expect("a front was seen");
+            taken.push((worker, waiting));
+        }
+        taken
+    }
+
     /// The first claim of `worker`'s local queue with at least `min_left`
     /// of its lease left, its remainder as the worker may trust it (less
     /// the time it waited); and the claims before it that had too little
@@ -344,17 +410,30 @@ impl Batcher {
     /// (the producer then tops the queue up), else with the other free
     /// workers' claims.
     pub(crate) async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
-        if let Some(claim) = self.take_waiting(worker) {
-            return Ok(Some(claim));
+        self.local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .asked(worker);
+        let claim = match self.take_waiting(worker) {
+            Some(claim) => Some(claim),
+            None => {
+                let (reply, answer) = oneshot::channel();
+                self.claims
+                    .send(ToProducer::Want(Want {
+                        worker: worker.clone(),
+                        reply,
+                    }))
+                    .map_err(|_| gone())?;
+                answer.await.map_err(|_| gone())??
+            }
+        };
+        if claim.is_some() {
+            self.local
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .handed(worker);
         }
-        let (reply, answer) = oneshot::channel();
-        self.claims
-            .send(ToProducer::Want(Want {
-                worker: worker.clone(),
-                reply,
-            }))
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        Ok(claim)
     }
 
     /// The first claim of `worker`'s local queue with enough of its lease
@@ -658,13 +737,35 @@ async fn produce(
         if wants.is_empty() && top_up.is_empty() {
             continue;
         }
-        let (asked, got) = serve(&setup, &mut held, &local, wants, top_up, ahead).await;
+        let depth = if prefetching {
+            let cap = local
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .depth_cap(prefetch.max_wait);
+            ahead.min(cap)
+        } else {
+            ahead
+        };
+        let served = serve(&setup, &mut held, &local, wants, top_up, depth).await;
         if prefetching {
-            ahead = if got >= asked {
+            ahead = if served.got >= served.asked {
                 (ahead * 2).clamp(1, prefetch.per_worker)
             } else {
                 ahead / 2
             };
+            if served.unserved > 0 {
+                // Workers of this runtime found nothing to claim while
+                // others have claims waiting behind the task they run (the
+                // queue drained while a slow task held its worker): the
+                // claims next in line go back at once, and their
+                // announcement wakes the idle workers to claim them,
+                // rather than have them wait out the bound.
+                let stolen = local
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .steal(served.unserved);
+                give_back(&setup, &mut held, stolen).await;
+            }
         }
     }
     // Every handle is gone (the workers ended): nothing will take what
@@ -764,9 +865,19 @@ async fn give_back(setup: &Setup, held: &mut Held, claims: Vec<(Holder, Waiting)
     }
 }
 
+/// What one [`serve`] did.
+struct Served {
+    /// Tasks asked for.
+    asked: usize,
+    /// Tasks claimed.
+    got: usize,
+    /// Wanting workers answered with nothing to run.
+    unserved: usize,
+}
+
 /// One claim statement for `wants` (one task each, to hand over now) and
 /// for the local queues of `top_up` and of the wanting workers (filled to
-/// `ahead`). Answers how many tasks it asked for and how many it got.
+/// `ahead`).
 async fn serve(
     setup: &Setup,
     held: &mut Held,
@@ -774,7 +885,7 @@ async fn serve(
     wants: Vec<Want>,
     top_up: Vec<Holder>,
     ahead: usize,
-) -> (usize, usize) {
+) -> Served {
     // Each wanting worker first (one each, in the statement's first rows,
     // which get the work when there is less than asked), then the room in
     // the local queues.
@@ -794,7 +905,11 @@ async fn serve(
     }
     let asked = holders.len();
     if asked == 0 {
-        return (0, 0);
+        return Served {
+            asked,
+            got: 0,
+            unserved: 0,
+        };
     }
     let sent = Instant::now();
     let claimed = async {
@@ -811,7 +926,11 @@ async fn serve(
             for want in wants {
                 let _ = want.reply.send(Err(e.clone()));
             }
-            return (asked, 0);
+            return Served {
+                asked,
+                got: 0,
+                unserved: 0,
+            };
         }
     };
     let got = claimed.tasks.len();
@@ -835,8 +954,13 @@ async fn serve(
         }
     };
     let Ok(conn) = held.conn(setup).await else {
-        return (asked, got);
+        return Served {
+            asked,
+            got,
+            unserved: 0,
+        };
     };
+    let mut unserved = 0;
     // Candidates the statement passed over (a late task out of attempts, a
     // task lease held by hand) are the careful path's, one worker at a time.
     let mut careful = claimed.passed_over;
@@ -868,6 +992,7 @@ async fn serve(
             None => None,
         };
         let Some(task) = task else {
+            unserved += 1;
             let _ = want.reply.send(Ok(None));
             continue;
         };
@@ -916,7 +1041,11 @@ async fn serve(
         }
     }
     give_back(setup, held, back).await;
-    (asked, got)
+    Served {
+        asked,
+        got,
+        unserved,
+    }
 }
 
 /// The heartbeater: one statement for every heartbeat due at the moment.

@@ -452,3 +452,123 @@ async fn a_local_queue_keeps_the_queues_order() {
         .unwrap();
     assert!(statements < 6, "{statements} claim statements for 6 tasks");
 }
+
+/// Enqueues `(kind, priority)` in order; answers their ids.
+async fn enqueue_kinds(pool: &PgPool, tasks: &[(&str, i16)]) -> Vec<i64> {
+    let mut conn = pool.acquire().await.unwrap();
+    let mut ids = Vec::new();
+    for (kind, priority) in tasks {
+        let t = store::enqueue(
+            &mut conn,
+            &Default::default(),
+            &leasekeeper_core::queue::NewTask::new(*kind, json!({})).priority(*priority),
+        )
+        .await
+        .unwrap();
+        ids.push(t.id);
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_gets_the_claims_waiting_behind_a_slow_task_at_once() {
+    // A slow task first in the queue, then quick ones: whichever worker
+    // claims the slow one also claims a quick one ahead, which then waits
+    // behind it. Once the other worker has run the rest and finds nothing
+    // to claim, the waiting claim is given back and it runs there, long
+    // before the bound (a minute here).
+    let db = TestDb::new().await;
+    let ids = enqueue_kinds(
+        &db.pool,
+        &[("slow", -1), ("quick", 0), ("quick", 0), ("quick", 0)],
+    )
+    .await;
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("pfs")
+        .queue("default", 2)
+        .prefetch(4)
+        .prefetch_wait(Duration::from_secs(60))
+        .handler("slow", block)
+        .handler("quick", |_: Job, _: TaskContext| async {
+            Ok(Done::output(json!({})))
+        })
+        .start()
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    until(
+        "every quick task done while the slow one runs",
+        Duration::from_secs(5),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM tasks WHERE kind = 'quick' AND status = 'processed'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 3
+        },
+    )
+    .await;
+    // At least one quick task was claimed behind the slow one, given back
+    // unstarted, and run by the other worker (the slow one's stays busy).
+    let mut given_back = 0;
+    for id in &ids[1..] {
+        let o = outcomes(&db.pool, *id).await;
+        if o.first().map(String::as_str) == Some("given_back") {
+            given_back += 1;
+            assert_eq!(o, ["given_back", "completed"], "task {id}");
+        }
+    }
+    assert!(given_back >= 1, "no quick task waited behind the slow one");
+    let slow_holder: String = sqlx::query_scalar("SELECT processor FROM tasks WHERE id = $1")
+        .bind(ids[0])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let quick_holders: HashSet<String> = sqlx::query_scalar(
+        "SELECT DISTINCT a.processor FROM attempts a JOIN tasks t ON t.id = a.task_id
+          WHERE t.kind = 'quick' AND a.outcome = 'completed'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert!(!quick_holders.contains(&slow_holder), "{quick_holders:?}");
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_tasks_take_long_claims_no_further_ahead_than_it_can_run() {
+    // Tasks of 700 ms and a bound of 1 s: a second task claimed ahead
+    // would wait 1.4 s and be given back. Once the worker has run one, the
+    // local queue's depth is capped by what it can start within half the
+    // bound (none here): nothing is given back, every task runs once.
+    let db = TestDb::new().await;
+    let ids = enqueue_kinds(&db.pool, &[("steady", 0); 5]).await;
+    let runtime = Runtime::builder(db.pool.clone())
+        .id("pfc")
+        .queue("default", 1)
+        .prefetch(8)
+        .handler("steady", |_: Job, _: TaskContext| async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            Ok(Done::output(json!({})))
+        })
+        .start()
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    until("five tasks done", Duration::from_secs(15), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status = 'processed'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 5
+    })
+    .await;
+    runtime.shutdown().await;
+    for id in ids {
+        assert_eq!(outcomes(&db.pool, id).await, ["completed"], "task {id}");
+    }
+}

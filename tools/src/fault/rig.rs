@@ -120,6 +120,10 @@ impl Rig {
             // tasks back, all under the same checks.
             .env("LEASEKEEPER_WORKERS", INSTANCE_WORKERS.to_string())
             .env("LEASEKEEPER_PREFETCH", INSTANCE_PREFETCH.to_string())
+            // Its tasks take 0.8 s on average: a local queue is only as
+            // deep as its worker starts within half the wait, so a wait of
+            // 5 s keeps both claims ahead (with 1 s, none).
+            .env("LEASEKEEPER_PREFETCH_WAIT_SECS", "5")
             .spawn()
             .context("starting leasekeeper serve")
     }

@@ -137,6 +137,12 @@ pub(super) fn best_candidates() -> Vec<Settings> {
             prefetch: 32,
             batching: big,
         },
+        // The deepest the runtime takes: with 16 workers one claim
+        // statement asks for up to 1,000 (its most) while the queue is deep.
+        Settings {
+            prefetch: 100,
+            batching: big,
+        },
     ]
 }
 
