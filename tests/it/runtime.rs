@@ -347,8 +347,13 @@ async fn shutdown_finishes_the_tasks_at_hand_within_its_grace_and_gives_back_the
     let quick = enqueue(&db, NewTask::new("quick", json!({})).priority(-1)).await;
     let slow = enqueue(&db, NewTask::new("slow", json!({})).priority(-1)).await;
     let waiting = enqueue(&db, NewTask::new("quick", json!({}))).await;
+    // Without prefetch: which worker runs which task is then fixed (one
+    // each, `waiting` never claimed); a graceful stop's give-back of claims
+    // waiting in local queues is `prefetch::prefetched_claims_have_their_
+    // own_leases_and_a_graceful_stop_gives_them_back_unused` (core).
     let runtime = Runtime::builder(db.pool.clone())
         .queue("default", 2)
+        .prefetch(0)
         .shutdown_grace(Duration::from_secs(2))
         .handler("quick", |_: Job, _: TaskContext| async {
             tokio::time::sleep(Duration::from_millis(600)).await;

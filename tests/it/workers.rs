@@ -29,7 +29,8 @@ fn fleet(db: &TestDb, instance: &str) -> Fleet {
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
-            prefetch: Default::default(),
+            // As the dashboard runs its fleet by default (`prefetch = 0`).
+            prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(0),
         },
         None,
     )
@@ -325,7 +326,8 @@ fn slow_polling_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper_core::
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
-            prefetch: Default::default(),
+            // As the dashboard runs its fleet by default (`prefetch = 0`).
+            prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(0),
         },
         Some(live.clone()),
     );
@@ -562,7 +564,8 @@ async fn a_simulated_worker_is_free_again_within_two_seconds_of_a_cancel() {
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
-            prefetch: Default::default(),
+            // As the dashboard runs its fleet by default (`prefetch = 0`).
+            prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(0),
         },
         Some(live.clone()),
     );

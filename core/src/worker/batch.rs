@@ -45,9 +45,21 @@
 //! would let any idle worker take any waiting task, but either every
 //! hand-over re-writes the claim (a commit per task, the cost prefetch is
 //! there to save) or workers run claims held under another name (a
-//! kill of that name would not end them). The cost of the choice: a task
-//! waits for its own worker even when another worker of the runtime is
-//! idle; the wait bound caps that.
+//! kill of that name would not end them). The cost of the choice: a
+//! waiting claim is its worker's. When another worker of the runtime finds
+//! nothing to claim while claims wait behind a busy worker's task, the
+//! producer gives the claims next in line back at once (one statement) and
+//! their announcement wakes the idle worker to claim them: two statements,
+//! paid only when the queue has drained, instead of a wait for the bound.
+//!
+//! How deep a local queue gets is also capped by its worker's pace: the
+//! producer keeps a moving average of the time from a task handed over to
+//! its worker's next ask, and fills a local queue only as far as its worker
+//! is expected to start within half of [`Prefetch::max_wait`] (tasks of
+//! 100 ms: 5 with the default 1 s; tasks longer than half a second: none, a
+//! worker claims only when free). So a runtime of slow handlers does not
+//! claim ahead only to give back, and its tasks stay claimable by other
+//! replicas.
 //!
 //! While they wait, the claims are the producer's to look after:
 //! - **renewed in bulk**: once a third of a waiting claim's lease has
@@ -73,11 +85,12 @@
 //!
 //! What prefetch costs: a task claimed ahead waits behind the task its
 //! worker is running; with a no-op handler that is microseconds, behind a
-//! slow one it is up to the bound, while another replica (or another
-//! worker of this one) may be idle. That is unfairness between replicas,
-//! bounded by [`Prefetch::max_wait`]. An idle fleet's pickup latency is
-//! unchanged: the adaptive depth is 0 when claims come back short, so a
-//! lone task is claimed by the first free worker as without prefetch.
+//! task slower than its worker's pace it is up to the bound, while another
+//! replica may be idle (an idle worker of the same replica gets it at
+//! once, above). That is unfairness between replicas, bounded by
+//! [`Prefetch::max_wait`]. An idle fleet's pickup latency is unchanged:
+//! the adaptive depth is 0 when claims come back short, so a lone task is
+//! claimed by the first free worker as without prefetch.
 //!
 //! Claims and heartbeats are batched by arrival (whatever is waiting when
 //! the previous statement returns goes in the next), so a lone claim or
@@ -135,12 +148,15 @@ pub struct Prefetch {
     /// prefetching off (a worker claims only when it is free). How many a
     /// claim asks for adapts between 0 and this: it doubles while claims
     /// get all they ask for, and halves when they get fewer (the queue is
-    /// draining). Default: 0 (off): measured on a no-op handler, 8 to 32
-    /// per worker gave several times the throughput (`fleet_best_w16` of
-    /// `leasekeeper-tools bench`), but with it a task shows `started`
-    /// while it waits, and a task may wait behind a slow one (up to
-    /// [`Prefetch::max_wait`]) while another worker is idle; a service
-    /// that wants the throughput opts in.
+    /// draining); and it is never more than the worker is expected to
+    /// start within half of [`Prefetch::max_wait`] (its pace measured as it
+    /// runs). Default: 32, chosen by measurement (`leasekeeper-tools bench
+    /// fleet`, no-op handler, 16 workers: 32 gave 2.5 to 3 × the throughput
+    /// of no prefetch and more than 8 did; see docs/BENCHMARKS.md). The
+    /// pace cap keeps slow handlers from claiming ahead at all, so the
+    /// count matters only for fast ones. What it costs: a task claimed
+    /// ahead shows `started` while it waits, and waits behind its worker's
+    /// task while another replica may be idle (up to the bound).
     pub per_worker: usize,
     /// The longest a claim waits in a local queue before it is given back
     /// (pending again at its old place, its attempt not counted), so that
@@ -152,7 +168,7 @@ pub struct Prefetch {
 impl Default for Prefetch {
     fn default() -> Self {
         Prefetch {
-            per_worker: 0,
+            per_worker: 32,
             max_wait: Duration::from_secs(1),
         }
     }
@@ -257,7 +273,7 @@ impl Local {
     /// The deepest a local queue may be so that its last claim is
     /// expected to start within half of `max_wait`: a worker whose tasks
     /// take 100 ms keeps at most 5 waiting with the default 1 s bound, one
-    /// whose tasks take a second or more keeps none (it claims only when
+    /// whose tasks take longer than half a second keeps none (it claims only when
     /// free, as without prefetch), so slow handlers do not claim ahead
     /// only to give back. Unknown (no worker has finished a task yet):
     /// no cap.
@@ -269,18 +285,44 @@ impl Local {
         }
     }
 
-    /// Takes out the `n` claims that have waited longest at the head of
-    /// their local queues (each the next its worker would run): to be
-    /// given back for idle workers to claim.
+    /// How long a worker must have run its current task before the claims
+    /// waiting behind it count as stuck: four of the runtime's expected
+    /// paces, and at least [`STUCK_AFTER`]. A worker running fast tasks is
+    /// never stuck (it runs its waiting claims within moments: moving one
+    /// would cost two statements and gain nothing); one on a slow task is.
+    fn stuck_after(&self) -> Duration {
+        self.cycle.map_or(STUCK_AFTER, |c| (c * 4).max(STUCK_AFTER))
+    }
+
+    /// For each worker with claims waiting, when it becomes stuck on the
+    /// task it runs (`None` for one between tasks: it takes its next
+    /// claim at once).
+    fn stuck_at(&self) -> impl Iterator<Item = (&Holder, Instant)> {
+        let stuck_after = self.stuck_after();
+        self.queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .filter_map(move |(w, _)| self.handed.get(w).map(|h| (w, *h + stuck_after)))
+    }
+
+    /// When the first worker with claims waiting becomes stuck (now if one
+    /// is), if any.
+    fn next_stuck_at(&self) -> Option<Instant> {
+        self.stuck_at().map(|(_, at)| at).min()
+    }
+
+    /// Takes out up to `n` claims, each the next in line of a worker that
+    /// is stuck on its task (see [`Local::stuck_after`]), longest stuck
+    /// first: to be given back for idle workers to claim.
     fn steal(&mut self, n: usize) -> Vec<(Holder, Waiting)> {
         let mut taken = Vec::new();
         while taken.len() < n {
+            let now = Instant::now();
             let Some(worker) = self
-                .queues
-                .iter()
-                .filter_map(|(w, q)| q.front().map(|f| (f.since, w)))
-                .min_by_key(|(since, _)| *since)
-                .map(|(_, w)| w.clone())
+                .stuck_at()
+                .filter(|(_, at)| *at <= now)
+                .min_by_key(|(_, at)| *at)
+                .map(|(w, _)| w.clone())
             else {
                 break;
             };
@@ -315,6 +357,10 @@ impl Local {
         (None, too_late)
     }
 }
+
+/// The least a worker runs one task before the claims waiting behind it
+/// may go to an idle worker of the runtime (see [`Local::stuck_after`]).
+const STUCK_AFTER: Duration = Duration::from_millis(100);
 
 /// What the producer is asked to do.
 enum ToProducer {
@@ -616,13 +662,27 @@ async fn produce(
     let every = (prefetch.max_wait.min(setup.ttl / 3) / 4).max(Duration::from_millis(5));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Workers that were answered "nothing to claim" and have not asked
+    // since: what waits behind a busy worker's task may go to them.
+    let mut idle: std::collections::HashSet<Holder> = std::collections::HashSet::new();
     loop {
+        let stuck_at = if prefetching && !idle.is_empty() {
+            local
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .next_stuck_at()
+        } else {
+            None
+        };
         let first = tokio::select! {
             msg = held.next(&mut rx) => match msg {
                 Some(msg) => Some(msg),
                 None => break,
             },
             _ = tick.tick(), if prefetching => None,
+            // A claim waiting behind a busy worker becomes stuck while a
+            // worker of this runtime is idle.
+            _ = tokio::time::sleep_until(stuck_at.unwrap_or_else(Instant::now)), if stuck_at.is_some() => None,
         };
         let mut msgs: Vec<ToProducer> = first.into_iter().collect();
         while msgs.len() < MAX_BATCH {
@@ -637,13 +697,21 @@ async fn produce(
         let mut closes = Vec::new();
         for msg in msgs {
             match msg {
-                ToProducer::Want(want) => wants.push(want),
-                ToProducer::TopUp(worker) => top_up.push(worker),
+                ToProducer::Want(want) => {
+                    idle.remove(&want.worker);
+                    wants.push(want);
+                }
+                ToProducer::TopUp(worker) => {
+                    idle.remove(&worker);
+                    top_up.push(worker);
+                }
                 ToProducer::GiveBack(worker, waiting) => {
                     back.extend(waiting.into_iter().map(|w| (worker.clone(), w)));
                 }
                 ToProducer::Forget(worker) => {
+                    idle.remove(&worker);
                     let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+                    local.handed.remove(&worker);
                     if let Some(queue) = local.queues.remove(&worker) {
                         back.extend(queue.into_iter().map(|w| (worker.clone(), w)));
                     }
@@ -735,6 +803,9 @@ async fn produce(
             top_up.clear();
         }
         if wants.is_empty() && top_up.is_empty() {
+            if prefetching {
+                steal_for_idle(&setup, &mut held, &local, &mut idle).await;
+            }
             continue;
         }
         let depth = if prefetching {
@@ -753,19 +824,8 @@ async fn produce(
             } else {
                 ahead / 2
             };
-            if served.unserved > 0 {
-                // Workers of this runtime found nothing to claim while
-                // others have claims waiting behind the task they run (the
-                // queue drained while a slow task held its worker): the
-                // claims next in line go back at once, and their
-                // announcement wakes the idle workers to claim them,
-                // rather than have them wait out the bound.
-                let stolen = local
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .steal(served.unserved);
-                give_back(&setup, &mut held, stolen).await;
-            }
+            idle.extend(served.unserved);
+            steal_for_idle(&setup, &mut held, &local, &mut idle).await;
         }
     }
     // Every handle is gone (the workers ended): nothing will take what
@@ -779,6 +839,36 @@ async fn produce(
             .collect()
     };
     give_back(&setup, &mut held, rest).await;
+}
+
+/// Workers of this runtime found nothing to claim (`idle`) while others
+/// have claims stuck behind the task they run (the queue drained while a
+/// slow task held its worker, see [`Local::stuck_after`]): the claims next
+/// in line go back, one per idle worker, and their announcement wakes the
+/// idle workers to claim them, rather than have them wait out the bound.
+async fn steal_for_idle(
+    setup: &Setup,
+    held: &mut Held,
+    local: &std::sync::Mutex<Local>,
+    idle: &mut std::collections::HashSet<Holder>,
+) {
+    if idle.is_empty() {
+        return;
+    }
+    let stolen = local
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .steal(idle.len());
+    if stolen.is_empty() {
+        return;
+    }
+    // Each woken worker asks again (and leaves `idle` then); until it does
+    // it is not counted twice.
+    let woken: Vec<Holder> = idle.iter().take(stolen.len()).cloned().collect();
+    for worker in woken {
+        idle.remove(&worker);
+    }
+    give_back(setup, held, stolen).await;
 }
 
 /// Renews the waiting claims `renew` in one statement per [`MAX_BATCH`],
@@ -872,7 +962,7 @@ struct Served {
     /// Tasks claimed.
     got: usize,
     /// Wanting workers answered with nothing to run.
-    unserved: usize,
+    unserved: Vec<Holder>,
 }
 
 /// One claim statement for `wants` (one task each, to hand over now) and
@@ -908,7 +998,7 @@ async fn serve(
         return Served {
             asked,
             got: 0,
-            unserved: 0,
+            unserved: Vec::new(),
         };
     }
     let sent = Instant::now();
@@ -929,7 +1019,7 @@ async fn serve(
             return Served {
                 asked,
                 got: 0,
-                unserved: 0,
+                unserved: Vec::new(),
             };
         }
     };
@@ -957,10 +1047,10 @@ async fn serve(
         return Served {
             asked,
             got,
-            unserved: 0,
+            unserved: Vec::new(),
         };
     };
-    let mut unserved = 0;
+    let mut unserved = Vec::new();
     // Candidates the statement passed over (a late task out of attempts, a
     // task lease held by hand) are the careful path's, one worker at a time.
     let mut careful = claimed.passed_over;
@@ -992,7 +1082,7 @@ async fn serve(
             None => None,
         };
         let Some(task) = task else {
-            unserved += 1;
+            unserved.push(want.worker.clone());
             let _ = want.reply.send(Ok(None));
             continue;
         };

@@ -44,8 +44,9 @@
 //! moment (each task with its own lease and fencing token), completions
 //! written in batches while the workers go on to their next task,
 //! heartbeats of all due claims in one statement, and the workers' reports
-//! every 100 ms. With [`RuntimeBuilder::prefetch`] each worker also keeps a
-//! local queue of claims taken ahead (see [`super::batch`]): a worker
+//! every 100 ms. Each worker also keeps a local queue of claims taken
+//! ahead ([`RuntimeBuilder::prefetch`], on by default; see
+//! [`super::batch`]): a worker
 //! finishing a task starts the next at once, and one claim statement
 //! claims many. The runtime registers itself as an instance and its
 //! workers in the `workers` table (kind `embedded`), so the dashboard
