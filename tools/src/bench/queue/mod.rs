@@ -634,6 +634,7 @@ fn write_charts(dir: &Path, results: &Results) -> Result<()> {
     )?;
     let bars: Vec<(&str, f64)> = [
         ("fleet_w16", "fleet_w16"),
+        ("fleet best", "fleet_best_w16"),
         ("throughput_w16", "throughput_w16_median"),
         ("graphile best", "graphile_best_w16"),
         ("graphile default", "graphile_default_w16"),
