@@ -226,6 +226,18 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// A claim a worker's reply could not reach (its loop ended), to be
+    /// given back: its lease as the claim last said (`ttl` if unknown).
+    fn unsent(claim: Claim, ttl: Duration) -> Self {
+        let now = Instant::now();
+        Waiting {
+            remaining: claim.remaining.unwrap_or(ttl),
+            claim,
+            sent: now,
+            since: now,
+        }
+    }
+
     /// What is surely left of its lease now, by the local clock: the
     /// database's remainder, less the time since the statement was sent.
     fn left(&self) -> Duration {
@@ -784,16 +796,7 @@ async fn produce(
                 top_up.push(want.worker.clone());
                 if let Err(Ok(Some(claim))) = want.reply.send(Ok(Some(claim))) {
                     // Its loop ended meanwhile: the claim goes back.
-                    let now = Instant::now();
-                    back.push((
-                        want.worker.clone(),
-                        Waiting {
-                            remaining: claim.remaining.unwrap_or(setup.ttl),
-                            claim,
-                            sent: now,
-                            since: now,
-                        },
-                    ));
+                    back.push((want.worker.clone(), Waiting::unsent(claim, setup.ttl)));
                 }
             }
             wants = asked;
@@ -1101,16 +1104,7 @@ async fn serve(
             // The worker's loop ended while its claim was in flight: give
             // the task back (and what was queued for it) rather than let
             // them wait out their leases.
-            let now = Instant::now();
-            back.push((
-                want.worker.clone(),
-                Waiting {
-                    remaining: claim.remaining.unwrap_or(setup.ttl),
-                    claim,
-                    sent: now,
-                    since: now,
-                },
-            ));
+            back.push((want.worker.clone(), Waiting::unsent(claim, setup.ttl)));
             let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(queue) = local.queues.remove(&want.worker) {
                 back.extend(queue.into_iter().map(|w| (want.worker.clone(), w)));

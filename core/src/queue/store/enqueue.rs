@@ -256,7 +256,8 @@ async fn insert_plain(
     Ok(tasks
         .iter()
         .zip(rows)
-        .map(|(t, (id, scheduled_at, created_at))| {
+        .enumerate()
+        .map(|(i, (t, (id, scheduled_at, created_at)))| {
             Enqueued::New(Task {
                 id,
                 kind: t.kind.clone(),
@@ -281,11 +282,9 @@ async fn insert_plain(
                 heartbeat_in_ms: None,
                 unique_key: None,
                 unique_scope: None,
-                schedule: t.scheduled_by.as_ref().map(|(s, _)| s.clone()),
-                tick_at: t.scheduled_by.as_ref().and_then(|(_, at)| *at),
-                timeout_ms: t
-                    .timeout
-                    .map(|d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX)),
+                schedule: c.schedule[i].clone(),
+                tick_at: c.tick_at[i],
+                timeout_ms: c.timeout_ms[i],
             })
         })
         .collect())
