@@ -484,3 +484,96 @@ async fn retention_prunes_the_attempts_with_their_task() {
         .unwrap();
     assert_eq!(left, [young]);
 }
+
+/// Rows of `attempts` read so far in the transaction of `conn`, by any
+/// scan (PostgreSQL's own counters of this backend's open transaction).
+async fn attempts_rows_read(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::int8
+           FROM pg_stat_xact_user_tables WHERE relid = 'attempts'::regclass",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// The attempts trigger's statements are planned once per session and
+/// kept. A session that first fired it while `attempts` was empty (a fresh
+/// deployment, or a truncated table) must not keep a plan that reads the
+/// whole table: `attempts` grows by a row per claim, and such a plan made
+/// every claim and completion slower than the last (issue 27's long
+/// benchmark windows fell from 2,700 to 1,000 tasks/s in ten seconds).
+/// Here the session plans on an empty, analyzed table; the table then gets
+/// 20,000 rows of other tasks; the same session's claim of 20 tasks and
+/// their completion read only those tasks' attempts.
+#[tokio::test]
+async fn the_attempts_trigger_reads_by_task_even_on_plans_made_when_the_table_was_empty() {
+    let db = TestDb::new().await;
+    let schema = Default::default();
+    let worker = holder("w1");
+    sqlx::query("ANALYZE attempts")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut session = db.pool.acquire().await.unwrap();
+    // The trigger's plans, made now in this session: a claim and a completion.
+    enqueue(&db.pool, NewTask::new("k", json!({}))).await;
+    let first = store::claim_batch(&mut session, &schema, &worker, TTL, 1)
+        .await
+        .unwrap();
+    store::complete_all_of(
+        &mut session,
+        &schema,
+        &worker,
+        &[(first[0].id, first[0].fencing_token.unwrap())],
+        None,
+    )
+    .await
+    .unwrap();
+    // The table grows, from another session: attempts of 20,000 other tasks.
+    sqlx::query(
+        "INSERT INTO attempts (task_id, number, processor, fencing_token, claimed_at, ended_at, outcome)
+         SELECT -g, 1, 'elsewhere', 1, now(), now(), 'completed' FROM generate_series(1, 20000) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let news: Vec<NewTask> = (0..20)
+        .map(|i| NewTask::new("k", json!({ "i": i })))
+        .collect();
+    store::enqueue_many(&mut db.pool.acquire().await.unwrap(), &schema, &news)
+        .await
+        .unwrap();
+    // The same session, in one transaction so its counters add up.
+    let mut tx = sqlx::Connection::begin(&mut *session).await.unwrap();
+    let claimed = store::claim_batch(&mut tx, &schema, &worker, TTL, 20)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 20);
+    let after_claim = attempts_rows_read(&mut tx).await;
+    let claims: Vec<(i64, i64)> = claimed
+        .iter()
+        .map(|t| (t.id, t.fencing_token.unwrap()))
+        .collect();
+    let done = store::complete_all_of(&mut tx, &schema, &worker, &claims, None)
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 20);
+    let after_completion = attempts_rows_read(&mut tx).await;
+    tx.commit().await.unwrap();
+    // A claim reads at most each task's last attempt; a completion, the
+    // attempt it closes. A scan of the table would read 20,000 or more.
+    assert!(
+        after_claim <= 20 && after_completion - after_claim <= 20,
+        "rows of attempts read: {after_claim} by the claim, {} by the completion",
+        after_completion - after_claim
+    );
+    let closed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM attempts WHERE task_id = ANY($1) AND outcome = 'completed'",
+    )
+    .bind(claims.iter().map(|c| c.0).collect::<Vec<_>>())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(closed, 20, "every completion closed its attempt");
+}

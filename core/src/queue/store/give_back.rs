@@ -91,6 +91,9 @@ pub async fn give_back_each(
             // The attempts trigger closed each attempt as `snoozed` (its
             // count went back by one); say which it was, and record the
             // give-back in the lease's history, in the same transaction.
+            // The ids are matched as an array too: attempts' primary key
+            // then bounds the scan in any plan (a generic plan hash-joined a
+            // scan of the whole table: 43 ms for 512 claims at a shutdown).
             let back_ids: Vec<i64> = back.iter().map(|t| t.id).collect();
             let back_tokens: Vec<i64> = back.iter().map(|t| t.fencing_token.unwrap_or_default()).collect();
             let back_processors: Vec<&str> =
@@ -102,7 +105,8 @@ pub async fn give_back_each(
                      ), recorded AS (
                         UPDATE $schema.attempts a SET outcome = 'given_back', error = $4
                           FROM b
-                         WHERE a.task_id = b.id AND a.fencing_token = b.token AND a.outcome = 'snoozed'
+                         WHERE a.task_id = ANY ($1::int8[])
+                           AND a.task_id = b.id AND a.fencing_token = b.token AND a.outcome = 'snoozed'
                      )
                      INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
                      SELECT 'task:' || b.id, b.processor, b.token, 'given_back',
