@@ -4,6 +4,7 @@
 //! counted, its lease released, and its history saying so.
 
 use super::guard::refuse_alone;
+use super::sql::STARTED;
 use super::{MAX_BATCH, TASK_COLUMNS, TaskError, bounded_error};
 use crate::db::Schema;
 use crate::lease::Holder;
@@ -70,7 +71,7 @@ pub async fn give_back_each(
                        must_heartbeat_before = NULL
                   FROM claim
                  WHERE t.id = claim.id AND t.processor = claim.processor AND t.fencing_token = claim.token
-                   AND t.status = 'started' AND t.must_heartbeat_before > now()
+                   AND {STARTED} AND t.must_heartbeat_before > now()
                 RETURNING t.*
              ), released AS (
                 UPDATE $schema.leases l

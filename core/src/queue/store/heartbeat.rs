@@ -2,6 +2,7 @@
 //! or many in one statement.
 
 use super::guard::{refuse_alone, update_claim};
+use super::sql::STARTED;
 use super::{MAX_BATCH, TASK_COLUMNS, TaskError, millis, task_resource};
 use crate::db::Schema;
 use crate::lease::Holder;
@@ -95,7 +96,7 @@ pub async fn heartbeat_each(
                        must_heartbeat_before = now() + make_interval(secs => $4::float8 / 1000)
                   FROM beat
                  WHERE t.id = beat.id AND t.processor = beat.processor AND t.fencing_token = beat.token
-                   AND t.status = 'started' AND t.must_heartbeat_before > now()
+                   AND {STARTED} AND t.must_heartbeat_before > now()
                 RETURNING t.*
              ), lease AS (
                 UPDATE $schema.leases l

@@ -557,8 +557,15 @@ async fn empty(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// The queued tasks analyzed, and a checkpoint, before a run. Not the
+/// tables [`empty`] has just truncated (`leases`, `lease_events`, and with
+/// its trigger `attempts`): a truncated table's size is unknown to the
+/// planner until analyzed, and it plans look-ups by key in it; analyzed
+/// empty, it is known to hold nothing, and a plan made early in a run (kept
+/// for a prepared statement) reads all of it instead, while the run adds a
+/// row per task. A deployment's tables are never empty like that.
 async fn settle(pool: &PgPool) -> Result<()> {
-    sqlx::query("VACUUM ANALYZE tasks, leases, lease_events, lease_fencing, task_counts")
+    sqlx::query("VACUUM ANALYZE tasks, lease_fencing, task_counts")
         .execute(pool)
         .await?;
     sqlx::query("CHECKPOINT").execute(pool).await?;
