@@ -103,9 +103,12 @@ mod db {
     }
 
     /// The figures of every queue (`$1` null) or of queue `$1`, by name.
-    /// Reads the pending, started and failed tasks (`tasks_status_id_idx`),
-    /// and the tasks finished in the last minute (`tasks_finished_idx`),
-    /// never the processed history.
+    /// Reads the pending and failed tasks (`tasks_status_id_idx`), the
+    /// started ones (`tasks_started_idx`: the status index does not hold
+    /// them, see migration `20261202000002`; hence two reads, not one `IN`
+    /// of three statuses, which no index could serve) and the tasks
+    /// finished in the last minute (`tasks_finished_idx`), never the
+    /// processed history.
     const SELECT: &str = "
         WITH live AS (
             SELECT queue,
@@ -114,8 +117,11 @@ mod db {
                    count(*) FILTER (WHERE status = 'failed') AS failed,
                    min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= now()) AS oldest_due,
                    count(DISTINCT processor) FILTER (WHERE status = 'started') AS workers
-              FROM $schema.tasks
-             WHERE status IN ('pending', 'started', 'failed') AND ($1::text IS NULL OR queue = $1)
+              FROM (SELECT queue, status, scheduled_at, processor FROM $schema.tasks
+                     WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR queue = $1)
+                    UNION ALL
+                    SELECT queue, status, scheduled_at, processor FROM $schema.tasks
+                     WHERE status = 'started' AND ($1::text IS NULL OR queue = $1)) live_tasks
              GROUP BY queue
         ), recent AS (
             SELECT queue, count(*) AS completed

@@ -413,6 +413,35 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
             assert_eq!(found, Some(10), "{what}: {plan:#}");
         }
     }
+    // The queues' figures count the pending, started and failed tasks by
+    // index, in the generic plan still set on this session: the started
+    // ones from `tasks_started_idx` (the status index does not hold them),
+    // the others from `tasks_status_id_idx`.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let queues = leasekeeper_core::queue::queues::list(&mut tx, &Schema::default())
+        .await
+        .unwrap();
+    let scans: (i64, i64) = sqlx::query_as(
+        "SELECT pg_stat_get_xact_numscans('tasks_status_id_idx'::regclass)::int8,
+                pg_stat_get_xact_numscans('tasks_started_idx'::regclass)::int8",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let default = queues
+        .iter()
+        .find(|q| q.name == "default")
+        .expect("the default queue");
+    assert_eq!(
+        (default.pending, default.started, default.failed),
+        (1000, 100, 1000),
+        "the queue's figures"
+    );
+    assert!(
+        scans.0 >= 1 && scans.1 >= 1,
+        "scans of tasks_status_id_idx and tasks_started_idx: {scans:?}"
+    );
 }
 
 /// 16 claimers, each on its own connection (so on many counter shards),

@@ -103,9 +103,9 @@ pub const RUNNING: &str =
 /// started, written so that no index can serve it: those statements must
 /// find their tasks by primary key. With `t.status = 'started'` a generic
 /// plan (the one PostgreSQL keeps for a prepared statement after five
-/// runs) could read instead every entry for `started` in
-/// `tasks_status_id_idx` or `tasks_started_idx` and hash-join them to the
-/// batch: cheap by statistics taken while few tasks were started, but each
+/// runs) could read instead every entry of `tasks_started_idx` (and of
+/// `tasks_status_id_idx`, which held the started tasks too until
+/// migration `20261202000002`) and hash-join them to the batch: cheap by statistics taken while few tasks were started, but each
 /// task claimed and finished since the last vacuum leaves a dead entry
 /// there, so every completion read more than the last (seen in issue 27's
 /// benchmark: completions of 500 tasks taking 30 ms and more, a runtime
@@ -160,7 +160,9 @@ pub(super) fn complete_at(clock: &str) -> String {
 /// tasks are rare among a million processed ones; it walks the primary key
 /// and filters by status, reading the whole table to find a page. With the
 /// literal, the planner picks `tasks_status_id_idx (status, id)` when the
-/// status is rare (tested with a million rows in `tests/it/overview.rs`).
+/// status is rare, and `tasks_started_idx` for the started tasks, which
+/// the status index does not hold (tested with a million rows in
+/// `tests/it/overview.rs`).
 /// Kind, queue and data are written in or left out for the same reason
 /// (one statement per combination), and bound: they come from input. A
 /// data filter is `task_data @> $n`, which the GIN index `tasks_data_idx`

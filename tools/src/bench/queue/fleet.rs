@@ -267,9 +267,13 @@ pub(super) async fn best(
     progress: &Progress,
 ) -> Result<(f64, Settings)> {
     let mut best = (f64::NAN, Settings::defaults());
-    for settings in best_candidates() {
+    for (n, settings) in best_candidates().into_iter().enumerate() {
         super::prepare_noop(&db.pool, plan.prefill(super::RUNTIME_RATE_GUESS), 0).await?;
-        let run = fleet_with(db, "bench-best", plan, progress, settings).await?;
+        // A runtime id of its own per candidate, as each would be a
+        // service's own: nothing one run left under its name (workers,
+        // leases) is there for the next.
+        let id = format!("bench-best-{n}");
+        let run = fleet_with(db, &id, plan, progress, settings).await?;
         progress.note(&format!(
             "bench: runtime with prefetch {} per worker, linger {:?}, batches of {}: {}/s",
             settings.prefetch, settings.batching.linger, settings.batching.max, run.per_s
