@@ -105,12 +105,13 @@ pub const RUNNING: &str =
 /// plan (the one PostgreSQL keeps for a prepared statement after five
 /// runs) could read instead every entry of `tasks_started_idx` (and of
 /// `tasks_status_id_idx`, which held the started tasks too until
-/// migration `20261202000002`) and hash-join them to the batch: cheap by statistics taken while few tasks were started, but each
-/// task claimed and finished since the last vacuum leaves a dead entry
-/// there, so every completion read more than the last (seen in issue 27's
-/// benchmark: completions of 500 tasks taking 30 ms and more, a runtime
-/// falling from 14,000 to 3,600 tasks/s in one run). `status` is never
-/// NULL, so the test means the same.
+/// migration `20261202000002`) and hash-join them to the batch: cheap by
+/// statistics taken while few tasks were started, but each task claimed
+/// and finished since the last vacuum leaves a dead entry there, so every
+/// completion read more than the last (seen in issue 27's benchmark:
+/// completions of 500 tasks taking 30 ms and more, a runtime falling from
+/// 14,000 to 3,600 tasks/s in one run). `status` is never NULL, so the
+/// test means the same.
 pub(super) const STARTED: &str = "t.status || '' = 'started'";
 
 /// The one statement that completes the claims `($1 ids, $2 tokens, $3
