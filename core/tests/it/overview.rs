@@ -287,7 +287,8 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
                 CASE WHEN s = 'started' THEN 1 END,
                 CASE WHEN s = 'started' THEN now() + interval '1 minute' END,
                 CASE WHEN s IN ('started', 'processed') THEN now() END,
-                CASE WHEN s = 'processed' THEN now() END,
+                CASE WHEN s = 'processed' AND g > 2100 THEN now() - interval '1 hour'
+                     WHEN s = 'processed' THEN now() END,
                 CASE WHEN s = 'failed' THEN now() END
            FROM generate_series(1, 1000000) g,
                 LATERAL (SELECT CASE WHEN g <= 1000 THEN 'failed'
@@ -416,14 +417,32 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
     // The queues' figures count the pending, started and failed tasks by
     // index, in the generic plan still set on this session: the started
     // ones from `tasks_started_idx` (the status index does not hold them),
-    // the others from `tasks_status_id_idx`.
+    // the others from `tasks_status_id_idx`; the thousand processed in the
+    // last minute from `tasks_finished_idx`, not by reading all million.
+    // (They finish again now, so they are recent however long the plans
+    // above took.)
+    sqlx::query("UPDATE tasks SET processed_at = now() WHERE id BETWEEN 1101 AND 2100")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     let queues = leasekeeper_core::queue::queues::list(&mut tx, &Schema::default())
         .await
         .unwrap();
-    let scans: (i64, i64) = sqlx::query_as(
+    let scans: (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT pg_stat_get_xact_numscans('tasks_status_id_idx'::regclass)::int8,
-                pg_stat_get_xact_numscans('tasks_started_idx'::regclass)::int8",
+                pg_stat_get_xact_numscans('tasks_started_idx'::regclass)::int8,
+                pg_stat_get_xact_numscans('tasks_finished_idx'::regclass)::int8,
+                seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'tasks'::regclass",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    // What the figure must be, counted the plain way (a whole read) after
+    // the reads above were counted, in the same transaction's clock.
+    let recent: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tasks
+          WHERE status = 'processed' AND processed_at > now() - interval '1 minute'",
     )
     .fetch_one(&mut *tx)
     .await
@@ -438,9 +457,11 @@ async fn task_lists_use_an_index_with_a_million_tasks() {
         (1000, 100, 1000),
         "the queue's figures"
     );
+    assert_eq!((default.completed_last_minute, recent), (1000, 1000));
     assert!(
-        scans.0 >= 1 && scans.1 >= 1,
-        "scans of tasks_status_id_idx and tasks_started_idx: {scans:?}"
+        scans.0 >= 1 && scans.1 >= 1 && scans.2 >= 1 && scans.3 == 0,
+        "scans of tasks_status_id_idx, tasks_started_idx and tasks_finished_idx, \
+         and whole reads of tasks: {scans:?}"
     );
 }
 
