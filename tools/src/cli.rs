@@ -113,6 +113,9 @@ pub enum BenchWhat {
         /// Fewer jobs: a few minutes.
         #[arg(long)]
         quick: bool,
+        /// Only the bulk inserts (a minute): no fleets.
+        #[arg(long)]
+        bulk_only: bool,
         /// Also write the results to this file as a flat JSON object.
         #[arg(long)]
         json: Option<std::path::PathBuf>,

@@ -67,7 +67,11 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
-            Some(BenchWhat::Peers { quick, json }) => {
+            Some(BenchWhat::Peers {
+                quick,
+                bulk_only,
+                json,
+            }) => {
                 bench::queue::peers::suite(
                     settings,
                     bench::Options {
@@ -75,6 +79,7 @@ async fn main() -> ExitCode {
                         json,
                         charts: None,
                     },
+                    bulk_only,
                 )
                 .await
             }

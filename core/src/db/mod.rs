@@ -11,6 +11,7 @@
 //! first (handy for hand-written SQL); create or update the tables with
 //! [`migrate`].
 
+pub(crate) mod copy;
 pub mod embedded;
 mod schema;
 mod statements;

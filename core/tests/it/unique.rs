@@ -305,12 +305,26 @@ async fn a_batch_is_one_statement_in_order_all_or_nothing() {
     ));
 }
 
-/// A batch without unique keys takes the plain insert, whose answer is
-/// built from the input rather than read back: it must be exactly what a
-/// read of each task gives, field by field, numbers written with an
-/// exponent included (jsonb keeps them as plain digits).
+/// A batch without unique keys takes the plain insert (or, from 64 tasks,
+/// COPY), whose answer is built from the input rather than read back: it
+/// must be exactly what a read of each task gives, field by field, numbers
+/// written with an exponent included (jsonb keeps them as plain digits).
 #[tokio::test]
 async fn a_plain_batch_answers_what_a_read_gives_back() {
+    answers_what_a_read_gives_back(0).await;
+}
+
+/// The same through COPY, with the characters its text format escapes
+/// (backslash, tab, newline, carriage return, and `\N`, its NULL) in the
+/// data and in the names: stored and answered as sent.
+#[tokio::test]
+async fn a_copied_batch_answers_what_a_read_gives_back_special_characters_and_all() {
+    answers_what_a_read_gives_back(100).await;
+}
+
+/// Enqueues three chosen tasks and `more` tasks with special characters
+/// in one batch, checks each answer against a read, and the order of ids.
+async fn answers_what_a_read_gives_back(more: usize) {
     let db = TestDb::new().await;
     let schema = Schema::default();
     let mut conn = db.pool.acquire().await.unwrap();
@@ -318,7 +332,7 @@ async fn a_plain_batch_answers_what_a_read_gives_back() {
         r#"{"big": 1e16, "small": 2.5e-7, "n": [1, 2.5, -3e30, "x", null], "o": {"z": true}}"#,
     )
     .unwrap();
-    let batch = vec![
+    let mut batch = vec![
         NewTask::new("plain", data.clone()),
         NewTask::new("plain", json!({ "i": 2 }))
             .queue("elsewhere")
@@ -328,10 +342,21 @@ async fn a_plain_batch_answers_what_a_read_gives_back() {
             .timeout(Duration::from_millis(1500)),
         NewTask::new("other", json!([])),
     ];
+    let odd = "back\\slash \\N tab\t nl\n cr\r é☃ quote\" end\\";
+    for i in 0..more {
+        batch.push(
+            NewTask::new(
+                format!("kind \\N\\{i}"),
+                json!({ "s": odd, "k\tey\n": [i, odd], "\\N": null }),
+            )
+            .queue("q\\ \\t")
+            .delay(Duration::from_millis(i as u64)),
+        );
+    }
     let out = store::enqueue_many(&mut conn, &schema, &batch)
         .await
         .unwrap();
-    assert_eq!(out.len(), 3);
+    assert_eq!(out.len(), batch.len());
     for (o, input) in out.iter().zip(&batch) {
         assert!(o.is_new());
         let read = store::get(&mut conn, &schema, o.task().id)
@@ -340,6 +365,11 @@ async fn a_plain_batch_answers_what_a_read_gives_back() {
             .expect("stored");
         assert_eq!(o.task(), &read, "answered as stored");
         assert_eq!(read.kind, input.kind);
+        assert_eq!(read.queue, input.queue);
+        assert_eq!(
+            read.task_data,
+            leasekeeper_core::json::as_stored(&input.data)
+        );
     }
     assert_eq!(
         out[0].task().task_data["big"],
@@ -348,5 +378,64 @@ async fn a_plain_batch_answers_what_a_read_gives_back() {
     assert!(
         out[1].task().scheduled_at > out[0].task().scheduled_at + chrono::Duration::seconds(29)
     );
-    assert!(out[0].task().id < out[1].task().id && out[1].task().id < out[2].task().id);
+    assert!(
+        out.windows(2).all(|w| w[0].task().id < w[1].task().id),
+        "ids in the input's order"
+    );
+    if more > 0 {
+        let last = out.last().unwrap().task();
+        assert_eq!(last.task_data["s"], json!(odd));
+        assert_eq!(
+            last.scheduled_at - out[3].task().scheduled_at,
+            chrono::Duration::milliseconds(more as i64 - 1),
+            "each delay from one clock"
+        );
+    }
+}
+
+/// A batch the database refuses (one task's data is over the stored
+/// limit, which only the database measures: compressed) adds nothing, by
+/// the plain insert and by COPY alike, and the connection goes on to
+/// enqueue the good tasks.
+#[tokio::test]
+async fn a_batch_the_database_refuses_adds_nothing_and_the_connection_goes_on() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    // 1.5 million pseudo-random letters: too many for pglz to squeeze
+    // under the 512 KiB limit.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let noise: String = (0..1_500_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    for size in [3, 100] {
+        let mut batch: Vec<NewTask> = (0..size)
+            .map(|i| NewTask::new("fine", json!({ "i": i })))
+            .collect();
+        batch[size / 2] = NewTask::new("huge", json!({ "noise": noise }));
+        let refused = store::enqueue_many(&mut conn, &schema, &batch).await;
+        match refused {
+            Err(TaskError::Db(sqlx::Error::Database(e))) => {
+                assert_eq!(e.constraint(), Some("tasks_task_data_size"), "{e}")
+            }
+            other => panic!("a batch of {size}: {other:?}"),
+        }
+        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(stored, 0, "a batch of {size}: nothing added");
+        batch.remove(size / 2);
+        let added = store::enqueue_many(&mut conn, &schema, &batch).await.unwrap();
+        assert!(added.iter().all(Enqueued::is_new) && added.len() == size - 1);
+        sqlx::query("DELETE FROM tasks")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
 }

@@ -193,10 +193,7 @@ impl Columns {
                 .push(t.scheduled_by.as_ref().map(|(s, _)| s.clone()));
             c.tick_at
                 .push(t.scheduled_by.as_ref().and_then(|(_, t)| *t));
-            c.timeout_ms.push(
-                t.timeout
-                    .map(|d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX)),
-            );
+            c.timeout_ms.push(timeout_ms(t));
         }
         c
     }
@@ -256,38 +253,157 @@ async fn insert_plain(
     Ok(tasks
         .iter()
         .zip(rows)
-        .enumerate()
-        .map(|(i, (t, (id, scheduled_at, created_at)))| {
-            Enqueued::New(Task {
-                id,
-                kind: t.kind.clone(),
-                queue: t.queue.clone(),
-                priority: t.priority,
-                task_data: crate::json::as_stored(&t.data),
-                scheduled_at,
-                processor: None,
-                last_heartbeat_at: None,
-                must_heartbeat_before: None,
-                started_at: None,
-                processed_at: None,
-                task_output: None,
-                status: TaskStatus::Pending,
-                attempts: 0,
-                max_attempts: t.max_attempts,
-                fencing_token: None,
-                last_error: None,
-                failed_at: None,
-                cancelled_at: None,
-                created_at,
-                heartbeat_in_ms: None,
-                unique_key: None,
-                unique_scope: None,
-                schedule: c.schedule[i].clone(),
-                tick_at: c.tick_at[i],
-                timeout_ms: c.timeout_ms[i],
-            })
+        .map(|(t, (id, scheduled_at, created_at))| {
+            Enqueued::New(new_task(t, id, scheduled_at, created_at))
         })
         .collect())
+}
+
+/// `t` as stored without a unique key under `id`, before anything claimed it.
+fn new_task(t: &NewTask, id: i64, scheduled_at: DateTime<Utc>, created_at: DateTime<Utc>) -> Task {
+    Task {
+        id,
+        kind: t.kind.clone(),
+        queue: t.queue.clone(),
+        priority: t.priority,
+        task_data: crate::json::as_stored(&t.data),
+        scheduled_at,
+        processor: None,
+        last_heartbeat_at: None,
+        must_heartbeat_before: None,
+        started_at: None,
+        processed_at: None,
+        task_output: None,
+        status: TaskStatus::Pending,
+        attempts: 0,
+        max_attempts: t.max_attempts,
+        fencing_token: None,
+        last_error: None,
+        failed_at: None,
+        cancelled_at: None,
+        created_at,
+        heartbeat_in_ms: None,
+        unique_key: None,
+        unique_scope: None,
+        schedule: t.scheduled_by.as_ref().map(|(s, _)| s.clone()),
+        tick_at: t.scheduled_by.as_ref().and_then(|(_, at)| *at),
+        timeout_ms: timeout_ms(t),
+    }
+}
+
+/// `t`'s timeout as the column stores it.
+fn timeout_ms(t: &NewTask) -> Option<i32> {
+    t.timeout
+        .map(|d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX))
+}
+
+/// The fewest tasks without unique keys that [`insert_copy`] adds; fewer
+/// go by [`insert_plain`], one round trip instead of two.
+const COPY_FROM: usize = 64;
+
+/// A large batch without unique keys, by `COPY … FROM STDIN`: the rows go
+/// as text the server parses straight into the table, with no arrays to
+/// take apart and no expression per row (River inserts many jobs the same
+/// way). Two round trips: the ids and the database's clock first, then the
+/// rows, sent in chunks as they are written (the server parses one while
+/// the next is written); the answer is built here, as in [`insert_plain`],
+/// while the server inserts the last rows and commits.
+async fn insert_copy(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, TaskError> {
+    use crate::db::copy::{Field, Rows};
+    use chrono::{DurationRound, TimeDelta};
+    /// Rows per chunk sent.
+    const CHUNK: usize = 1000;
+    let count = i32::try_from(tasks.len()).expect("a batch is at most MAX_ENQUEUE_BATCH");
+    let mut delays = Vec::with_capacity(tasks.len());
+    for (i, t) in tasks.iter().enumerate() {
+        delays.push(
+            TimeDelta::try_milliseconds(millis(t.delay.unwrap_or_default()))
+                .ok_or_else(|| TaskError::BadInput(format!("tasks[{i}]: the delay is too long")))?,
+        );
+    }
+    // Decides no ownership (a new task has no claim and no key to hold).
+    // The ids are drawn before the rows exist, sorted so that they follow
+    // the input's order; the clock is the database's, as a default of the
+    // table would be (the same value all through the caller's transaction,
+    // when there is one).
+    let (now, mut ids): (DateTime<Utc>, Vec<i64>) = schema
+        .query_as(
+            "SELECT now(), ARRAY(SELECT nextval('$schema.tasks_id_seq')
+                                   FROM generate_series(1, $1))",
+        )
+        .bind(count)
+        .fetch_one(&mut *conn)
+        .await?;
+    if ids.len() != tasks.len() {
+        return Err(TaskError::Db(sqlx::Error::Protocol(format!(
+            "{} ids drawn for {} tasks",
+            ids.len(),
+            tasks.len()
+        ))));
+    }
+    ids.sort_unstable();
+    // Truncated to the column's milliseconds, as insert_plain does (see
+    // the general path why not rounded); created_at as well, so the answer
+    // is what is stored.
+    let now = now
+        .duration_trunc(TimeDelta::milliseconds(1))
+        .expect("a database timestamp truncates to milliseconds");
+    let mut scheduled = Vec::with_capacity(tasks.len());
+    for (i, delay) in delays.into_iter().enumerate() {
+        scheduled
+            .push(now.checked_add_signed(delay).ok_or_else(|| {
+                TaskError::BadInput(format!("tasks[{i}]: the delay is too long"))
+            })?);
+    }
+    let mut copy_in = conn
+        .copy_in_raw(schema.sql(
+            "COPY $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue, priority,
+                                 schedule, tick_at, timeout_ms, created_at)
+             FROM STDIN",
+        ))
+        .await?;
+    let mut rows = Rows::with_capacity(CHUNK.min(tasks.len()), 128);
+    for (n, ((t, id), at)) in tasks.iter().zip(&ids).zip(&scheduled).enumerate() {
+        rows.push(&[
+            Field::Int(*id),
+            Field::Json(&t.data),
+            Field::Int(t.max_attempts.into()),
+            Field::Time(Some(*at)),
+            Field::Text(Some(&t.kind)),
+            Field::Text(Some(&t.queue)),
+            Field::Int(t.priority.into()),
+            Field::Text(t.scheduled_by.as_ref().map(|(s, _)| s.as_str())),
+            Field::Time(t.scheduled_by.as_ref().and_then(|(_, at)| *at)),
+            Field::OptInt(timeout_ms(t).map(Into::into)),
+            Field::Time(Some(now)),
+        ]);
+        if (n + 1) % CHUNK == 0 || n + 1 == tasks.len() {
+            copy_in.send(rows.take()).await?;
+        }
+    }
+    let answer = async {
+        tasks
+            .iter()
+            .zip(ids)
+            .zip(scheduled)
+            .map(|((t, id), scheduled_at)| Enqueued::New(new_task(t, id, scheduled_at, now)))
+            .collect::<Vec<_>>()
+    };
+    // `finish` sends the end of the rows and waits for the server, which
+    // leaves the answer its time to be built.
+    let (added, answer) = tokio::join!(copy_in.finish(), answer);
+    let added = added?;
+    if added != tasks.len() as u64 {
+        return Err(TaskError::Db(sqlx::Error::Protocol(format!(
+            "{} tasks copied, {added} added",
+            tasks.len()
+        ))));
+    }
+    Ok(answer)
 }
 
 /// How often a unique key whose holder disappeared between the insert and
@@ -300,7 +416,11 @@ async fn insert_all(
     tasks: &[NewTask],
 ) -> Result<Vec<Enqueued>, TaskError> {
     if tasks.iter().all(|t| t.unique.is_none()) {
-        return insert_plain(conn, schema, tasks).await;
+        return if tasks.len() >= COPY_FROM {
+            insert_copy(conn, schema, tasks).await
+        } else {
+            insert_plain(conn, schema, tasks).await
+        };
     }
     let mut outcomes: Vec<Option<Enqueued>> = vec![None; tasks.len()];
     // Indices still to insert: all of them, then those whose key's holder
@@ -432,4 +552,48 @@ async fn insert_all(
         .into_iter()
         .map(|o| o.expect("every task answered"))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::testing::TestDb;
+    use chrono::{DurationRound, TimeDelta};
+
+    /// The columns a schedule sets (only the scheduler can), through
+    /// both plain paths: stored and answered alike.
+    #[tokio::test]
+    async fn a_schedule_and_its_tick_are_stored_as_answered_by_copy_and_by_insert() {
+        let db = TestDb::new().await;
+        let schema = Schema::default();
+        let mut conn = db.pool.acquire().await.unwrap();
+        let at = Utc::now()
+            .duration_trunc(TimeDelta::milliseconds(1))
+            .unwrap();
+        let batch: Vec<NewTask> = (0..COPY_FROM)
+            .map(|i| {
+                let mut t = NewTask::new("tick", serde_json::json!({ "i": i }));
+                t.scheduled_by = Some((format!("nightly \\N {i}"), (i % 2 == 0).then_some(at)));
+                t
+            })
+            .collect();
+        for tasks in [&batch[..], &batch[..2]] {
+            let out = enqueue_many(&mut conn, &schema, tasks).await.unwrap();
+            for (o, input) in out.iter().zip(tasks) {
+                let read = super::super::get(&mut conn, &schema, o.task().id)
+                    .await
+                    .unwrap()
+                    .expect("stored");
+                assert_eq!(o.task(), &read);
+                assert_eq!(
+                    (read.schedule.as_ref(), read.tick_at),
+                    input
+                        .scheduled_by
+                        .as_ref()
+                        .map(|(s, at)| (Some(s), *at))
+                        .unwrap()
+                );
+            }
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! `leasekeeper-tools bench peers [--quick] [--json PATH]`: only the peers'
 //! phases of the queue suite, for a figure in minutes instead of the whole
 //! suite: graphile-worker and Awa at concurrency 16 (defaults and best
-//! settings), and the three bulk inserts (ours among them). Same database,
-//! same plan, same keys as the full suite.
+//! settings), and the three bulk inserts (ours among them); with
+//! `--bulk-only`, the bulk inserts alone. Same database, same plan, same
+//! keys as the full suite.
 
 use super::{DB, Plan, awa, bulk, graphile};
 use crate::bench::{Options, Progress, Results, fresh_database, ratio, report};
@@ -11,43 +12,17 @@ use leasekeeper::settings::Settings;
 
 const PHASES: u64 = 5;
 
-/// Runs the peers' phases and prints (and optionally writes) their results.
-pub async fn suite(settings: Settings, options: Options) -> Result<()> {
+/// Runs the peers' phases (or, `bulk_only`, the bulk inserts) and prints
+/// (and optionally writes) their results.
+pub async fn suite(settings: Settings, options: Options, bulk_only: bool) -> Result<()> {
     let plan = Plan::new(options.quick);
     let db = fresh_database(&settings, DB, 40).await?;
-    let progress = Progress::new(PHASES);
+    let progress = Progress::new(if bulk_only { 1 } else { PHASES });
     let mut r = Results::new();
     let result = async {
-        progress.phase("graphile-worker, concurrency 16, its defaults");
-        let g = &db.conninfo;
-        let graphile_default = graphile::graphile_worker(
-            g,
-            plan.graphile_jobs,
-            16,
-            graphile::Config::Default,
-            &progress,
-        )
-        .await
-        .unwrap_or(f64::NAN);
-        r.push(("graphile_default_w16", graphile_default));
-        progress.phase("graphile-worker, concurrency 16, local queue and batched completions");
-        let graphile_best = graphile::graphile_worker(
-            g,
-            plan.graphile_best_jobs,
-            16,
-            graphile::Config::Best,
-            &progress,
-        )
-        .await
-        .unwrap_or(f64::NAN);
-        r.push(("graphile_best_w16", graphile_best));
-        progress.phase("Awa 0.6.9, 16 workers, its defaults");
-        let awa_default =
-            awa::awa_worker(g, plan.awa_jobs, 16, awa::Config::Default, &progress).await;
-        r.push(("awa_default_w16", awa_default.unwrap_or(f64::NAN)));
-        progress.phase("Awa 0.6.9, 16 workers, its documented hot-queue settings");
-        let awa_best = awa::awa_worker(g, plan.awa_jobs, 16, awa::Config::Best, &progress).await;
-        r.push(("awa_best_w16", awa_best.unwrap_or(f64::NAN)));
+        if !bulk_only {
+            fleets(&db.conninfo, &plan, &progress, &mut r).await;
+        }
         progress.phase("bulk insert: enqueue_many, graphile-worker's addJobs, Awa's COPY");
         let bulk = bulk::bulk_inserts(&db, &plan, &progress).await?;
         r.push(("enqueue_many_per_s", bulk.ours));
@@ -64,4 +39,37 @@ pub async fn suite(settings: Settings, options: Options) -> Result<()> {
     db.close().await?;
     result?;
     report(&r, &options)
+}
+
+/// graphile-worker and Awa at concurrency 16, each with its defaults and
+/// with its best settings.
+async fn fleets(g: &str, plan: &Plan, progress: &Progress, r: &mut Results) {
+    progress.phase("graphile-worker, concurrency 16, its defaults");
+    let graphile_default = graphile::graphile_worker(
+        g,
+        plan.graphile_jobs,
+        16,
+        graphile::Config::Default,
+        progress,
+    )
+    .await
+    .unwrap_or(f64::NAN);
+    r.push(("graphile_default_w16", graphile_default));
+    progress.phase("graphile-worker, concurrency 16, local queue and batched completions");
+    let graphile_best = graphile::graphile_worker(
+        g,
+        plan.graphile_best_jobs,
+        16,
+        graphile::Config::Best,
+        progress,
+    )
+    .await
+    .unwrap_or(f64::NAN);
+    r.push(("graphile_best_w16", graphile_best));
+    progress.phase("Awa 0.6.9, 16 workers, its defaults");
+    let awa_default = awa::awa_worker(g, plan.awa_jobs, 16, awa::Config::Default, progress).await;
+    r.push(("awa_default_w16", awa_default.unwrap_or(f64::NAN)));
+    progress.phase("Awa 0.6.9, 16 workers, its documented hot-queue settings");
+    let awa_best = awa::awa_worker(g, plan.awa_jobs, 16, awa::Config::Best, progress).await;
+    r.push(("awa_best_w16", awa_best.unwrap_or(f64::NAN)));
 }
