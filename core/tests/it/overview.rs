@@ -53,6 +53,56 @@ async fn insert_tasks(pool: &PgPool, n: i32, max_attempts: i32) {
     .unwrap();
 }
 
+async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Race prevented: two connections changing task statuses at once, one
+/// holding its change uncommitted, on connections whose backend pids fall
+/// on one counter shard (the shard was `pg_backend_pid() % 16` until
+/// migration `20261203000001`: a runtime's claimer and completer met like
+/// this for the whole life of their connections, each waiting for the
+/// other's commit). The second claims while the first's transaction is
+/// open, without waiting for its counter row; and the counts stay exact.
+#[tokio::test]
+async fn a_status_change_does_not_wait_for_another_connection_s_counter_row() {
+    let db = TestDb::new().await;
+    insert_tasks(&db.pool, 2, 5).await;
+    let mut first = db.pool.acquire().await.unwrap().detach();
+    let first_pid = backend_pid(&mut first).await;
+    let mut tries = 0;
+    let mut second = loop {
+        let mut conn = db.pool.acquire().await.unwrap().detach();
+        if backend_pid(&mut conn).await % 16 == first_pid % 16 {
+            break conn;
+        }
+        tries += 1;
+        assert!(tries < 500, "no connection on the first one's old shard");
+    };
+    let schema = Schema::default();
+    let mut tx = sqlx::Connection::begin(&mut first).await.unwrap();
+    store::claim_next(&mut tx, &schema, &holder("w1"), TTL)
+        .await
+        .unwrap()
+        .expect("a task for the first");
+    // Waiting for the first's counter row would end in this error.
+    sqlx::query("SET lock_timeout = '3s'")
+        .execute(&mut second)
+        .await
+        .unwrap();
+    let claimed = store::claim_next(&mut second, &schema, &holder("w2"), TTL).await;
+    assert!(
+        matches!(claimed, Ok(Some(_))),
+        "the second claim waited for the first's transaction: {claimed:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(cheap_counts(&db.pool).await, real_counts(&db.pool).await);
+    assert_eq!(cheap_counts(&db.pool).await.tasks_started, 2);
+}
+
 /// 16 concurrent claimers claim 500 tasks; every fifth attempt fails (back
 /// to pending, or failed after its second attempt), the rest complete.
 /// Then some claims are left

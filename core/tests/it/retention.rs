@@ -609,8 +609,10 @@ async fn a_claim_does_not_wait_on_an_open_pruning_batch() {
         .fetch_one(&mut pruner_conn)
         .await
         .unwrap();
-    // A claimer on the pruner's counter shard (pg_backend_pid() % 16): the
-    // one whose counter row a pruner counting on its own shard would lock.
+    // A claimer on the pruner's connection's counter shard as it was
+    // (pg_backend_pid() % 16) before counters were sharded by transaction
+    // (migration 20261203000001): the one whose counter row a pruner
+    // counting like any writer could have locked.
     let mut tries = 0;
     let mut claimer = loop {
         let mut conn = pool.acquire().await.unwrap().detach();

@@ -299,7 +299,7 @@ fn timeout_ms(t: &NewTask) -> Option<i32> {
 
 /// The fewest tasks without unique keys that [`insert_copy`] adds; fewer
 /// go by [`insert_plain`], one round trip instead of two.
-const COPY_FROM: usize = 64;
+const COPY_MIN: usize = 64;
 
 /// A large batch without unique keys, by `COPY … FROM STDIN`: the rows go
 /// as text the server parses straight into the table, with no arrays to
@@ -416,7 +416,7 @@ async fn insert_all(
     tasks: &[NewTask],
 ) -> Result<Vec<Enqueued>, TaskError> {
     if tasks.iter().all(|t| t.unique.is_none()) {
-        return if tasks.len() >= COPY_FROM {
+        return if tasks.len() >= COPY_MIN {
             insert_copy(conn, schema, tasks).await
         } else {
             insert_plain(conn, schema, tasks).await
@@ -570,7 +570,7 @@ mod tests {
         let at = Utc::now()
             .duration_trunc(TimeDelta::milliseconds(1))
             .unwrap();
-        let batch: Vec<NewTask> = (0..COPY_FROM)
+        let batch: Vec<NewTask> = (0..COPY_MIN)
             .map(|i| {
                 let mut t = NewTask::new("tick", serde_json::json!({ "i": i }));
                 t.scheduled_by = Some((format!("nightly \\N {i}"), (i % 2 == 0).then_some(at)));
