@@ -820,7 +820,20 @@ async fn produce(
         } else {
             ahead
         };
+        let (asking, topping) = (wants.len(), top_up.len());
+        let started = Instant::now();
         let served = serve(&setup, &mut held, &local, wants, top_up, depth).await;
+        // What a runtime's throughput is made of, claim by claim, for
+        // whoever must tell why a runtime runs slower than it should.
+        tracing::trace!(
+            asking,
+            topping,
+            depth,
+            asked = served.asked,
+            got = served.got,
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "claimed"
+        );
         if prefetching {
             ahead = if served.got >= served.asked {
                 (ahead * 2).clamp(1, prefetch.per_worker)
@@ -1214,11 +1227,17 @@ async fn write_completions(setup: &Setup, held: &mut Held, mut batch: Vec<Finish
             .iter()
             .map(|f| Completion::new(f.task_id, f.token, f.worker.clone(), Some(f.output.clone())))
             .collect();
+        let started = Instant::now();
         let outcomes = async {
             let conn = held.conn(setup).await?;
             Ok::<_, TransportError>(store::complete_each(conn, &setup.schema, &completions).await?)
         }
         .await;
+        tracing::trace!(
+            tasks = completions.len(),
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "completed"
+        );
         if let Err(e) = &outcomes {
             held.failed(e);
         }

@@ -431,7 +431,9 @@ async fn a_batch_the_database_refuses_adds_nothing_and_the_connection_goes_on() 
             .unwrap();
         assert_eq!(stored, 0, "a batch of {size}: nothing added");
         batch.remove(size / 2);
-        let added = store::enqueue_many(&mut conn, &schema, &batch).await.unwrap();
+        let added = store::enqueue_many(&mut conn, &schema, &batch)
+            .await
+            .unwrap();
         assert!(added.iter().all(Enqueued::is_new) && added.len() == size - 1);
         sqlx::query("DELETE FROM tasks")
             .execute(&mut *conn)
