@@ -88,7 +88,6 @@ use anyhow::{Context, Result};
 use ceilings::{minimal_ceiling, raw_ceiling};
 use failover::failovers;
 use fleet::{NOOP, fleet, seed_history, single_task_latency};
-use graphile::graphile_worker;
 use leasekeeper::settings::Settings;
 use leasekeeper_core::live::LiveHub;
 use leasekeeper_core::worker::batch::Batching;
@@ -284,47 +283,12 @@ async fn run(
     let original = drive(pool, Algo::Original, 16, plan, progress).await?;
     r.push(("original_design_w16", original.per_s));
 
-    progress.phase("graphile-worker from npm, concurrency 16, its defaults");
-    let graphile = graphile_worker(
-        &db.conninfo,
-        plan.graphile_jobs,
-        16,
-        graphile::Config::Default,
-        progress,
-    )
-    .await;
-    let graphile_default = graphile.unwrap_or(f64::NAN);
-    r.push(("graphile_default_w16", graphile_default));
-    // The name of the same figure before there were two.
-    r.push(("graphile_worker_w16", graphile_default));
-    progress.phase("graphile-worker, concurrency 16, local queue and batched completions");
-    let graphile_best = graphile_worker(
-        &db.conninfo,
-        plan.graphile_best_jobs,
-        16,
-        graphile::Config::Best,
-        progress,
-    )
-    .await
-    .unwrap_or(f64::NAN);
-    r.push(("graphile_best_w16", graphile_best));
-
-    progress.phase("Awa 0.6.9 (crates.io), 16 workers, its defaults");
-    let awa_default = awa::awa_worker(
-        &db.conninfo,
-        plan.awa_jobs,
-        16,
-        awa::Config::Default,
-        progress,
-    )
-    .await
-    .unwrap_or(f64::NAN);
-    r.push(("awa_default_w16", awa_default));
-    progress.phase("Awa 0.6.9, 16 workers, its documented hot-queue settings");
-    let awa_best = awa::awa_worker(&db.conninfo, plan.awa_jobs, 16, awa::Config::Best, progress)
-        .await
-        .unwrap_or(f64::NAN);
-    r.push(("awa_best_w16", awa_best));
+    let peers::Fleets {
+        graphile_default,
+        graphile_best,
+        awa_default,
+        awa_best,
+    } = peers::fleets(&db.conninfo, plan, progress, &mut r).await;
 
     progress.phase(&format!(
         "bulk insert of {} tasks: enqueue_many, graphile-worker's addJobs, Awa's COPY",
@@ -465,10 +429,7 @@ async fn run(
     progress.phase("ratios");
     r.push(("w16_vs_raw_ceiling", ratio(ours16, raw)));
     r.push(("w16_vs_original_design", ratio(ours16, original.per_s)));
-    r.push((
-        "w16_vs_graphile_worker",
-        graphile.map_or(f64::NAN, |g| ratio(ours16, g)),
-    ));
+    r.push(("w16_vs_graphile_worker", ratio(ours16, graphile_default)));
     r.push(("batched_vs_w16", ratio(batched.per_s, ours16)));
     r.push((
         "fleet_w16_vs_graphile_best",
