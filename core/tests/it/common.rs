@@ -19,3 +19,26 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
 }
+
+/// The backend pid of `conn`'s server session.
+pub async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// A new connection of `pool`, detached, whose backend pid modulo 16 is
+/// `pid`'s: the counter shard it shared with `pid`'s connection while
+/// counters were sharded by connection (until migration `20261203000001`).
+pub async fn connection_on_old_shard_of(pool: &sqlx::PgPool, pid: i32) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    for _ in 0..500 {
+        let mut conn = pool.acquire().await.unwrap().detach();
+        if backend_pid(&mut conn).await % 16 == pid % 16 {
+            return conn;
+        }
+        conn.close().await.unwrap();
+    }
+    panic!("no connection on the old shard of pid {pid} in 500 tries");
+}

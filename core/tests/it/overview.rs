@@ -3,7 +3,7 @@
 //! negative), the task lists' plans with a million tasks, and (ignored, run
 //! by hand) the counter trigger's cost on claim + complete throughput.
 
-use crate::common::{TestDb, holder, resource};
+use crate::common::{TestDb, backend_pid, connection_on_old_shard_of, holder, resource};
 use leasekeeper_core::counts::{self, Counts};
 use leasekeeper_core::db::Schema;
 use leasekeeper_core::lease::history::split_brain::{self, SplitBrain};
@@ -53,13 +53,6 @@ async fn insert_tasks(pool: &PgPool, n: i32, max_attempts: i32) {
     .unwrap();
 }
 
-async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
-    sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(conn)
-        .await
-        .unwrap()
-}
-
 /// Race prevented: two connections changing task statuses at once, one
 /// holding its change uncommitted, on connections whose backend pids fall
 /// on one counter shard (the shard was `pg_backend_pid() % 16` until
@@ -73,15 +66,7 @@ async fn a_status_change_does_not_wait_for_another_connection_s_counter_row() {
     insert_tasks(&db.pool, 2, 5).await;
     let mut first = db.pool.acquire().await.unwrap().detach();
     let first_pid = backend_pid(&mut first).await;
-    let mut tries = 0;
-    let mut second = loop {
-        let mut conn = db.pool.acquire().await.unwrap().detach();
-        if backend_pid(&mut conn).await % 16 == first_pid % 16 {
-            break conn;
-        }
-        tries += 1;
-        assert!(tries < 500, "no connection on the first one's old shard");
-    };
+    let mut second = connection_on_old_shard_of(&db.pool, first_pid).await;
     let schema = Schema::default();
     let mut tx = sqlx::Connection::begin(&mut first).await.unwrap();
     store::claim_next(&mut tx, &schema, &holder("w1"), TTL)

@@ -3,7 +3,7 @@
 //! exactly one replica, and the races: an operator's retry against the
 //! pruner, and a claim against an open pruning batch.
 
-use crate::common::{TestDb, holder, resource};
+use crate::common::{TestDb, backend_pid, connection_on_old_shard_of, holder, resource};
 use leasekeeper_core::lease::client::LeaseTiming;
 use leasekeeper_core::lease::singleton::State;
 use leasekeeper_core::lease::store as leases;
@@ -605,28 +605,12 @@ async fn a_claim_does_not_wait_on_an_open_pruning_batch() {
         .unwrap();
 
     let mut pruner_conn = pool.acquire().await.unwrap().detach();
-    let pruner_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut pruner_conn)
-        .await
-        .unwrap();
+    let pruner_pid = backend_pid(&mut pruner_conn).await;
     // A claimer on the pruner's connection's counter shard as it was
     // (pg_backend_pid() % 16) before counters were sharded by transaction
     // (migration 20261203000001): the one whose counter row a pruner
     // counting like any writer could have locked.
-    let mut tries = 0;
-    let mut claimer = loop {
-        let mut conn = pool.acquire().await.unwrap().detach();
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-        if pid % 16 == pruner_pid % 16 {
-            break conn;
-        }
-        conn.close().await.unwrap();
-        tries += 1;
-        assert!(tries < 500, "no connection on the pruner's shard");
-    };
+    let mut claimer = connection_on_old_shard_of(&pool, pruner_pid).await;
     let pruning = tokio::spawn(async move {
         let pruned = store::prune_tasks(&mut pruner_conn, &Default::default(), HOUR, 100)
             .await
