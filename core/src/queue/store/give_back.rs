@@ -4,7 +4,7 @@
 //! counted, its lease released, and its history saying so.
 
 use super::guard::refuse_alone;
-use super::sql::STARTED;
+use super::sql::{STARTED, lease_live};
 use super::{MAX_BATCH, TASK_COLUMNS, TaskError, bounded_error};
 use crate::db::Schema;
 use crate::lease::Holder;
@@ -79,9 +79,10 @@ pub async fn give_back_each(
                   FROM back
                  WHERE l.resource = 'task:' || back.id AND l.holder = back.processor
                    AND l.fencing_token = back.fencing_token
-                   AND l.released_at IS NULL AND l.expires_at > now()
+                   AND {live}
              )
-             SELECT {TASK_COLUMNS} FROM back ORDER BY id"
+             SELECT {TASK_COLUMNS} FROM back ORDER BY id",
+                live = lease_live("now()")
             ))
             .bind(&ids)
             .bind(&tokens)

@@ -2,7 +2,7 @@
 //! or many in one statement.
 
 use super::guard::{refuse_alone, update_claim};
-use super::sql::STARTED;
+use super::sql::{STARTED, lease_live};
 use super::{MAX_BATCH, TASK_COLUMNS, TaskError, millis, task_resource};
 use crate::db::Schema;
 use crate::lease::Holder;
@@ -106,9 +106,10 @@ pub async fn heartbeat_each(
                   FROM renewed
                  WHERE l.resource = 'task:' || renewed.id AND l.holder = renewed.processor
                    AND l.fencing_token = renewed.fencing_token
-                   AND l.released_at IS NULL AND l.expires_at > now()
+                   AND {live}
              )
-             SELECT {TASK_COLUMNS} FROM renewed ORDER BY id"
+             SELECT {TASK_COLUMNS} FROM renewed ORDER BY id",
+                live = lease_live("now()")
             ))
             .bind(&ids)
             .bind(&tokens)
