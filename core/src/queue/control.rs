@@ -34,6 +34,7 @@
 //! # let _ = n; Ok(()) }
 //! ```
 
+use super::store::sql::lease_live;
 use super::store::{TASK_COLUMNS, TaskError};
 use super::{Task, TaskStatus};
 use crate::db::Schema;
@@ -409,11 +410,14 @@ async fn finish(
             // finds none).
             schema
                 .query(
-                    "UPDATE $schema.leases l
+                    &format!(
+                        "UPDATE $schema.leases l
                     SET released_at = now(), expires_at = date_trunc('milliseconds', now())
                    FROM unnest($1::int8[], $2::int8[]) AS c(id, token)
                   WHERE l.resource = 'task:' || c.id AND l.fencing_token = c.token
-                    AND l.released_at IS NULL AND l.expires_at > now()",
+                    AND {}",
+                        lease_live("now()")
+                    ),
                 )
                 .bind(&ids)
                 .bind(&tokens)

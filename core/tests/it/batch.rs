@@ -6,6 +6,7 @@
 use crate::common::{TestDb, holder};
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::queue::Task;
+use leasekeeper_core::queue::control;
 use leasekeeper_core::queue::store::{self, Completion, TaskError};
 use leasekeeper_core::queue::{ClaimFilter, TaskStatus};
 use leasekeeper_core::worker::handler::{Done, Job, TaskContext};
@@ -707,7 +708,14 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
         .unwrap();
     reads.push(started_index_reads(&mut tx).await - before);
     lease_reads.push(lease_deadline_reads(&mut tx).await - leases_before);
-    // Each lease released or renewed with its task.
+    // An operator's cancel ends the claim's lease by its resource too.
+    let leases_before = lease_deadline_reads(&mut tx).await;
+    let cancelled = control::cancel(&mut tx, &schema, beat[0].0, "ops")
+        .await
+        .unwrap();
+    lease_reads.push(lease_deadline_reads(&mut tx).await - leases_before);
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    // Each lease released or renewed with its task, one of them cancelled.
     let live: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM leases WHERE released_at IS NULL AND expires_at > now()",
     )
@@ -716,8 +724,8 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
     .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
-        live, 100,
-        "live leases after 100 completions, 100 renewals and 100 give-backs of 300 claims"
+        live, 99,
+        "live leases after 100 completions, 100 renewals, 100 give-backs and a cancel of 300 claims"
     );
     assert_eq!(
         (
@@ -734,7 +742,7 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
     );
     assert_eq!(
         lease_reads,
-        vec![0, 0, 0],
-        "scans of leases_expires_at_idx by the completion, heartbeat and give-back"
+        vec![0, 0, 0, 0],
+        "scans of leases_expires_at_idx by the completion, heartbeat, give-back and cancel"
     );
 }
