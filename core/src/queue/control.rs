@@ -415,8 +415,8 @@ async fn finish(
                     SET released_at = now(), expires_at = date_trunc('milliseconds', now())
                    FROM unnest($1::int8[], $2::int8[]) AS c(id, token)
                   WHERE l.resource = 'task:' || c.id AND l.fencing_token = c.token
-                    AND {}",
-                        lease_live("now()")
+                    AND {live}",
+                        live = lease_live("now()")
                     ),
                 )
                 .bind(&ids)

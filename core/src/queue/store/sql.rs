@@ -117,14 +117,13 @@ pub(super) const STARTED: &str = "t.status || '' = 'started'";
 /// The test, in the same statements and in an operator's cancel, that the
 /// lease row `l` of a claim is still live at `clock`, written so that no
 /// index can serve it: they must find each lease by its resource (a unique
-/// key). With `l.expires_at >
-/// clock` a plan could read every live lease by `leases_expires_at_idx`
-/// instead and compare each with every task of the batch: statistics are
-/// always taken before the live leases' deadlines, which are the column's
-/// newest values, so the planner guesses that one lease is live (seen in
-/// issue 27's benchmark: completions of 100 tasks taking 21 ms instead of
-/// 4 with some thousand leases live, a runtime at 4,600 tasks/s instead
-/// of 20,000). Adding no time changes no answer.
+/// key). With `l.expires_at > clock` a plan could read every live lease by
+/// `leases_expires_at_idx` instead and compare each with every task of the
+/// batch: statistics are always taken before the live leases' deadlines,
+/// which are the column's newest values, so the planner guesses that one
+/// lease is live (seen in issue 27's benchmark: completions of 100 tasks
+/// taking 21 ms instead of 4 with some thousand leases live, a runtime at
+/// 4,600 tasks/s instead of 20,000). Adding no time changes no answer.
 pub(crate) fn lease_live(clock: &str) -> String {
     format!("l.released_at IS NULL AND l.expires_at + interval '0 s' > {clock}")
 }
