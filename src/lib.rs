@@ -43,4 +43,13 @@ pub fn hydrate() {
         return;
     }
     leptos::mount::hydrate_body(app::App);
+    // Said once every control answers: a press before this is a plain
+    // form's post (or nothing), not the hydrated page's. The end-to-end
+    // tests wait for it before they press anything.
+    if let Some(root) = web_sys::window()
+        .and_then(|w| w.document())
+        .and_then(|d| d.document_element())
+    {
+        let _ = root.set_attribute("data-hydrated", "");
+    }
 }

@@ -1,4 +1,4 @@
-import { test, expect } from "@playwright/test";
+import { test, expect } from "../support/test";
 import { startInstance, type Instance } from "../support/instances";
 
 // An instance with LEASEKEEPER_ADMIN_TOKEN set: everything is readable,
@@ -51,6 +51,9 @@ test("a wrong token is refused; the right one unlocks the controls", async ({ pa
 
   await page.getByTestId("sign-in-token").fill(TOKEN);
   await page.getByTestId("sign-in-submit").click();
+  // Signed in, the form goes to the overview; leaving before would abort
+  // the sign-in's request (and its cookie) on a slow machine.
+  await page.waitForURL((url) => url.pathname === "/");
   await page.goto(`${d.url}/instances`);
   await expect(page.getByTestId("access-state")).toHaveAttribute("data-access", "operator");
   await page.getByTestId("generator-start").click();

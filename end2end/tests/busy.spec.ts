@@ -1,4 +1,4 @@
-import { test, expect, type Page } from "@playwright/test";
+import { test, expect, type Page } from "../support/test";
 import { mainUrl, startInstance, type Instance } from "../support/instances";
 
 // The README demo's situation: several instances on one database, simulated

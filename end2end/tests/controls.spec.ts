@@ -1,4 +1,4 @@
-import { test, expect, APIRequestContext } from "@playwright/test";
+import { test, expect, APIRequestContext } from "../support/test";
 
 // Task controls (cancel, retry, one and all matching the filter), the audit
 // page, and paging, in a real browser. Tasks get a kind of their own so no

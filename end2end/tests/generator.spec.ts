@@ -1,4 +1,4 @@
-import { test, expect } from "@playwright/test";
+import { test, expect } from "../support/test";
 
 // One instance here (two-instance runs come with the live-push issue); the
 // e2e server runs with a 3 s TTL, so renewals every 1 s (see .ci/test).

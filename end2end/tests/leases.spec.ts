@@ -1,4 +1,4 @@
-import { test, expect, type Page } from "@playwright/test";
+import { test, expect, type Page } from "../support/test";
 
 // Each test uses its own resource names, so the tests do not depend on what
 // else is in the database.

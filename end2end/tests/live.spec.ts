@@ -1,4 +1,4 @@
-import { test, expect, type Page } from "@playwright/test";
+import { test, expect, type Page } from "../support/test";
 import { mainUrl, startInstance, instanceId, type Instance } from "../support/instances";
 
 // Two (and, for the kill, three) instances on one database. Changes made

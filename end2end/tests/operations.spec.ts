@@ -1,4 +1,4 @@
-import { test, expect } from "@playwright/test";
+import { test, expect } from "../support/test";
 
 // What an operator points a load balancer and Prometheus at, on the real
 // server binary (its recorder is installed at start-up).
@@ -45,44 +45,50 @@ test("healthz, readyz and metrics answer on the running server", async ({ reques
   }
 });
 
-test("a server serving another build's bundle says so on the page, and the page does not half-hydrate", async ({ page }) => {
-  // A copy of the site whose bundle carries another build's stamp (same
-  // length, so the wasm stays valid).
-  const { mkdtempSync, cpSync, readFileSync, writeFileSync } = await import("node:fs");
-  const { tmpdir } = await import("node:os");
-  const path = await import("node:path");
-  const { startInstance } = await import("../support/instances");
-  const root = path.resolve(__dirname, "..", "..");
-  const site = mkdtempSync(path.join(tmpdir(), "lk-site-"));
-  cpSync(path.join(root, "target", "site"), site, { recursive: true });
-  const wasm = path.join(site, "pkg", "leasekeeper.wasm");
-  const bytes = readFileSync(wasm);
-  const found = /leasekeeper-build:([0-9a-z]+)-([a-z]+);/.exec(bytes.toString("latin1"));
-  expect(found, "the bundle carries its build stamp").toBeTruthy();
-  const own = `${found![1]}-${found![2]}`;
-  const other = `${"0".repeat(found![1].length)}-${found![2]}`;
-  expect(other).not.toBe(own);
-  Buffer.from(other, "latin1").copy(bytes, found!.index + "leasekeeper-build:".length);
-  writeFileSync(wasm, bytes);
+test.describe("a page that must not hydrate", () => {
+  // Its goto must not wait for the hydration that never comes.
+  test.use({ awaitHydration: false });
 
-  const errors: string[] = [];
-  page.on("pageerror", (e) => errors.push(e.message));
-  const stale = await startInstance(3107, { LEPTOS_SITE_ROOT: site, LEASEKEEPER_WORKERS: "0" });
-  try {
-    await page.goto(`${stale.url}/workers`);
-    const banner = page.getByTestId("bundle-mismatch");
-    await expect(banner).toBeVisible();
-    await expect(banner).toContainText(own);
-    await expect(banner).toContainText(other);
-    // Not hydrated (on purpose): the server-rendered page stays readable,
-    // the live badge never turns live, and nothing panicked.
-    await expect(page.getByTestId("workers-empty").or(page.getByTestId("workers-table"))).toBeVisible();
-    await page.waitForTimeout(1_500);
-    await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "connecting");
-    expect(errors).toEqual([]);
-  } finally {
-    await stale.stop();
-  }
+  test("a server serving another build's bundle says so on the page, and the page does not half-hydrate", async ({ page }) => {
+    // A copy of the site whose bundle carries another build's stamp (same
+    // length, so the wasm stays valid).
+    const { mkdtempSync, cpSync, readFileSync, writeFileSync } = await import("node:fs");
+    const { tmpdir } = await import("node:os");
+    const path = await import("node:path");
+    const { startInstance } = await import("../support/instances");
+    const root = path.resolve(__dirname, "..", "..");
+    const site = mkdtempSync(path.join(tmpdir(), "lk-site-"));
+    cpSync(path.join(root, "target", "site"), site, { recursive: true });
+    const wasm = path.join(site, "pkg", "leasekeeper.wasm");
+    const bytes = readFileSync(wasm);
+    const found = /leasekeeper-build:([0-9a-z]+)-([a-z]+);/.exec(bytes.toString("latin1"));
+    expect(found, "the bundle carries its build stamp").toBeTruthy();
+    const own = `${found![1]}-${found![2]}`;
+    const other = `${"0".repeat(found![1].length)}-${found![2]}`;
+    expect(other).not.toBe(own);
+    Buffer.from(other, "latin1").copy(bytes, found!.index + "leasekeeper-build:".length);
+    writeFileSync(wasm, bytes);
+
+    const errors: string[] = [];
+    page.on("pageerror", (e) => errors.push(e.message));
+    const stale = await startInstance(3107, { LEPTOS_SITE_ROOT: site, LEASEKEEPER_WORKERS: "0" });
+    try {
+      await page.goto(`${stale.url}/workers`);
+      const banner = page.getByTestId("bundle-mismatch");
+      await expect(banner).toBeVisible();
+      await expect(banner).toContainText(own);
+      await expect(banner).toContainText(other);
+      // Not hydrated (on purpose): the server-rendered page stays readable,
+      // the live badge never turns live, and nothing panicked.
+      await expect(page.getByTestId("workers-empty").or(page.getByTestId("workers-table"))).toBeVisible();
+      await page.waitForTimeout(1_500);
+      await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "connecting");
+      await expect(page.locator("html[data-hydrated]")).toHaveCount(0);
+      expect(errors).toEqual([]);
+    } finally {
+      await stale.stop();
+    }
+  });
 });
 
 test("a page of this build carries no mismatch banner", async ({ page }) => {

@@ -1,4 +1,4 @@
-import { test, expect, Page } from "@playwright/test";
+import { test, expect, Page } from "../support/test";
 
 // The e2e server runs with no simulated workers and chaos off (see
 // .ci/test), so enqueued tasks stay pending unless another test claims them.

@@ -1,4 +1,4 @@
-import { test, expect, type Page } from "@playwright/test";
+import { test, expect, type Page } from "../support/test";
 
 // A 390 px wide phone (an iPhone 12-15's CSS width): no page scrolls
 // sideways, every control is on screen without scrolling a table, and the

@@ -1,4 +1,4 @@
-import { test, expect, type APIRequestContext } from "@playwright/test";
+import { test, expect, type APIRequestContext } from "../support/test";
 import { drain } from "../support/drain";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL
@@ -22,7 +22,8 @@ test("pause a queue from the page: its started task finishes, nothing new is cla
   await drain(request);
   let worker: { id: string } | undefined;
   try {
-    const running = await enqueue(request, 2);
+    // Long enough to be still running once the page below has hydrated.
+    const running = await enqueue(request, 6);
     const spawned = await request.post("/api/workers");
     expect(spawned.status()).toBe(201);
     worker = await spawned.json();
@@ -49,7 +50,7 @@ test("pause a queue from the page: its started task finishes, nothing new is cla
     // The oldest of them has waited: an age, in the past.
     await expect(row.getByTestId("queue-oldest")).toHaveText(/^\d+(\.\d)? (s|min|h) ago$/);
     // The task already started finishes normally.
-    await expect.poll(() => statusOf(request, running.id), { timeout: 6_000 }).toBe("processed");
+    await expect.poll(() => statusOf(request, running.id), { timeout: 10_000 }).toBe("processed");
     // The worker is idle and looks for work every half second: for 3 s it
     // claims nothing of the paused queue.
     const until = Date.now() + 3_000;

@@ -1,4 +1,4 @@
-import { test, expect } from "@playwright/test";
+import { test, expect } from "../support/test";
 
 // The e2e server runs its scheduler on a 3 s lease (see .ci/test): it holds
 // singleton:scheduler and fires every schedule's ticks.

@@ -1,4 +1,4 @@
-import { test } from "@playwright/test";
+import { test } from "../support/test";
 import path from "node:path";
 
 // Not a test: refreshes the README's screenshots from a running dashboard.

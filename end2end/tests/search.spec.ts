@@ -1,4 +1,4 @@
-import { test, expect, APIRequestContext } from "@playwright/test";
+import { test, expect, APIRequestContext } from "../support/test";
 
 // Search on the tasks page: tasks enqueued with different data through the
 // REST API, found by data (and kind) from the page's GET form; the URL

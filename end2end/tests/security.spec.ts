@@ -1,4 +1,4 @@
-import { test, expect } from "@playwright/test";
+import { test, expect } from "../support/test";
 
 test("a cross-site POST to a control is refused and changes nothing", async ({ request }) => {
   const resource = `xsite-${Date.now()}`;

@@ -1,4 +1,4 @@
-import { test, expect } from "@playwright/test";
+import { test, expect } from "../support/test";
 
 // The e2e server runs with a 3 s lease TTL (see .ci/test).
 

@@ -1,4 +1,4 @@
-import { test, expect, type APIRequestContext, type Page } from "@playwright/test";
+import { test, expect, type APIRequestContext, type Page } from "../support/test";
 import { drain } from "../support/drain";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL

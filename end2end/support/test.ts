@@ -1,0 +1,80 @@
+import { test as base, type APIRequestContext, type Page } from "@playwright/test";
+import { mainUrl } from "./instances";
+
+export { expect } from "@playwright/test";
+export type { APIRequestContext, Page } from "@playwright/test";
+
+/**
+ * Playwright's `test`, with two things every spec needs:
+ *
+ * - `page.goto` and `page.reload` return once the page is hydrated
+ *   (`<html data-hydrated>`, set by the browser bundle), where JavaScript is
+ *   on. Before that, pressing a control posts its plain form instead (a
+ *   worker spawned, say, with no answer on the page): seen in CI, where the
+ *   debug bundle took longer to load than the test took to press. A test of
+ *   a page that must not hydrate says `test.use({ awaitHydration: false })`.
+ *   With `E2E_SLOW_NETWORK=1` every page is loaded over a slow network,
+ *   which makes such a test fail every time instead of once in a while.
+ * - After each test, every simulated worker the e2e server still runs is
+ *   killed, so a test that failed half-way leaves no worker behind to take
+ *   the next test's tasks (a failure then stays one failure).
+ */
+export const test = base.extend<{ awaitHydration: boolean; page: Page; workersLeftKilled: void }>({
+  awaitHydration: [true, { option: true }],
+  page: async ({ page, javaScriptEnabled, awaitHydration }, use) => {
+    if (process.env.E2E_SLOW_NETWORK) {
+      // 8 MB/s and 20 ms a request: the debug bundle (about 20 MB) takes
+      // seconds to arrive, as on a loaded CI machine, so a test that
+      // presses before the page is hydrated fails every time.
+      const cdp = await page.context().newCDPSession(page);
+      await cdp.send("Network.enable");
+      await cdp.send("Network.emulateNetworkConditions", {
+        offline: false,
+        latency: 20,
+        downloadThroughput: 8_000_000,
+        uploadThroughput: 8_000_000,
+      });
+    }
+    if (javaScriptEnabled !== false && awaitHydration) {
+      const hydrated = () => page.locator("html[data-hydrated]").waitFor({ state: "attached" });
+      const goto = page.goto.bind(page);
+      page.goto = async (url, options) => {
+        const response = await goto(url, options);
+        await hydrated();
+        return response;
+      };
+      const reload = page.reload.bind(page);
+      page.reload = async (options) => {
+        const response = await reload(options);
+        await hydrated();
+        return response;
+      };
+    }
+    await use(page);
+  },
+  workersLeftKilled: [
+    async ({ request }, use) => {
+      await use();
+      await killOwnWorkers(request);
+    },
+    { auto: true },
+  ],
+});
+
+/** Kills every worker the e2e server runs that is not yet crashed or stopped. */
+async function killOwnWorkers(request: APIRequestContext) {
+  let next: string | null = `${mainUrl}/api/workers?limit=100`;
+  const running: string[] = [];
+  while (next) {
+    const res = await request.get(next);
+    if (!res.ok()) throw new Error(`listing workers: ${res.status()} ${await res.text()}`);
+    const page: { id: string; instance_id: string | null; state: string }[] = await res.json();
+    running.push(...page.filter((w) => w.state !== "crashed" && w.state !== "stopped").map((w) => w.id));
+    const link = /<([^>]+)>;\s*rel="next"/.exec(res.headers()["link"] ?? "");
+    next = link ? new URL(link[1], mainUrl).toString() : null;
+  }
+  for (const id of running) {
+    // Workers of other instances answer 4xx: only their instance can kill them.
+    await request.post(`${mainUrl}/api/workers/${id}/kill`);
+  }
+}
