@@ -1,18 +1,9 @@
-import { test, expect, type Page } from "../support/test";
+import { test, expect } from "../support/test";
 import { drain } from "../support/drain";
+import { spawnFromPage } from "../support/workers";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL
 // (see .ci/test); this test spawns the workers it needs.
-
-/** Presses "Spawn a worker" and answers the new worker's id. */
-async function spawn(page: Page) {
-  const result = page.getByTestId("worker-action-result");
-  const earlier = (await result.count()) > 0 ? await result.textContent() : null;
-  await page.getByTestId("worker-spawn").click();
-  await expect(result).toHaveText(/^spawned \S+$/);
-  await expect(result).not.toHaveText(earlier ?? "");
-  return (await result.textContent())!.replace("spawned ", "");
-}
 
 test("the task page lists each attempt: the killed worker's taken over, the rescuer's with the next token", async ({ page, request }) => {
   await request.delete("/api/generator/stop");
@@ -23,12 +14,12 @@ test("the task page lists each attempt: the killed worker's taken over, the resc
 
   // A worker claims it; a second waits idle; the first is killed.
   await page.goto("/workers");
-  const killedId = await spawn(page);
+  const killedId = await spawnFromPage(page);
   const killed = page.locator(`[data-testid="worker-row"][data-worker="${killedId}"]`);
   await expect(killed).toHaveAttribute("data-task", String(task.id), { timeout: 5_000 });
   const first = await (await request.get(`/api/tasks/${task.id}`)).json();
   expect(first.processor).toBe(killedId);
-  const rescuerId = await spawn(page);
+  const rescuerId = await spawnFromPage(page);
   await killed.getByTestId("worker-kill").click();
   await expect(killed).toHaveAttribute("data-state", "crashed");
 

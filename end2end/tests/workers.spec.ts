@@ -1,5 +1,6 @@
 import { test, expect, type APIRequestContext, type Page } from "../support/test";
 import { drain } from "../support/drain";
+import { spawnFromPage } from "../support/workers";
 
 // The e2e server starts with no simulated workers, no chaos and a 3 s TTL
 // (see .ci/test); this test spawns the workers it needs.
@@ -17,19 +18,6 @@ async function spawnBusyWorker(page: Page, request: APIRequestContext, seconds: 
   const busy = page.locator(`[data-testid="worker-row"][data-task="${task.id}"][data-state="working"]`);
   await expect(busy).toHaveCount(1, { timeout: 5_000 });
   return { task, busy, busyId: (await busy.getAttribute("data-worker"))! };
-}
-
-/** Presses "Spawn a worker" and answers the new worker's row. */
-async function spawnFromPage(page: Page) {
-  const result = page.getByTestId("worker-action-result");
-  const earlier = (await result.count()) > 0 ? await result.textContent() : null;
-  await page.getByTestId("worker-spawn").click();
-  await expect(result).toHaveText(/^spawned \S+$/);
-  await expect(result).not.toHaveText(earlier ?? "");
-  const id = (await result.textContent())!.replace("spawned ", "");
-  const row = page.locator(`[data-testid="worker-row"][data-worker="${id}"]`);
-  await expect(row).toHaveCount(1);
-  return row;
 }
 
 test("kill a busy worker and see its task taken over by another worker", async ({ page, request }) => {
