@@ -1,5 +1,5 @@
 import { test as base, type APIRequestContext, type Page } from "@playwright/test";
-import { mainUrl } from "./instances";
+import { instanceId, mainUrl } from "./instances";
 
 export { expect } from "@playwright/test";
 export type { APIRequestContext, Page } from "@playwright/test";
@@ -63,18 +63,23 @@ export const test = base.extend<{ awaitHydration: boolean; page: Page; workersLe
 
 /** Kills every worker the e2e server runs that is not yet crashed or stopped. */
 async function killOwnWorkers(request: APIRequestContext) {
+  // Other instances' workers are listed too (one database); only their own
+  // instance can kill them, and their tests stop those instances.
+  const own = await instanceId(mainUrl);
   let next: string | null = `${mainUrl}/api/workers?limit=100`;
   const running: string[] = [];
   while (next) {
     const res = await request.get(next);
     if (!res.ok()) throw new Error(`listing workers: ${res.status()} ${await res.text()}`);
     const page: { id: string; instance_id: string | null; state: string }[] = await res.json();
-    running.push(...page.filter((w) => w.state !== "crashed" && w.state !== "stopped").map((w) => w.id));
+    running.push(
+      ...page.filter((w) => w.instance_id === own && w.state !== "crashed" && w.state !== "stopped").map((w) => w.id),
+    );
     const link = /<([^>]+)>;\s*rel="next"/.exec(res.headers()["link"] ?? "");
     next = link ? new URL(link[1], mainUrl).toString() : null;
   }
   for (const id of running) {
-    // Workers of other instances answer 4xx: only their instance can kill them.
-    await request.post(`${mainUrl}/api/workers/${id}/kill`);
+    const res = await request.post(`${mainUrl}/api/workers/${id}/kill`);
+    if (!res.ok()) throw new Error(`killing worker ${id} left running: ${res.status()} ${await res.text()}`);
   }
 }
