@@ -48,57 +48,52 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
   const task = await (
     await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 0.1, note: "x".repeat(400) } } })
   ).json();
-  let worker: { id: string } | undefined;
-  try {
-    for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/queues", "/instances", "/audit"]) {
-      await page.goto(path);
-      await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
-      await expectNoSidewaysScroll(page);
-      await expectControlsOnScreen(page, 'header a, [data-testid^="filter-"], [data-testid$="-lookup-submit"]');
-    }
-
-    // The queues table's pause buttons stay in reach (the sticky column).
-    await page.goto("/queues");
+  for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/queues", "/instances", "/audit"]) {
+    await page.goto(path);
     await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
-    await expectControlsOnScreen(page, '[data-testid="queue-pause"], [data-testid="queue-resume"]');
-
-    await page.goto(`/tasks?id=${task.id}`);
-    await expect(page.getByTestId("detail-data")).toContainText("xxxx");
     await expectNoSidewaysScroll(page);
-
-    // Task controls: the bulk link and each row's cancel button.
-    await page.goto("/tasks?status=pending");
-    await expect(page.getByTestId("tasks-cancel-all")).toBeVisible();
-    await expectControlsOnScreen(page, '[data-testid="tasks-cancel-all"], [data-testid="task-cancel"]');
-    await page.getByTestId("tasks-cancel-all").click();
-    await expect(page.getByTestId("task-bulk-confirm")).toBeVisible();
-    await expectNoSidewaysScroll(page);
-    await expectControlsOnScreen(page, '[data-testid="task-bulk-confirmed"], [data-testid="task-bulk-keep"]');
-
-    // Spawned only now, so it claims no task the checks above look at.
-    worker = await (await request.post("/api/workers")).json();
-    await page.goto("/workers");
-    const row = page.locator(`[data-testid="worker-row"][data-worker="${worker!.id}"]`);
-    await expect(row).toHaveCount(1);
-    await expectControlsOnScreen(page, '[data-testid="worker-spawn"], [data-testid="worker-kill"], [data-testid="worker-pause"]');
-
-    await page.goto("/instances");
-    await expectControlsOnScreen(
-      page,
-      '[data-testid="generator-start"], [data-testid="generator-stop"], [data-testid="instance-kill"], [data-testid^="timeline-window-"]',
-    );
-
-    // The timeline scrolls inside its own box, at a readable size.
-    await page.goto(`/leases?id=${lease.id}`);
-    const label = page.getByTestId("timeline").getByTestId("timeline-label").first();
-    await expect(label).toBeVisible();
-    // A live refetch may redraw the timeline between two reads: measure
-    // until a read finds the label in place.
-    await expect
-      .poll(async () => (await label.boundingBox())?.height ?? 0, { message: "timeline labels at least 9 px tall" })
-      .toBeGreaterThanOrEqual(9);
-    await expectNoSidewaysScroll(page);
-  } finally {
-    if (worker) await request.post(`/api/workers/${worker.id}/kill`);
+    await expectControlsOnScreen(page, 'header a, [data-testid^="filter-"], [data-testid$="-lookup-submit"]');
   }
+
+  // The queues table's pause buttons stay in reach (the sticky column).
+  await page.goto("/queues");
+  await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
+  await expectControlsOnScreen(page, '[data-testid="queue-pause"], [data-testid="queue-resume"]');
+
+  await page.goto(`/tasks?id=${task.id}`);
+  await expect(page.getByTestId("detail-data")).toContainText("xxxx");
+  await expectNoSidewaysScroll(page);
+
+  // Task controls: the bulk link and each row's cancel button.
+  await page.goto("/tasks?status=pending");
+  await expect(page.getByTestId("tasks-cancel-all")).toBeVisible();
+  await expectControlsOnScreen(page, '[data-testid="tasks-cancel-all"], [data-testid="task-cancel"]');
+  await page.getByTestId("tasks-cancel-all").click();
+  await expect(page.getByTestId("task-bulk-confirm")).toBeVisible();
+  await expectNoSidewaysScroll(page);
+  await expectControlsOnScreen(page, '[data-testid="task-bulk-confirmed"], [data-testid="task-bulk-keep"]');
+
+  // Spawned only now, so it claims no task the checks above look at.
+  const worker: { id: string } = await (await request.post("/api/workers")).json();
+  await page.goto("/workers");
+  const row = page.locator(`[data-testid="worker-row"][data-worker="${worker.id}"]`);
+  await expect(row).toHaveCount(1);
+  await expectControlsOnScreen(page, '[data-testid="worker-spawn"], [data-testid="worker-kill"], [data-testid="worker-pause"]');
+
+  await page.goto("/instances");
+  await expectControlsOnScreen(
+    page,
+    '[data-testid="generator-start"], [data-testid="generator-stop"], [data-testid="instance-kill"], [data-testid^="timeline-window-"]',
+  );
+
+  // The timeline scrolls inside its own box, at a readable size.
+  await page.goto(`/leases?id=${lease.id}`);
+  const label = page.getByTestId("timeline").getByTestId("timeline-label").first();
+  await expect(label).toBeVisible();
+  // A live refetch may redraw the timeline between two reads: measure
+  // until a read finds the label in place.
+  await expect
+    .poll(async () => (await label.boundingBox())?.height ?? 0, { message: "timeline labels at least 9 px tall" })
+    .toBeGreaterThanOrEqual(9);
+  await expectNoSidewaysScroll(page);
 });

@@ -20,13 +20,11 @@ test("pause a queue from the page: its started task finishes, nothing new is cla
   await request.delete("/api/generator/stop");
   await request.post("/api/queues/default/resume");
   await drain(request);
-  let worker: { id: string } | undefined;
   try {
     // Long enough to be still running once the page below has hydrated.
     const running = await enqueue(request, 6);
     const spawned = await request.post("/api/workers");
     expect(spawned.status()).toBe(201);
-    worker = await spawned.json();
     await expect.poll(() => statusOf(request, running.id), { timeout: 5_000 }).toBe("started");
 
     await page.goto("/queues");
@@ -76,7 +74,7 @@ test("pause a queue from the page: its started task finishes, nothing new is cla
     expect(audit).toContain("queue_pause");
     expect(audit).toContain("queue_resume");
   } finally {
+    // The worker is killed by the shared after-test cleanup.
     await request.post("/api/queues/default/resume");
-    if (worker) await request.post(`/api/workers/${worker.id}/kill`);
   }
 });
