@@ -88,6 +88,41 @@ async fn a_status_change_does_not_wait_for_another_connection_s_counter_row() {
     assert_eq!(cheap_counts(&db.pool).await.tasks_started, 2);
 }
 
+/// Race prevented: a transaction left open after a status change (a
+/// replica frozen before its commit) holding the counter shard of its
+/// transaction id, while others claim. Forty claims, each its own
+/// transaction, run through consecutive transaction ids and so through
+/// every shard, the open one's too (until migration `20261204000001` one
+/// of them waited for it); none may wait, and the counts stay exact.
+#[tokio::test]
+async fn no_status_change_waits_for_a_transaction_left_open() {
+    let db = TestDb::new().await;
+    insert_tasks(&db.pool, 41, 5).await;
+    let schema = Schema::default();
+    let mut open = db.pool.acquire().await.unwrap().detach();
+    let mut tx = sqlx::Connection::begin(&mut open).await.unwrap();
+    store::claim_next(&mut tx, &schema, &holder("frozen"), TTL)
+        .await
+        .unwrap()
+        .expect("a task for the open transaction");
+    let mut other = db.pool.acquire().await.unwrap().detach();
+    // Waiting for the open transaction's counter row would end in this error.
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    for n in 0..40 {
+        let claimed = store::claim_next(&mut other, &schema, &holder("w"), TTL).await;
+        assert!(
+            matches!(claimed, Ok(Some(_))),
+            "claim {n} waited for the open transaction: {claimed:?}"
+        );
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(cheap_counts(&db.pool).await, real_counts(&db.pool).await);
+    assert_eq!(cheap_counts(&db.pool).await.tasks_started, 41);
+}
+
 /// 16 concurrent claimers claim 500 tasks; every fifth attempt fails (back
 /// to pending, or failed after its second attempt), the rest complete.
 /// Then some claims are left
