@@ -119,7 +119,22 @@ pub use worker::handler::{Done, HandlerError, HandlerResult, Job, TaskContext};
 #[cfg(feature = "postgres")]
 pub use worker::runtime::Runtime;
 
-/// The README's Rust examples, compiled as doc-tests so they stay true.
+/// The Rust examples of the README and of the guides under `docs/`,
+/// compiled as doc-tests so they stay true. A guide that gains Rust code
+/// gets its line here. The files lie outside this crate's package, so they
+/// are read only when doc-tests are collected (`cfg(doctest)`), never by a
+/// build of the packaged crate.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
+pub mod guides {
+    /// `README.md`: embedding in twenty lines.
+    #[doc = include_str!("../../README.md")]
+    pub struct Readme;
+
+    /// `docs/embedding.md`: the runtime in full, schedules.
+    #[doc = include_str!("../../docs/embedding.md")]
+    pub struct Embedding;
+
+    /// `docs/operations.md`: behind a connection pooler.
+    #[doc = include_str!("../../docs/operations.md")]
+    pub struct Operations;
+}
