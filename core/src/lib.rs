@@ -126,7 +126,7 @@ pub use worker::runtime::Runtime;
 /// build of the packaged crate.
 #[cfg(doctest)]
 pub mod guides {
-    /// `README.md`: embedding in twenty lines.
+    /// `README.md`: embedding in twenty-five lines.
     #[doc = include_str!("../../README.md")]
     pub struct Readme;
 
