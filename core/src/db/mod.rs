@@ -13,11 +13,13 @@
 
 pub(crate) mod copy;
 pub mod embedded;
+mod functions;
 mod schema;
 mod statements;
 #[doc(hidden)]
 pub mod testing;
 
+pub use functions::{FUNCTIONS, FunctionFile};
 pub use schema::{DEFAULT_SCHEMA, MAX_SCHEMA_CHARS, Schema, SchemaError};
 pub use statements::SCHEMA_MARKER;
 
@@ -166,8 +168,9 @@ pub async fn connect(url: &str, schema: &Schema) -> anyhow::Result<PgPool> {
 }
 
 /// Creates `schema` if it does not exist and applies the pending
-/// [`MIGRATOR`] migrations inside it, all in one transaction on a connection
-/// of its own to `pool`'s database. sqlx records them in
+/// [`MIGRATOR`] migrations inside it, then the [`FUNCTIONS`] files that
+/// changed, all in one transaction on a connection of its own to `pool`'s
+/// database. sqlx records them in
 /// `<schema>._sqlx_migrations`, apart from a host's
 /// `public._sqlx_migrations`. Safe to call from every replica at once (one
 /// migrates, the others wait and then find nothing to do), and through a
@@ -244,6 +247,11 @@ async fn migrate_on(conn: &mut PgConnection, schema: &Schema) -> anyhow::Result<
         .run_direct(&mut *tx)
         .await
         .with_context(|| format!("running database migrations in schema {schema}"))?;
+    // Then the functions' current bodies, on the tables the migrations
+    // left, under the same lock and search_path.
+    functions::apply(&mut tx, schema)
+        .await
+        .with_context(|| format!("applying the SQL functions in schema {schema}"))?;
     deallocate_all(&mut tx).await?;
     tx.commit().await.context("committing the migrations")?;
     Ok(())

@@ -10,6 +10,7 @@ mod batch;
 mod cancel;
 mod common;
 mod fenced;
+mod functions;
 mod host;
 mod instances;
 mod lease_client;
