@@ -1,22 +1,24 @@
 //! Batching for the in-process transport: what lets a runtime's workers
 //! share a handful of statements instead of each making its own.
 //!
-//! One [`Batcher`] serves every worker of one transport (a runtime's
+//! One `Batcher` serves every worker of one transport (a runtime's
 //! queue, an instance's simulated fleet) with four background loops, each
 //! on a connection of the pool only while it writes, each in its own room:
 //!
-//! - the **producer** ([`producer`]) gathers the claims of every worker
+//! - the **producer** (`producer`) gathers the claims of every worker
 //!   that is free at that moment into one statement. Without [`Prefetch`]
 //!   only free workers are served: nothing is fetched ahead; with it, the
 //!   same statement also fills the workers' local queues, which the
-//!   producer looks after while claims wait in them ([`prefetch`]: the
-//!   local queues, renewal, and every way a waiting claim leaves);
-//! - the **completer** ([`completer`]) writes completions in batches;
-//! - the **heartbeater** ([`heartbeater`]) renews the due claims of every
+//!   producer looks after while claims wait in them (`prefetch`: the
+//!   local queues, renewal, and every way a waiting claim leaves; its
+//!   documentation in `worker/batch/prefetch.rs` says why each prefetched
+//!   claim is its worker's own, and what prefetch costs);
+//! - the **completer** (`completer`) writes completions in batches;
+//! - the **heartbeater** (`heartbeater`) renews the due claims of every
 //!   worker in one statement;
-//! - the **reporter** ([`reporter`]) writes what the workers are doing.
+//! - the **reporter** (`reporter`) writes what the workers are doing.
 //!
-//! The wiring: a worker talks to the loops through the [`Batcher`]'s
+//! The wiring: a worker talks to the loops through the `Batcher`'s
 //! channels (and takes a waiting claim from its local queue itself, under
 //! the lock it shares with the producer); each loop ends, after writing
 //! what it was given, when the last handle is dropped.
