@@ -17,6 +17,9 @@ use std::time::Duration;
 /// `kind` defaults to the server's (the simulated work, `sleep`), `queue`
 /// to `default`, `priority` to 0 (lower runs first). [`EnqueueBody::task`]
 /// reads it into a [`NewTask`], checked.
+// Only the integer fields take `#[serde(default)]` (their reader needs
+// it): on every field it would let a JSON array of two values read as a
+// body, a struct's other form in serde.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EnqueueBody {
@@ -35,15 +38,15 @@ pub struct EnqueueBody {
     pub max_attempts: Option<i32>,
     /// Not claimed before this many seconds from now (0 to 86400).
     #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 86400))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_seconds: Option<f64>,
     /// Which handler runs it, 1 to 128 characters (`sleep` when absent).
     #[cfg_attr(feature = "openapi", schema(value_type = Option<TaskName>))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// The queue it waits in, 1 to 128 characters (`default` when absent).
     #[cfg_attr(feature = "openapi", schema(value_type = Option<TaskName>))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
     /// Lower runs first (0 when absent).
     #[serde(
@@ -60,25 +63,25 @@ pub struct EnqueueBody {
         feature = "openapi",
         schema(min_length = 1, max_length = 256, pattern = "^[^\\x00]*$")
     )]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub unique_key: Option<String>,
     /// Among which tasks the key is unique: `active` (pending or started;
     /// the default) or `always` (every task still on record). Ignored
     /// without `unique_key`.
     #[cfg_attr(feature = "openapi", schema(pattern = "^(active|always)$"))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub unique_scope: Option<String>,
     /// Each attempt may run at most this many seconds (0.001 to 86400):
     /// then the handler is cancelled and the attempt fails ("timed out
     /// after …"). Without it, the runtime's default for the kind, if any.
     #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 86400))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<f64>,
     /// When given, the key is unique only among the tasks enqueued in the
     /// same period of this many seconds (1 to 31,622,400; fixed periods
     /// counted from the Unix epoch). Ignored without `unique_key`.
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 31622400))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub unique_period_seconds: Option<f64>,
 }
 
