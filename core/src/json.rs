@@ -223,3 +223,59 @@ mod storable_tests {
         assert_eq!(stored["o"]["z"].as_f64(), Some(3e20));
     }
 }
+
+/// The name of the OpenAPI component schema of JSON that `jsonb` stores
+/// and gives back ([`storable`]): no NUL character in a string or a key at
+/// any depth, and numbers within ±[`MAX_NUMBER`]. Recursive, so a
+/// generator of test data keeps to it at every depth. The document adds
+/// the component ([`storable_json`] with `null`); the fields that take
+/// such JSON refer to it.
+#[cfg(feature = "openapi")]
+pub const STORABLE_JSON: &str = "StorableJson";
+
+/// [`STORABLE_JSON`]'s shapes, `null` among them when `null_too`; nested
+/// values refer to the component.
+#[cfg(feature = "openapi")]
+pub fn storable_json(null_too: bool) -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    use utoipa::openapi::schema::{
+        AdditionalProperties, AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, Type,
+    };
+    use utoipa::openapi::{Ref, RefOr};
+    let nested = || Ref::from_schema_name(STORABLE_JSON);
+    let no_nul = "^[^\\x00]*$";
+    let mut any = AnyOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property_names(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .pattern(Some(no_nul)),
+                ))
+                .additional_properties(Some(AdditionalProperties::RefOr(RefOr::Ref(nested())))),
+        )
+        .item(ArrayBuilder::new().items(RefOr::Ref(nested())))
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(no_nul)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .minimum(Some(-MAX_NUMBER))
+                .maximum(Some(MAX_NUMBER)),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Boolean));
+    if null_too {
+        any = any.item(ObjectBuilder::new().schema_type(Type::Null));
+    }
+    RefOr::T(Schema::AnyOf(any.build()))
+}
+
+/// Any JSON value but `null` that `jsonb` stores and gives back, for a
+/// field's schema: [`STORABLE_JSON`] without null at the top.
+#[cfg(feature = "openapi")]
+pub fn any_but_null() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    storable_json(false)
+}

@@ -17,6 +17,7 @@ use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use leasekeeper_core::json::{STORABLE_JSON, storable_json};
 use std::sync::LazyLock;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -72,25 +73,25 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
         leases::delete_one,
         leases::events,
         leases::force_release,
-        tasks::list_all,
-        tasks::enqueue,
-        tasks::enqueue_batch,
-        tasks::list_pending,
-        tasks::list_started,
-        tasks::list_processed,
-        tasks::list_failed,
-        tasks::claim_next,
-        tasks::get_one,
-        tasks::heartbeat,
-        tasks::complete,
-        tasks::fail,
-        tasks::snooze,
-        tasks::events,
-        tasks::attempts,
-        tasks::cancel_one,
-        tasks::retry_one,
-        tasks::cancel_matching,
-        tasks::retry_matching,
+        tasks::reads::list_all,
+        tasks::enqueue::enqueue,
+        tasks::enqueue::enqueue_batch,
+        tasks::reads::list_pending,
+        tasks::reads::list_started,
+        tasks::reads::list_processed,
+        tasks::reads::list_failed,
+        tasks::work::claim_next,
+        tasks::reads::get_one,
+        tasks::work::heartbeat,
+        tasks::work::complete,
+        tasks::work::fail,
+        tasks::work::snooze,
+        tasks::reads::events,
+        tasks::reads::attempts,
+        tasks::controls::cancel_one,
+        tasks::controls::retry_one,
+        tasks::controls::cancel_matching,
+        tasks::controls::retry_matching,
         workers::list,
         workers::spawn,
         workers::get_one,
@@ -141,52 +142,6 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
     )
 )]
 pub struct ApiDoc;
-
-/// The name of the component schema of JSON that `jsonb` stores and gives
-/// back: no NUL character in a string or a key at any depth, and numbers
-/// within ±1e300 ([`leasekeeper_core::json::storable`]; nearer `f64`'s limit
-/// a stored number may not read back). Recursive, so a generator of test
-/// data keeps to it at every depth.
-pub const STORABLE_JSON: &str = "StorableJson";
-
-/// [`STORABLE_JSON`]'s shapes, `null` among them when `null_too`; nested
-/// values refer to the component.
-pub fn storable_json(null_too: bool) -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
-    use utoipa::openapi::schema::{
-        AdditionalProperties, AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, Type,
-    };
-    use utoipa::openapi::{Ref, RefOr};
-    let nested = || Ref::from_schema_name(STORABLE_JSON);
-    let no_nul = "^[^\\x00]*$";
-    let mut any = AnyOfBuilder::new()
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::Object)
-                .property_names(Some(
-                    ObjectBuilder::new()
-                        .schema_type(Type::String)
-                        .pattern(Some(no_nul)),
-                ))
-                .additional_properties(Some(AdditionalProperties::RefOr(RefOr::Ref(nested())))),
-        )
-        .item(ArrayBuilder::new().items(RefOr::Ref(nested())))
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .pattern(Some(no_nul)),
-        )
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::Number)
-                .minimum(Some(-1e300))
-                .maximum(Some(1e300)),
-        )
-        .item(ObjectBuilder::new().schema_type(Type::Boolean));
-    if null_too {
-        any = any.item(ObjectBuilder::new().schema_type(Type::Null));
-    }
-    RefOr::T(Schema::AnyOf(any.build()))
-}
 
 /// Adds the `admin_token` bearer scheme the operator routes name, and the
 /// [`STORABLE_JSON`] component.

@@ -104,7 +104,7 @@ macro_rules! list_routes {
             params(ListQuery),
             responses $responses
         )]
-        async fn $name(
+        pub(crate) async fn $name(
             axum::extract::State(s): axum::extract::State<crate::state::AppState>,
             uri: axum::http::Uri,
             crate::http::extract::ApiQuery(q): crate::http::extract::ApiQuery<ListQuery>,

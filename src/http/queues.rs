@@ -28,11 +28,7 @@ pub fn routes() -> Router<AppState> {
 pub struct QueuePath {
     /// The queue's name: 1 to 128 characters, no control characters
     /// (percent-encoded in the path).
-    #[param(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
-    )]
+    #[param(schema_with = leasekeeper_core::queue::TaskName::inline_schema)]
     pub name: String,
 }
 

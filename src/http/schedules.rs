@@ -16,7 +16,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use leasekeeper_core::queue::Task;
+use leasekeeper_core::queue::{Task, TaskName};
 use leasekeeper_core::schedule::store;
 use leasekeeper_core::schedule::{CatchUp, NewSchedule, Schedule, Tick};
 use serde::Deserialize;
@@ -42,8 +42,17 @@ pub fn routes() -> Router<AppState> {
 pub struct NamePath {
     /// The schedule's name: letters, digits, `.`, `_`, `-` and `:`,
     /// starting with a letter or digit, 1 to 128 characters.
-    #[param(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
+    #[param(schema_with = name_schema)]
     pub name: String,
+}
+
+/// A schedule name's schema, from core's rule
+/// ([`leasekeeper_core::schedule::NAME_PATTERN`]).
+fn name_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .pattern(Some(leasekeeper_core::schedule::NAME_PATTERN))
+        .into()
 }
 
 /// A schedule name from the path, checked.
@@ -75,21 +84,13 @@ pub struct ScheduleBody {
     cron: String,
     /// The kind of the task each tick enqueues (`sleep`, the simulated
     /// work, when absent).
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
-    )]
+    #[schema(value_type = Option<TaskName>)]
     kind: Option<String>,
     /// Its queue (`default` when absent).
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
-    )]
+    #[schema(value_type = Option<TaskName>)]
     queue: Option<String>,
     /// Its data (`{}` when absent; the simulated work sleeps 1 s then).
-    #[schema(schema_with = super::tasks::any_but_null)]
+    #[schema(schema_with = leasekeeper_core::json::any_but_null)]
     data: Option<Value>,
     /// Its priority (0 when absent; lower runs first).
     #[serde(default, deserialize_with = "leasekeeper_core::json::opt_int")]

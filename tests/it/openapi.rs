@@ -452,3 +452,82 @@ async fn every_enum_in_the_document_lists_the_texts_on_the_wire() {
         assert_eq!(listed, texts, "{name}");
     }
 }
+
+/// The limits the document writes as literals (utoipa's attributes take
+/// no constants) are core's: each is read back from the document and
+/// compared with the constant core's checks use, so a limit changed in
+/// core fails here until the document says the same.
+#[test]
+fn the_documents_limits_are_cores_constants() {
+    use leasekeeper_core::queue::{
+        MAX_ATTEMPTS, MAX_CLAIM_KINDS, MAX_DELAY, MAX_ERROR_CHARS, MAX_NAME_CHARS, MAX_SNOOZE,
+        MAX_UNIQUE_KEY_CHARS, NAME_PATTERN, TIMEOUTS, UNIQUE_PERIODS,
+    };
+    let doc: Value = serde_json::from_str(leasekeeper::http::openapi::document()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let number = |schema: &str, field: &str, bound: &str| -> f64 {
+        schemas[schema]["properties"][field][bound]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{schema}.{field} has no {bound}"))
+    };
+    let enqueue = "EnqueueBody";
+    let cases: Vec<(&str, &str, &str, f64)> = vec![
+        (enqueue, "max_attempts", "minimum", 1.0),
+        (enqueue, "max_attempts", "maximum", f64::from(MAX_ATTEMPTS)),
+        (enqueue, "delay_seconds", "minimum", 0.0),
+        (enqueue, "delay_seconds", "maximum", MAX_DELAY.as_secs_f64()),
+        (
+            enqueue,
+            "timeout_seconds",
+            "minimum",
+            TIMEOUTS.start().as_secs_f64(),
+        ),
+        (
+            enqueue,
+            "timeout_seconds",
+            "maximum",
+            TIMEOUTS.end().as_secs_f64(),
+        ),
+        (
+            enqueue,
+            "unique_period_seconds",
+            "minimum",
+            UNIQUE_PERIODS.0.as_secs_f64(),
+        ),
+        (
+            enqueue,
+            "unique_period_seconds",
+            "maximum",
+            UNIQUE_PERIODS.1.as_secs_f64(),
+        ),
+        (
+            enqueue,
+            "unique_key",
+            "maxLength",
+            MAX_UNIQUE_KEY_CHARS as f64,
+        ),
+        ("SnoozeBody", "seconds", "minimum", 0.0),
+        ("SnoozeBody", "seconds", "maximum", MAX_SNOOZE.as_secs_f64()),
+        ("FailBody", "error", "maxLength", MAX_ERROR_CHARS as f64),
+        ("ScheduleBody", "max_attempts", "minimum", 1.0),
+        (
+            "ScheduleBody",
+            "max_attempts",
+            "maximum",
+            f64::from(MAX_ATTEMPTS),
+        ),
+    ];
+    for (schema, field, bound, core) in cases {
+        assert_eq!(
+            number(schema, field, bound),
+            core,
+            "{schema}.{field}.{bound}"
+        );
+    }
+    // The kind and queue rule is written once, from core's constants.
+    assert_eq!(schemas["TaskName"]["maxLength"], MAX_NAME_CHARS);
+    assert_eq!(schemas["TaskName"]["pattern"], NAME_PATTERN);
+    let kinds = &schemas["ClaimRequest"]["properties"]["kinds"];
+    assert_eq!(kinds["maxItems"], MAX_CLAIM_KINDS, "{kinds}");
+    assert_eq!(kinds["items"]["maxLength"], MAX_NAME_CHARS, "{kinds}");
+}

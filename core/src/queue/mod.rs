@@ -12,9 +12,20 @@ pub mod store;
 #[cfg(feature = "postgres")]
 pub mod wake;
 
+mod limits;
+mod name;
 mod search;
+mod wire;
 pub use attempt::{Attempt, AttemptOutcome};
+pub use limits::{
+    InvalidTask, MAX_ATTEMPTS, MAX_DELAY, MAX_ERROR_CHARS, MAX_SNOOZE, MAX_UNIQUE_KEY_CHARS,
+    TIMEOUTS, TaskField, UNIQUE_PERIODS,
+};
+pub use name::{MAX_NAME_CHARS, NAME_PATTERN, TaskName};
 pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};
+pub use wire::{
+    ClaimRequest, CompleteBody, EnqueueBody, FailBody, HeartbeatBody, MAX_CLAIM_KINDS, SnoozeBody,
+};
 
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
@@ -168,22 +179,11 @@ impl Task {
 /// The queue a task waits in when its enqueue names none.
 pub const DEFAULT_QUEUE: &str = "default";
 
-/// The longest task kind or queue name, in characters.
-pub const MAX_NAME_CHARS: usize = 128;
-
 /// Checks a task kind or queue name: 1 to [`MAX_NAME_CHARS`] characters,
-/// none of them a control character. `what` names it in the error.
+/// none of them a control character. `what` names it in the error
+/// ([`TaskName::check`], the one rule).
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    let chars = name.chars().count();
-    if chars == 0 || chars > MAX_NAME_CHARS {
-        return Err(format!(
-            "{what} must be 1 to {MAX_NAME_CHARS} characters, got {chars}"
-        ));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(format!("{what} must not contain control characters"));
-    }
-    Ok(())
+    TaskName::check(what, name)
 }
 
 /// A task to enqueue: what to do (`kind` and `data`), where it waits
@@ -214,7 +214,8 @@ pub struct NewTask {
     pub priority: i16,
     /// Claims allowed before it is marked failed (1 to 1000; 5 unless set).
     pub max_attempts: i32,
-    /// Not claimed before this much time has passed (by the database clock).
+    /// Not claimed before this much time has passed (by the database clock;
+    /// at most [`MAX_DELAY`]).
     pub delay: Option<std::time::Duration>,
     /// A key that keeps it unique among tasks of its kind ([`NewTask::unique`]).
     #[serde(default)]
@@ -389,154 +390,6 @@ impl Default for ClaimFilter {
     fn default() -> Self {
         ClaimFilter::queue(DEFAULT_QUEUE)
     }
-}
-
-/// The most kinds one claim may name.
-pub const MAX_CLAIM_KINDS: usize = 100;
-
-/// The body of a claim over REST (`POST /api/tasks/next`), one type for the
-/// server that reads it and the HTTP worker transport that sends it: claims
-/// for `processor` from `queue` (`default` when absent), only tasks of
-/// `kinds` when given (every kind when absent).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ClaimRequest {
-    /// Who claims (the holder of the task's lease).
-    pub processor: crate::lease::Holder,
-    /// The queue claimed from (1 to 128 characters).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schema(
-            min_length = 1,
-            max_length = 128,
-            pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
-        )
-    )]
-    pub queue: Option<String>,
-    /// The kinds claimed (1 to 100 of them, each 1 to 128 characters).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = kind_list))]
-    pub kinds: Option<Vec<String>>,
-}
-
-/// 1 to 100 kind names of 1 to [`MAX_NAME_CHARS`] characters, or null, for
-/// the OpenAPI document.
-#[cfg(feature = "openapi")]
-fn kind_list() -> utoipa::openapi::schema::Array {
-    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
-    ArrayBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
-        .items(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .min_length(Some(1))
-                .max_length(Some(MAX_NAME_CHARS))
-                .pattern(Some(r"^[^\x00-\x1f\x7f-\x9f]*$")),
-        )
-        .min_items(Some(1))
-        .max_items(Some(100))
-        .build()
-}
-
-impl ClaimRequest {
-    /// A claim by `processor` of what `filter` lets through.
-    pub fn new(processor: crate::lease::Holder, filter: &ClaimFilter) -> Self {
-        ClaimRequest {
-            processor,
-            queue: Some(filter.queue.clone()),
-            kinds: filter.kinds.clone(),
-        }
-    }
-
-    /// The filter this request asks for, or why it is not a valid one
-    /// (a bad queue or kind name, no kinds, or more than [`MAX_CLAIM_KINDS`]).
-    pub fn filter(&self) -> Result<ClaimFilter, String> {
-        let mut filter = ClaimFilter::default();
-        if let Some(queue) = &self.queue {
-            check_name("queue", queue)?;
-            filter = ClaimFilter::queue(queue.clone());
-        }
-        if let Some(kinds) = &self.kinds {
-            if kinds.is_empty() || kinds.len() > MAX_CLAIM_KINDS {
-                return Err(format!(
-                    "kinds must name 1 to {MAX_CLAIM_KINDS} kinds, got {}",
-                    kinds.len()
-                ));
-            }
-            for kind in kinds {
-                check_name("kind", kind)?;
-            }
-            filter = filter.kinds(kinds.iter().cloned());
-        }
-        Ok(filter)
-    }
-}
-
-/// The body of `PUT /api/tasks/{id}/heartbeat`, one type for the server
-/// and the HTTP worker transport: the claim a write presents.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct HeartbeatBody {
-    /// Who holds the claim.
-    pub processor: crate::lease::Holder,
-    /// The claim's token.
-    #[serde(deserialize_with = "crate::json::int")]
-    pub fencing_token: i64,
-}
-
-/// The body of `PUT /api/tasks/{id}/complete` (server and HTTP transport).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct CompleteBody {
-    /// Who holds the claim.
-    pub processor: crate::lease::Holder,
-    /// The claim's token.
-    #[serde(deserialize_with = "crate::json::int")]
-    pub fencing_token: i64,
-    /// What the work produced (any JSON).
-    pub task_output: Option<serde_json::Value>,
-}
-
-/// The body of `PUT /api/tasks/{id}/fail` (server and HTTP transport).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FailBody {
-    /// Who holds the claim.
-    pub processor: crate::lease::Holder,
-    /// The claim's token.
-    #[serde(deserialize_with = "crate::json::int")]
-    pub fencing_token: i64,
-    /// Why the attempt failed (at most 4096 characters, no NUL).
-    #[cfg_attr(
-        feature = "openapi",
-        schema(max_length = 4096, pattern = "^[^\\x00]*$")
-    )]
-    pub error: String,
-    /// How the attempt's record ends: `failed` (the default: the handler
-    /// failed), `timed_out` (the worker stopped it at its time limit) or
-    /// `given_back` (the worker gave it back unfinished). The queue treats
-    /// each as a failed attempt. Any other outcome is refused (400).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schema(value_type = Option<String>, pattern = "^(failed|timed_out|given_back)$")
-    )]
-    pub outcome: Option<AttemptOutcome>,
-}
-
-/// The body of `PUT /api/tasks/{id}/snooze` (server and HTTP transport).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct SnoozeBody {
-    /// Who holds the claim.
-    pub processor: crate::lease::Holder,
-    /// The claim's token.
-    #[serde(deserialize_with = "crate::json::int")]
-    pub fencing_token: i64,
-    /// Due again in this many seconds (0 to 31,622,400).
-    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 31622400))]
-    pub seconds: f64,
 }
 
 /// A task with the history of its lease, for the detail view.

@@ -25,5 +25,6 @@ mod retry;
 mod schedules;
 mod search;
 mod singleton;
+mod task_limits;
 mod task_store;
 mod unique;

@@ -4,20 +4,14 @@
 
 use super::{TASK_COLUMNS, TaskError, millis};
 use crate::db::Schema;
-use crate::queue::{NewTask, Task, TaskStatus, check_name};
+use crate::queue::{NewTask, Task, TaskStatus};
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgConnection, Row};
-use std::time::Duration;
 
 /// The most tasks one [`enqueue_many`] takes.
 pub const MAX_ENQUEUE_BATCH: usize = 10_000;
 
-/// The longest unique key, in characters.
-pub const MAX_UNIQUE_KEY_CHARS: usize = 256;
-
-/// The shortest and longest period of [`NewTask::unique_for`].
-pub const UNIQUE_PERIODS: (Duration, Duration) =
-    (Duration::from_secs(1), Duration::from_secs(366 * 24 * 3600));
+pub use crate::queue::{MAX_UNIQUE_KEY_CHARS, UNIQUE_PERIODS};
 
 /// What an enqueue did: added the task, or found the task that holds its
 /// unique key (then nothing was added).
@@ -53,8 +47,9 @@ impl Enqueued {
 /// Adds `task` and answers it as stored; with a unique key that a task of
 /// its kind already holds, adds nothing and answers that task (see
 /// [`enqueue_outcome`] to tell which). Refuses (with
-/// [`TaskError::BadInput`]) an empty or over-long kind or queue,
-/// `max_attempts` outside 1 to 1000, and a bad unique key or period. In
+/// [`TaskError::BadInput`]) a task outside its fields' limits
+/// ([`NewTask::validate`]: a bad kind or queue, `max_attempts` outside 1
+/// to 1000, a delay past 24 hours, a bad timeout, unique key or period). In
 /// the caller's transaction when `conn` is one, so a service can enqueue
 /// together with its own writes.
 pub async fn enqueue(
@@ -76,38 +71,6 @@ pub async fn enqueue_outcome(
     Ok(all.pop().expect("one outcome per task"))
 }
 
-/// Checks one task to enqueue; the error names what is wrong.
-pub fn check(task: &NewTask) -> Result<(), String> {
-    if !(1..=1000).contains(&task.max_attempts) {
-        return Err("max_attempts must be between 1 and 1000".into());
-    }
-    check_name("kind", &task.kind)?;
-    check_name("queue", &task.queue)?;
-    crate::json::storable(&task.data, "task_data")?;
-    if let Some(t) = task.timeout
-        && !(Duration::from_millis(1)..=Duration::from_secs(86_400)).contains(&t)
-    {
-        return Err("timeout must be 1 millisecond to 24 hours".into());
-    }
-    if let Some(unique) = &task.unique {
-        let chars = unique.key.chars().count();
-        if chars == 0 || chars > MAX_UNIQUE_KEY_CHARS {
-            return Err(format!(
-                "unique_key must be 1 to {MAX_UNIQUE_KEY_CHARS} characters, got {chars}"
-            ));
-        }
-        if unique.key.contains('\0') {
-            return Err("unique_key must not contain NUL".into());
-        }
-        if let Some(p) = unique.period
-            && !(UNIQUE_PERIODS.0..=UNIQUE_PERIODS.1).contains(&p)
-        {
-            return Err("a unique period must be 1 second to 366 days".into());
-        }
-    }
-    Ok(())
-}
-
 /// Adds every task of `tasks` (at most [`MAX_ENQUEUE_BATCH`]) in one statement,
 /// in the caller's transaction when `conn` is one, and answers one outcome
 /// per task, in order. Nothing is added when any task is bad (the error
@@ -127,10 +90,13 @@ pub async fn enqueue_many(
             tasks.len()
         )));
     }
+    // The one check of every field's limits (`NewTask::validate`), here
+    // where every enqueue passes: a service calling the store is refused
+    // as a REST client is.
     for (i, task) in tasks.iter().enumerate() {
-        check(task).map_err(|e| {
+        task.validate().map_err(|e| {
             TaskError::BadInput(if tasks.len() == 1 {
-                e
+                e.to_string()
             } else {
                 format!("tasks[{i}]: {e}")
             })

@@ -10,9 +10,7 @@ use crate::queue::{AttemptOutcome, Task};
 use sqlx::PgConnection;
 use std::borrow::Cow;
 
-/// The longest `last_error` kept, in characters; the tasks table's CHECK
-/// holds the same limit.
-pub const MAX_ERROR_CHARS: usize = 4096;
+pub use crate::queue::{MAX_ERROR_CHARS, MAX_SNOOZE};
 
 /// `error` cut to [`MAX_ERROR_CHARS`], ending in `…` when cut.
 pub fn bounded_error(error: &str) -> Cow<'_, str> {
@@ -138,9 +136,6 @@ pub async fn fail_as(
     }
     .await)
 }
-
-/// The longest a handler may snooze a task: 366 days.
-pub const MAX_SNOOZE: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
 
 /// Puts claimed task `id` back to pending, due in `delay`, without using up
 /// an attempt (its attempt count goes back by one), and releases the

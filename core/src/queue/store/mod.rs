@@ -77,7 +77,7 @@ pub use attempts::attempts;
 pub use claim::{Claimed, claim_batch, claim_for, claim_next, claim_next_in};
 pub use complete::{Completion, complete, complete_all_of, complete_each};
 pub use enqueue::{
-    Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, check as check_new, enqueue, enqueue_many,
+    Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, UNIQUE_PERIODS, enqueue, enqueue_many,
     enqueue_outcome,
 };
 pub use fail::{MAX_ERROR_CHARS, MAX_SNOOZE, bounded_error, fail, fail_as, snooze};

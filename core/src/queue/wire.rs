@@ -1,0 +1,290 @@
+//! The bodies of the REST worker protocol, one type each for the server
+//! that reads it and the client that sends it (the HTTP worker transport,
+//! a service's own client): enqueue, claim, heartbeat, complete, fail,
+//! snooze. Each reads its fields against the task's limits
+//! ([`super::limits`]), so a body refused over REST is refused with the
+//! same words as the [`NewTask`] it becomes.
+
+use super::limits::{check_error, seconds};
+use super::{
+    AttemptOutcome, ClaimFilter, InvalidTask, NewTask, TaskField, TaskName, Unique, UniqueScope,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+
+/// The body of `POST /api/tasks` (and each item of `POST /api/tasks/batch`).
+/// `kind` defaults to the server's (the simulated work, `sleep`), `queue`
+/// to `default`, `priority` to 0 (lower runs first). [`EnqueueBody::task`]
+/// reads it into a [`NewTask`], checked.
+// Only the integer fields take `#[serde(default)]` (their reader needs
+// it): on every field it would let a JSON array of two values read as a
+// body, a struct's other form in serde.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnqueueBody {
+    /// What to do (any JSON but null), e.g. `{"sleep_duration_seconds": 5}`
+    /// for the simulated work.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::json::any_but_null))]
+    pub task_data: Value,
+    /// Claims allowed before the task is marked failed (the server's
+    /// `max_attempts` setting when absent).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
+    #[serde(
+        default,
+        deserialize_with = "crate::json::opt_int",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_attempts: Option<i32>,
+    /// Not claimed before this many seconds from now (0 to 86400).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 86400))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<f64>,
+    /// Which handler runs it, 1 to 128 characters (`sleep` when absent).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<TaskName>))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The queue it waits in, 1 to 128 characters (`default` when absent).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<TaskName>))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Lower runs first (0 when absent).
+    #[serde(
+        default,
+        deserialize_with = "crate::json::opt_int",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(minimum = -32768, maximum = 32767))]
+    pub priority: Option<i16>,
+    /// A key that keeps the task unique among tasks of its kind (1 to 256
+    /// characters): while a task of the kind holds it (see `unique_scope`),
+    /// the enqueue adds nothing and answers that task with 200.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 256, pattern = "^[^\\x00]*$")
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unique_key: Option<String>,
+    /// Among which tasks the key is unique: `active` (pending or started;
+    /// the default) or `always` (every task still on record). Ignored
+    /// without `unique_key`.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^(active|always)$"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unique_scope: Option<String>,
+    /// Each attempt may run at most this many seconds (0.001 to 86400):
+    /// then the handler is cancelled and the attempt fails ("timed out
+    /// after …"). Without it, the runtime's default for the kind, if any.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 86400))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// When given, the key is unique only among the tasks enqueued in the
+    /// same period of this many seconds (1 to 31,622,400; fixed periods
+    /// counted from the Unix epoch). Ignored without `unique_key`.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 31622400))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unique_period_seconds: Option<f64>,
+}
+
+impl EnqueueBody {
+    /// The task this body asks for, checked ([`NewTask::validate`]), with
+    /// `default_kind` and `default_max_attempts` where the body names
+    /// none; else the first field refused.
+    pub fn task(
+        self,
+        default_kind: &str,
+        default_max_attempts: i32,
+    ) -> Result<NewTask, InvalidTask> {
+        // The body's own rule: `null` is no work to do (a client that
+        // meant "nothing" omits the task instead).
+        if self.task_data.is_null() {
+            return Err(InvalidTask::new(
+                TaskField::Data,
+                "task_data must not be null",
+            ));
+        }
+        let delay = self
+            .delay_seconds
+            .map(|s| seconds(TaskField::Delay, s))
+            .transpose()?;
+        let scope = match self.unique_scope.as_deref() {
+            None => UniqueScope::Active,
+            Some(name) => UniqueScope::parse(name).ok_or_else(|| {
+                InvalidTask::new(
+                    TaskField::UniqueScope,
+                    format!("unique_scope must be active or always; got {name:?}"),
+                )
+            })?,
+        };
+        let period = self
+            .unique_period_seconds
+            .map(|s| seconds(TaskField::UniquePeriod, s))
+            .transpose()?;
+        let timeout = self
+            .timeout_seconds
+            .map(|s| seconds(TaskField::Timeout, s))
+            .transpose()?;
+        let mut task = NewTask::new(
+            self.kind.unwrap_or_else(|| default_kind.to_string()),
+            self.task_data,
+        )
+        .max_attempts(self.max_attempts.unwrap_or(default_max_attempts))
+        .priority(self.priority.unwrap_or(0));
+        if let Some(queue) = self.queue {
+            task = task.queue(queue);
+        }
+        task.delay = delay;
+        task.timeout = timeout;
+        task.unique = self.unique_key.map(|key| Unique { key, scope, period });
+        task.validate()?;
+        Ok(task)
+    }
+}
+
+/// The most kinds one claim may name.
+pub const MAX_CLAIM_KINDS: usize = 100;
+
+/// The body of a claim over REST (`POST /api/tasks/next`), one type for the
+/// server that reads it and the HTTP worker transport that sends it: claims
+/// for `processor` from `queue` (`default` when absent), only tasks of
+/// `kinds` when given (every kind when absent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClaimRequest {
+    /// Who claims (the holder of the task's lease).
+    pub processor: crate::lease::Holder,
+    /// The queue claimed from (1 to 128 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<TaskName>))]
+    pub queue: Option<String>,
+    /// The kinds claimed (1 to 100 of them, each 1 to 128 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = kind_list))]
+    pub kinds: Option<Vec<String>>,
+}
+
+/// 1 to 100 kind names of 1 to [`MAX_NAME_CHARS`](super::MAX_NAME_CHARS) characters, or null, for
+/// the OpenAPI document.
+#[cfg(feature = "openapi")]
+fn kind_list() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, SchemaType, Type};
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(TaskName::inline_schema())
+        .min_items(Some(1))
+        .max_items(Some(MAX_CLAIM_KINDS))
+        .build()
+}
+
+impl ClaimRequest {
+    /// A claim by `processor` of what `filter` lets through.
+    pub fn new(processor: crate::lease::Holder, filter: &ClaimFilter) -> Self {
+        ClaimRequest {
+            processor,
+            queue: Some(filter.queue.clone()),
+            kinds: filter.kinds.clone(),
+        }
+    }
+
+    /// The filter this request asks for, or why it is not a valid one
+    /// (a bad queue or kind name, no kinds, or more than [`MAX_CLAIM_KINDS`]).
+    pub fn filter(&self) -> Result<ClaimFilter, String> {
+        let mut filter = ClaimFilter::default();
+        if let Some(queue) = &self.queue {
+            TaskName::check("queue", queue)?;
+            filter = ClaimFilter::queue(queue.clone());
+        }
+        if let Some(kinds) = &self.kinds {
+            if kinds.is_empty() || kinds.len() > MAX_CLAIM_KINDS {
+                return Err(format!(
+                    "kinds must name 1 to {MAX_CLAIM_KINDS} kinds, got {}",
+                    kinds.len()
+                ));
+            }
+            for kind in kinds {
+                TaskName::check("kind", kind)?;
+            }
+            filter = filter.kinds(kinds.iter().cloned());
+        }
+        Ok(filter)
+    }
+}
+
+/// The body of `PUT /api/tasks/{id}/heartbeat`, one type for the server
+/// and the HTTP worker transport: the claim a write presents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HeartbeatBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
+    pub fencing_token: i64,
+}
+
+/// The body of `PUT /api/tasks/{id}/complete` (server and HTTP transport).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CompleteBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
+    pub fencing_token: i64,
+    /// What the work produced (any JSON).
+    pub task_output: Option<serde_json::Value>,
+}
+
+/// The body of `PUT /api/tasks/{id}/fail` (server and HTTP transport).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FailBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
+    pub fencing_token: i64,
+    /// Why the attempt failed (at most 4096 characters, no NUL).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 4096, pattern = "^[^\\x00]*$")
+    )]
+    pub error: String,
+    /// How the attempt's record ends: `failed` (the default: the handler
+    /// failed), `timed_out` (the worker stopped it at its time limit) or
+    /// `given_back` (the worker gave it back unfinished). The queue treats
+    /// each as a failed attempt. Any other outcome is refused (400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<String>, pattern = "^(failed|timed_out|given_back)$")
+    )]
+    pub outcome: Option<AttemptOutcome>,
+}
+
+impl FailBody {
+    /// Refuses an `error` past [`MAX_ERROR_CHARS`](super::MAX_ERROR_CHARS) or holding NUL.
+    pub fn check(&self) -> Result<(), InvalidTask> {
+        check_error(&self.error)
+    }
+}
+
+/// The body of `PUT /api/tasks/{id}/snooze` (server and HTTP transport).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnoozeBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
+    pub fencing_token: i64,
+    /// Due again in this many seconds (0 to 31,622,400).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 31622400))]
+    pub seconds: f64,
+}
+
+impl SnoozeBody {
+    /// How long the task sleeps: `seconds` within 0 to [`MAX_SNOOZE`](super::MAX_SNOOZE).
+    pub fn delay(&self) -> Result<Duration, InvalidTask> {
+        seconds(TaskField::Snooze, self.seconds)
+    }
+}

@@ -1,0 +1,211 @@
+//! The operator's controls on tasks: cancel or retry one task, or every
+//! task matching the list's filters (in batches, each audited in its own
+//! transaction; see [`leasekeeper_core::queue::control`]).
+
+use crate::error::{AppError, ErrorBody};
+use crate::http::extract::{Id, JsonBody};
+use crate::http::params::TaskIdPath;
+use crate::http::responses::{BadId, TaskNotFound, TooLarge, Unauthorized};
+use crate::state::AppState;
+use axum::Json;
+use axum::extract::State;
+use leasekeeper_core::queue::control::{self, TaskFilter};
+use leasekeeper_core::queue::{Task, TaskName, TaskStatus};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// `POST /api/tasks/{id}/cancel`: a pending or started task becomes
+/// cancelled (a started one's claim ends with it). 409 when it is in
+/// another status.
+#[utoipa::path(
+    post,
+    path = "/api/tasks/{id}/cancel",
+    tag = "tasks",
+    summary = "Cancel a task (operator)",
+    description = "A pending task is never claimed; a started one's claim ends with it (its processor's later writes are refused). Audited in the same transaction.",
+    params(TaskIdPath),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, now cancelled", body = Task),
+        BadId,
+        Unauthorized,
+        TaskNotFound,
+        (status = 409, description = "The task is processed, failed or already cancelled", body = ErrorBody),
+    )
+)]
+pub(super) async fn cancel_one(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    Id(id): Id,
+) -> Result<Json<Task>, AppError> {
+    Ok(Json(
+        control::cancel(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            id,
+            &s.instance_id,
+        )
+        .await?,
+    ))
+}
+
+/// `POST /api/tasks/{id}/retry`: a failed or cancelled task goes back to
+/// pending with its attempts reset. 409 when it is in another status.
+#[utoipa::path(
+    post,
+    path = "/api/tasks/{id}/retry",
+    tag = "tasks",
+    summary = "Retry a task (operator)",
+    description = "A failed or cancelled task goes back to pending, runnable now, `attempts` 0. Audited in the same transaction.",
+    params(TaskIdPath),
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, pending again", body = Task),
+        BadId,
+        Unauthorized,
+        TaskNotFound,
+        (status = 409, description = "The task is neither failed nor cancelled", body = ErrorBody),
+    )
+)]
+pub(super) async fn retry_one(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    Id(id): Id,
+) -> Result<Json<Task>, AppError> {
+    Ok(Json(
+        control::retry(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            id,
+            &s.instance_id,
+        )
+        .await?,
+    ))
+}
+
+/// The statuses `POST /api/tasks/cancel` applies to.
+#[derive(Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelStatus {
+    /// Not yet claimed.
+    Pending,
+    /// Claimed: the claim ends too.
+    Started,
+}
+
+impl From<CancelStatus> for TaskStatus {
+    fn from(status: CancelStatus) -> TaskStatus {
+        match status {
+            CancelStatus::Pending => TaskStatus::Pending,
+            CancelStatus::Started => TaskStatus::Started,
+        }
+    }
+}
+
+/// The statuses `POST /api/tasks/retry` applies to.
+#[derive(Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryStatus {
+    /// Out of attempts.
+    Failed,
+    /// Cancelled by an operator.
+    Cancelled,
+}
+
+impl From<RetryStatus> for TaskStatus {
+    fn from(status: RetryStatus) -> TaskStatus {
+        match status {
+            RetryStatus::Failed => TaskStatus::Failed,
+            RetryStatus::Cancelled => TaskStatus::Cancelled,
+        }
+    }
+}
+
+/// Body of the bulk `POST /api/tasks/cancel` and `POST /api/tasks/retry`:
+/// the tasks list's filters, with `S` the statuses the action applies to
+/// (so a status it does not apply to is refused while the body is read,
+/// naming the ones it takes). `status` is required, so a bulk action never
+/// means "everything" by omission.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FilterBody<S> {
+    /// Tasks in this status.
+    status: S,
+    /// Only tasks of this kind.
+    #[schema(value_type = Option<TaskName>)]
+    kind: Option<String>,
+    /// Only tasks in this queue.
+    #[schema(value_type = Option<TaskName>)]
+    queue: Option<String>,
+    /// Only tasks whose data contains this object (as the list's `data`).
+    #[schema(value_type = Option<Object>)]
+    data: Option<serde_json::Map<String, Value>>,
+}
+
+impl<S: Into<TaskStatus>> FilterBody<S> {
+    fn filter(self) -> TaskFilter {
+        TaskFilter {
+            status: self.status.into(),
+            kind: self.kind,
+            queue: self.queue,
+            data: self.data,
+        }
+    }
+}
+
+/// How many tasks a bulk action changed.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Count {
+    /// Tasks changed.
+    count: u64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/tasks/cancel",
+    tag = "tasks",
+    summary = "Cancel every matching task (operator)",
+    description = "Cancels every task matching the filter, in batches of 500, each its own transaction with one audit row per task.",
+    request_body = FilterBody<CancelStatus>,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "How many tasks changed", body = Count),
+        (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
+        Unauthorized,
+        TooLarge,
+    )
+)]
+pub(super) async fn cancel_matching(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    JsonBody(body): JsonBody<FilterBody<CancelStatus>>,
+) -> Result<Json<Count>, AppError> {
+    let count =
+        control::cancel_matching(&s.pool, s.schema(), &body.filter(), &s.instance_id).await?;
+    Ok(Json(Count { count }))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/tasks/retry",
+    tag = "tasks",
+    summary = "Retry every matching task (operator)",
+    description = "Retries every task matching the filter, in batches of 500, each its own transaction with one audit row per task.",
+    request_body = FilterBody<RetryStatus>,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "How many tasks changed", body = Count),
+        (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
+        Unauthorized,
+        TooLarge,
+    )
+)]
+pub(super) async fn retry_matching(
+    State(s): State<AppState>,
+    _: crate::ops::Operator,
+    JsonBody(body): JsonBody<FilterBody<RetryStatus>>,
+) -> Result<Json<Count>, AppError> {
+    let count =
+        control::retry_matching(&s.pool, s.schema(), &body.filter(), &s.instance_id).await?;
+    Ok(Json(Count { count }))
+}
