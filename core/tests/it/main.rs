@@ -11,6 +11,7 @@ mod cancel;
 mod common;
 mod fenced;
 mod host;
+mod import_circles;
 mod instances;
 mod lease_client;
 mod lease_race;
