@@ -53,9 +53,12 @@ pub async fn fail(
 
 /// [`fail`], with the attempt on record ending as `outcome`: `Failed` (the
 /// handler failed), `TimedOut` (the worker stopped it at its time limit) or
-/// `GivenBack` (the worker gave the task back unfinished). For the queue
-/// each is a failed attempt; only the record tells them apart. Any other
-/// outcome is [`TaskError::BadInput`].
+/// `Interrupted` (the worker let go of it unfinished). For the queue each
+/// is a failed attempt; only the record tells them apart. `GivenBack`, which
+/// a worker of an earlier version sends for `Interrupted`, is recorded as
+/// `Interrupted`: a given-back attempt is one not used
+/// ([`give_back_each`](super::give_back_each)). Any other outcome is
+/// [`TaskError::BadInput`].
 #[expect(
     clippy::too_many_arguments,
     reason = "fail's claim, error and policy, and the outcome: a struct would only rename them"
@@ -70,15 +73,16 @@ pub async fn fail_as(
     policy: RetryPolicy,
     outcome: AttemptOutcome,
 ) -> Result<Task, TaskError> {
-    if !matches!(
-        outcome,
-        AttemptOutcome::Failed | AttemptOutcome::TimedOut | AttemptOutcome::GivenBack
-    ) {
-        return Err(TaskError::BadInput(format!(
-            "a failed attempt ends as failed, timed_out or given_back, not {}",
-            outcome.as_str()
-        )));
-    }
+    let outcome = match outcome {
+        AttemptOutcome::GivenBack => AttemptOutcome::Interrupted,
+        AttemptOutcome::Failed | AttemptOutcome::TimedOut | AttemptOutcome::Interrupted => outcome,
+        _ => {
+            return Err(TaskError::BadInput(format!(
+                "a failed attempt ends as failed, timed_out or interrupted, not {}",
+                outcome.as_str()
+            )));
+        }
+    };
     crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
