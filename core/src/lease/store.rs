@@ -150,7 +150,7 @@ pub async fn acquire(
     holder: &Holder,
     ttl: Duration,
 ) -> Result<Acquired, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Acquired, LeaseError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
         let ttl_ms = ttl_ms(ttl)?;
         for attempt in 0.. {
@@ -178,7 +178,7 @@ async fn try_acquire(
     holder: &Holder,
     ttl_ms: i64,
 ) -> Result<Option<Acquired>, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Option<Acquired>, LeaseError>, async {
+    crate::db::atomically!(conn, schema, async {
         // Race prevented: many acquirers of one resource at once, and an acquirer
         // racing the holder's renew. The unique index on `resource` makes
         // concurrent INSERTs conflict; ON CONFLICT DO UPDATE takes the row lock
@@ -260,7 +260,7 @@ pub async fn renew(
     token: Option<i64>,
     ttl: Option<Duration>,
 ) -> Result<Lease, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
         let ttl_ms = ttl.map(ttl_ms).transpose()?;
         // Race prevented: a renew racing a takeover of the same lease. UPDATE
@@ -306,7 +306,7 @@ pub async fn release(
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
         // expires_at is truncated, not rounded, to the column's milliseconds, so
         // a released lease is free at once (rounding up could leave it "live"
@@ -346,7 +346,7 @@ pub async fn delete(
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
         // Races prevented: deleting a lease that was just taken over by someone
         // else, and (with a token) deleting a newer term the same holder began
@@ -389,7 +389,7 @@ pub async fn record_operator_action(
     action: &str,
     detail: serde_json::Value,
 ) -> sqlx::Result<()> {
-    crate::db::atomically!(conn, schema, sqlx::Result<()>, async {
+    crate::db::atomically!(conn, schema, async {
         let mut detail = match detail {
             serde_json::Value::Object(map) => map,
             _ => serde_json::Map::new(),
@@ -580,7 +580,7 @@ pub async fn list(
     filter: LeaseFilter,
     page: Page,
 ) -> Result<Vec<Lease>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Vec<Lease>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         let condition = filter_condition(filter);
         schema.query_as(&format!(
             "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE {condition} AND id > $1 ORDER BY id LIMIT $2"
@@ -602,7 +602,7 @@ pub async fn list_page(
     filter: LeaseFilter,
     cursor: Cursor,
 ) -> Result<Paged<Lease>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Paged<Lease>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         let rows = schema.query_as(&format!(
             "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE {} AND id < $1 ORDER BY id DESC LIMIT $2",
             filter_condition(filter)
@@ -623,7 +623,7 @@ pub async fn history(
     resource: &str,
     limit: i64,
 ) -> Result<Vec<LeaseEvent>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Vec<LeaseEvent>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         schema.query_as(
             "SELECT id, resource, holder, fencing_token, kind, previous_holder, expires_at, detail, at
                FROM $schema.lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2",

@@ -222,7 +222,7 @@ mod db {
         by: &str,
     ) -> Result<QueueInfo, QueueError> {
         check(name)?;
-        crate::db::atomically!(conn, schema, Result<QueueInfo, QueueError>, async {
+        crate::db::atomically!(conn, schema, async {
             // The page's rows change either way; a resume is new work too.
             let _announced = live::announce_on_return(Topics::TASKS);
             let mut tx = conn.begin().await?;

@@ -161,7 +161,7 @@ pub async fn upsert(
     by: &str,
 ) -> Result<(Schedule, bool), ScheduleError> {
     check(new)?;
-    crate::db::atomically!(conn, schema, Result<(Schedule, bool), ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
         let mut tx = conn.begin().await?;
         // Race prevented: replicas declaring the same schedule at once (a
@@ -285,7 +285,7 @@ pub async fn set_paused(
     paused: bool,
     by: &str,
 ) -> Result<Schedule, ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<Schedule, ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
         let mut tx = conn.begin().await?;
         // Race prevented: a pause against a firing of the same schedule. The
@@ -339,7 +339,7 @@ pub async fn delete(
     name: &str,
     by: &str,
 ) -> Result<(), ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<(), ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
         let mut tx = conn.begin().await?;
         // Race prevented: a delete against a firing. The delete waits for
@@ -377,7 +377,7 @@ pub async fn trigger(
     name: &str,
     by: &str,
 ) -> Result<Task, ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<Task, ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let mut tx = conn.begin().await?;
         let row: Option<Row> = schema
             .query_as(&format!("{} WHERE s.name = $1", select()))
@@ -540,7 +540,7 @@ pub async fn fire(
     name: &str,
     policy: FirePolicy,
 ) -> Result<Fired, ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<Fired, ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::SCHEDULES | crate::live::Topics::TASKS | crate::live::Topics::WORK,
         );

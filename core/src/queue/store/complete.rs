@@ -21,7 +21,7 @@ pub async fn complete(
     token: i64,
     output: Option<&Value>,
 ) -> Result<Task, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
         let done = complete_claims(

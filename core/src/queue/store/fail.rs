@@ -83,7 +83,7 @@ pub async fn fail_as(
             )));
         }
     };
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
         // Race prevented: a late failure report from a processor that lost the
@@ -164,7 +164,7 @@ pub async fn snooze(
             "a snooze must be at most 366 days".into(),
         ));
     }
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::TASKS | crate::live::Topics::LEASES | crate::live::Topics::WORK,
         );
@@ -211,7 +211,7 @@ async fn release_claim(
     processor: &Holder,
     token: i64,
 ) -> Result<(), TaskError> {
-    crate::db::atomically!(conn, schema, Result<(), TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
             // Already gone (released by hand): the task row decided; fine.
             Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),

@@ -26,7 +26,7 @@ pub(super) async fn refuse(
     token: i64,
     op: &str,
 ) -> Result<TaskError, TaskError> {
-    crate::db::atomically!(conn, schema, Result<TaskError, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let current: Option<Task> = schema
             .query_as(&format!(
                 "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id = $1"
@@ -86,7 +86,7 @@ pub(super) async fn refuse_alone(
     token: i64,
     op: &str,
 ) -> Result<TaskError, TaskError> {
-    crate::db::atomically!(conn, schema, Result<TaskError, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let mut tx = conn.begin().await?;
         let err = refuse(&mut tx, schema, id, processor, token, op).await?;
         tx.commit().await?;

@@ -21,7 +21,7 @@ pub async fn heartbeat(
     token: i64,
     ttl: Duration,
 ) -> Result<Task, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
         // Race prevented: a heartbeat from a processor whose claim expired,
@@ -65,7 +65,7 @@ pub async fn heartbeat_each(
     beats: &[(i64, i64, Holder)],
     ttl: Duration,
 ) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Vec<Result<Task, TaskError>>, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
         if beats.len() > MAX_BATCH {
