@@ -339,33 +339,37 @@ pub async fn delete(
     name: &str,
     by: &str,
 ) -> Result<(), ScheduleError> {
-    crate::db::atomically!(conn, schema, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
-        let mut tx = conn.begin().await?;
-        // Race prevented: a delete against a firing. The delete waits for
-        // the firing's row lock; a firing after it finds no row to fire.
-        let deleted = schema
-            .query("DELETE FROM $schema.schedules WHERE name = $1")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if deleted == 0 {
-            return Err(ScheduleError::NotFound(name.to_string()));
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
+            let mut tx = conn.begin().await?;
+            // Race prevented: a delete against a firing. The delete waits for
+            // the firing's row lock; a firing after it finds no row to fire.
+            let deleted = schema
+                .query("DELETE FROM $schema.schedules WHERE name = $1")
+                .bind(name)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if deleted == 0 {
+                return Err(ScheduleError::NotFound(name.to_string()));
+            }
+            crate::lease::store::record_operator_action(
+                &mut tx,
+                schema,
+                &resource(name),
+                by,
+                "schedule_delete",
+                json!({}),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
         }
-        crate::lease::store::record_operator_action(
-            &mut tx,
-            schema,
-            &resource(name),
-            by,
-            "schedule_delete",
-            json!({}),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-    .await)
+        .await
+    )
 }
 
 /// Enqueues one task of schedule `name` now, on behalf of `by`: an extra
@@ -377,30 +381,34 @@ pub async fn trigger(
     name: &str,
     by: &str,
 ) -> Result<Task, ScheduleError> {
-    crate::db::atomically!(conn, schema, async {
-        let mut tx = conn.begin().await?;
-        let row: Option<Row> = schema
-            .query_as(&format!("{} WHERE s.name = $1", select()))
-            .bind(name)
-            .fetch_optional(&mut *tx)
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let mut tx = conn.begin().await?;
+            let row: Option<Row> = schema
+                .query_as(&format!("{} WHERE s.name = $1", select()))
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
+                return Err(ScheduleError::NotFound(name.to_string()));
+            };
+            let task = tasks::enqueue(&mut tx, schema, &task_of(&row, None)).await?;
+            crate::lease::store::record_operator_action(
+                &mut tx,
+                schema,
+                &resource(name),
+                by,
+                "schedule_trigger",
+                json!({"task_id": task.id}),
+            )
             .await?;
-        let Some(row) = row else {
-            return Err(ScheduleError::NotFound(name.to_string()));
-        };
-        let task = tasks::enqueue(&mut tx, schema, &task_of(&row, None)).await?;
-        crate::lease::store::record_operator_action(
-            &mut tx,
-            schema,
-            &resource(name),
-            by,
-            "schedule_trigger",
-            json!({"task_id": task.id}),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(task)
-    }
-    .await)
+            tx.commit().await?;
+            Ok(task)
+        }
+        .await
+    )
 }
 
 /// The task a tick (or a trigger, `tick_at` `None`) of `row` enqueues.

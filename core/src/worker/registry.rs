@@ -184,17 +184,21 @@ pub async fn mark(
     id: &str,
     state: WorkerState,
 ) -> Result<(), sqlx::Error> {
-    crate::db::atomically!(conn, schema, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
-        schema
-            .query("UPDATE $schema.workers SET state = $2, last_seen_at = now() WHERE id = $1")
-            .bind(id)
-            .bind(state)
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
-    }
-    .await)
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
+            schema
+                .query("UPDATE $schema.workers SET state = $2, last_seen_at = now() WHERE id = $1")
+                .bind(id)
+                .bind(state)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+        .await
+    )
 }
 
 /// Worker `id`, if any; `alive` judged with `lease_ttl`.

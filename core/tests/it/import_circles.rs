@@ -440,7 +440,7 @@ fn paths(code: &str) -> Vec<Vec<String>> {
                 .iter()
                 .position(|t| t == ";")
                 .map_or(tokens.len(), |p| i + p);
-            use_tree(&tokens[i + 1..end], &mut Vec::new(), &mut out);
+            use_tree(&tokens[i + 1..end], &[], &mut out);
             i = end + 1;
             continue;
         }
@@ -468,7 +468,7 @@ fn paths(code: &str) -> Vec<Vec<String>> {
 
 /// The paths of a `use` tree (`crate::{a::b, c::{self, d}}`), each after
 /// `prefix`.
-fn use_tree(tokens: &[String], prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+fn use_tree(tokens: &[String], prefix: &[String], out: &mut Vec<Vec<String>>) {
     // Split at the commas of this level.
     let mut depth = 0;
     let mut start = 0;
@@ -486,14 +486,14 @@ fn use_tree(tokens: &[String], prefix: &mut Vec<String>, out: &mut Vec<Vec<Strin
     }
     parts.push(&tokens[start..]);
     for part in parts {
-        let mut path = prefix.clone();
+        let mut path = prefix.to_vec();
         let mut k = 0;
         while k < part.len() {
             match part[k].as_str() {
                 "::" => k += 1,
                 "{" => {
                     let close = part.len() - 1;
-                    use_tree(&part[k + 1..close], &mut path, out);
+                    use_tree(&part[k + 1..close], &path, out);
                     path.clear();
                     break;
                 }

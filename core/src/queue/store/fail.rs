@@ -211,12 +211,16 @@ async fn release_claim(
     processor: &Holder,
     token: i64,
 ) -> Result<(), TaskError> {
-    crate::db::atomically!(conn, schema, async {
-        match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
-            // Already gone (released by hand): the task row decided; fine.
-            Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e.into()),
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
+                // Already gone (released by hand): the task row decided; fine.
+                Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         }
-    }
-    .await)
+        .await
+    )
 }
