@@ -10,7 +10,7 @@
 //!
 //! All randomness comes from one seedable generator, so tests can replay it.
 //!
-//! The worker loop meets the demo's faults through one seam, [`Faults`]:
+//! The worker loop meets the demo's faults through one seam, `Faults`:
 //! the chaos above, an operator's pause ([`Command::Pause`]), trusting
 //! claims past their deadline (`--trust-claims`) and a handler's
 //! [`SimulatedCrash`]. A production worker has chaos off, is never paused
