@@ -52,7 +52,7 @@ impl Counts {
 /// One statement, so all counts come from one snapshot.
 #[cfg(feature = "postgres")]
 pub async fn counts(conn: &mut PgConnection, schema: &Schema) -> sqlx::Result<Counts> {
-    crate::db::atomically!(conn, schema, sqlx::Result<Counts>, async {
+    crate::db::atomically!(conn, schema, async {
         schema
             .query_as(
                 "SELECT coalesce(sum(pending), 0)::bigint   AS tasks_pending,

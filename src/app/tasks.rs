@@ -655,7 +655,9 @@ fn outcome_badge(outcome: AttemptOutcome) -> &'static str {
     match outcome {
         AttemptOutcome::Running => "bg-sky-100 text-sky-800",
         AttemptOutcome::Completed => "bg-emerald-100 text-emerald-800",
-        AttemptOutcome::Failed | AttemptOutcome::TimedOut => "bg-red-100 text-red-800",
+        AttemptOutcome::Failed | AttemptOutcome::TimedOut | AttemptOutcome::Interrupted => {
+            "bg-red-100 text-red-800"
+        }
         AttemptOutcome::TakenOver | AttemptOutcome::Cancelled => "bg-amber-100 text-amber-800",
         AttemptOutcome::GivenBack | AttemptOutcome::Snoozed => "bg-slate-200 text-slate-700",
     }

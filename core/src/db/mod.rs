@@ -29,25 +29,89 @@ pub use statements::SCHEMA_MARKER;
 /// already in one) that commits when the body answers `Ok` and rolls back
 /// otherwise, so the pooler keeps every round trip of it on one server
 /// connection. Directly connected, it is just `$body`.
+///
+/// The body is written once in the expansion: it runs on an [`Atomic`],
+/// which is the connection itself or the transaction begun on it. The
+/// answer's type may be given (`atomically!(conn, schema, Result<T, E>,
+/// body)`) or left to the enclosing function's return type.
 macro_rules! atomically {
-    ($conn:ident, $schema:expr, $answer:ty, $body:expr) => {
-        if $schema.is_behind_transaction_pooler() {
-            let mut tx = sqlx::Connection::begin(&mut *$conn).await?;
-            let answer: $answer = {
-                let $conn: &mut sqlx::PgConnection = &mut tx;
-                $body
-            };
-            if answer.is_ok() {
-                tx.commit().await?;
-            }
-            answer
-        } else {
-            let answer: $answer = $body;
-            answer
+    ($conn:ident, $schema:expr, $answer:ty, $body:expr) => {{
+        let answer: $answer = $crate::db::atomically!($conn, $schema, $body);
+        answer
+    }};
+    ($conn:ident, $schema:expr, $body:expr) => {{
+        let mut atomic =
+            $crate::db::Atomic::begin(&mut *$conn, $schema.is_behind_transaction_pooler()).await?;
+        let answer = {
+            let $conn: &mut sqlx::PgConnection = &mut atomic;
+            $body
+        };
+        if $crate::db::Atomic::answered_ok(&answer) {
+            atomic.commit().await?;
         }
-    };
+        answer
+    }};
 }
 pub(crate) use atomically;
+
+/// The connection [`atomically!`] runs its body on: the caller's own, or a
+/// transaction begun on it (behind a transaction pooler). Dropped without
+/// [`Atomic::commit`], the transaction rolls back.
+pub(crate) enum Atomic<'c> {
+    /// Directly connected: the caller's connection, as it is.
+    Direct(&'c mut PgConnection),
+    /// Behind a transaction pooler: a transaction (or savepoint) of its own.
+    Transaction(sqlx::Transaction<'c, sqlx::Postgres>),
+}
+
+impl<'c> Atomic<'c> {
+    /// `conn` as it is, or (`own_transaction`) a transaction begun on it.
+    pub(crate) async fn begin(
+        conn: &'c mut PgConnection,
+        own_transaction: bool,
+    ) -> sqlx::Result<Atomic<'c>> {
+        Ok(if own_transaction {
+            Atomic::Transaction(conn.begin().await?)
+        } else {
+            Atomic::Direct(conn)
+        })
+    }
+
+    /// Commits the transaction, if this began one.
+    pub(crate) async fn commit(self) -> sqlx::Result<()> {
+        match self {
+            Atomic::Direct(_) => Ok(()),
+            Atomic::Transaction(tx) => tx.commit().await,
+        }
+    }
+
+    /// Whether the body answered `Ok` (and its transaction commits): a
+    /// function rather than a method, so the answer's type may still be
+    /// open when the macro asks.
+    pub(crate) fn answered_ok<T, E>(answer: &Result<T, E>) -> bool {
+        answer.is_ok()
+    }
+}
+
+impl std::ops::Deref for Atomic<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Atomic::Direct(conn) => conn,
+            Atomic::Transaction(tx) => tx,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Atomic<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Atomic::Direct(conn) => conn,
+            Atomic::Transaction(tx) => tx,
+        }
+    }
+}
 
 use anyhow::Context;
 use embedded::EmbeddedPostgres;

@@ -34,7 +34,7 @@ pub async fn set_desired(
     desired: Desired,
     by: &str,
 ) -> sqlx::Result<Desired> {
-    crate::db::atomically!(conn, schema, sqlx::Result<Desired>, async {
+    crate::db::atomically!(conn, schema, async {
         let mut tx = conn.begin().await?;
         let previous: Desired = schema
             .query_scalar("SELECT desired FROM $schema.generator_state WHERE id FOR UPDATE")

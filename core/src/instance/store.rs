@@ -41,7 +41,7 @@ pub async fn register(
 /// Records that instance `id` is alive now. `false` when it is not
 /// registered or already stopped (then nothing changes).
 pub async fn heartbeat(conn: &mut PgConnection, schema: &Schema, id: &str) -> sqlx::Result<bool> {
-    crate::db::atomically!(conn, schema, sqlx::Result<bool>, async {
+    crate::db::atomically!(conn, schema, async {
         let done = schema.query(
             "UPDATE $schema.instances SET last_seen_at = now() WHERE id = $1 AND stopped_at IS NULL",
         )
@@ -108,7 +108,7 @@ pub async fn list_page(
     alive_within: Duration,
     cursor: Cursor,
 ) -> sqlx::Result<Paged<Instance>> {
-    crate::db::atomically!(conn, schema, sqlx::Result<Paged<Instance>>, async {
+    crate::db::atomically!(conn, schema, async {
         let window_ms = i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX);
         let rows = schema
             .query_as(

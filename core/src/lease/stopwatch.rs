@@ -18,7 +18,7 @@ pub async fn record_kill(
     subject: &str,
     holders: &[String],
 ) -> sqlx::Result<u64> {
-    crate::db::atomically!(conn, schema, sqlx::Result<u64>, async {
+    crate::db::atomically!(conn, schema, async {
         // Only reads leases to decide nothing about ownership: it snapshots who
         // held what at the kill. Run right after the kill, before the leases
         // can expire, it sees every term the victim left behind.
@@ -54,7 +54,7 @@ pub async fn recent(
     schema: &Schema,
     limit: i64,
 ) -> sqlx::Result<Vec<Failover>> {
-    crate::db::atomically!(conn, schema, sqlx::Result<Vec<Failover>>, async {
+    crate::db::atomically!(conn, schema, async {
         schema.query_as(
             "WITH killed AS (
                 SELECT 'killed' AS cause, k.subject, k.resource, k.holder AS old_holder,

@@ -150,25 +150,29 @@ pub async fn acquire(
     holder: &Holder,
     ttl: Duration,
 ) -> Result<Acquired, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Acquired, LeaseError>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-        let ttl_ms = ttl_ms(ttl)?;
-        for attempt in 0.. {
-            match try_acquire(&mut *conn, schema, resource, holder, ttl_ms).await {
-                Ok(Some(outcome)) => return Ok(outcome),
-                // The lease expired between our upsert and our read: try again.
-                Ok(None) => continue,
-                Err(LeaseError::Db(e))
-                    if is_serialization_failure(&e) && attempt < SERIALIZATION_RETRIES =>
-                {
-                    continue;
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+            let ttl_ms = ttl_ms(ttl)?;
+            for attempt in 0.. {
+                match try_acquire(&mut *conn, schema, resource, holder, ttl_ms).await {
+                    Ok(Some(outcome)) => return Ok(outcome),
+                    // The lease expired between our upsert and our read: try again.
+                    Ok(None) => continue,
+                    Err(LeaseError::Db(e))
+                        if is_serialization_failure(&e) && attempt < SERIALIZATION_RETRIES =>
+                    {
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
+            unreachable!("the loop only ends by returning")
         }
-        unreachable!("the loop only ends by returning")
-    }
-    .await)
+        .await
+    )
 }
 
 async fn try_acquire(
@@ -178,7 +182,7 @@ async fn try_acquire(
     holder: &Holder,
     ttl_ms: i64,
 ) -> Result<Option<Acquired>, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Option<Acquired>, LeaseError>, async {
+    crate::db::atomically!(conn, schema, async {
         // Race prevented: many acquirers of one resource at once, and an acquirer
         // racing the holder's renew. The unique index on `resource` makes
         // concurrent INSERTs conflict; ON CONFLICT DO UPDATE takes the row lock
@@ -260,16 +264,19 @@ pub async fn renew(
     token: Option<i64>,
     ttl: Option<Duration>,
 ) -> Result<Lease, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-        let ttl_ms = ttl.map(ttl_ms).transpose()?;
-        // Race prevented: a renew racing a takeover of the same lease. UPDATE
-        // locks the row and re-checks holder, token, release and expiry on the
-        // newest version: if the takeover committed first the holder (and token)
-        // no longer match and nothing is renewed; if the renew committed first
-        // the lease is live again and the takeover's WHERE fails.
-        let sql = format!(
-            "UPDATE $schema.leases
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+            let ttl_ms = ttl.map(ttl_ms).transpose()?;
+            // Race prevented: a renew racing a takeover of the same lease. UPDATE
+            // locks the row and re-checks holder, token, release and expiry on the
+            // newest version: if the takeover committed first the holder (and token)
+            // no longer match and nothing is renewed; if the renew committed first
+            // the lease is live again and the takeover's WHERE fails.
+            let sql = format!(
+                "UPDATE $schema.leases
                 SET renewed_at = now(),
                     ttl_ms = COALESCE($4, ttl_ms),
                     expires_at = now() + make_interval(secs => COALESCE($4, ttl_ms)::float8 / 1000),
@@ -278,22 +285,23 @@ pub async fn renew(
                 AND ($3::bigint IS NULL OR fencing_token = $3)
                 AND released_at IS NULL AND expires_at > now()
              RETURNING {LEASE_COLUMNS}"
-        );
-        let started = std::time::Instant::now();
-        let renewed: Option<Lease> = schema
-            .query_as(&sql)
-            .bind(resource.as_str())
-            .bind(holder.as_str())
-            .bind(token)
-            .bind(ttl_ms)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if renewed.is_some() {
-            crate::metrics::renewed(started.elapsed(), 1);
+            );
+            let started = std::time::Instant::now();
+            let renewed: Option<Lease> = schema
+                .query_as(&sql)
+                .bind(resource.as_str())
+                .bind(holder.as_str())
+                .bind(token)
+                .bind(ttl_ms)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if renewed.is_some() {
+                crate::metrics::renewed(started.elapsed(), 1);
+            }
+            renewed.ok_or_else(|| no_live_lease(resource, holder))
         }
-        renewed.ok_or_else(|| no_live_lease(resource, holder))
-    }
-    .await)
+        .await
+    )
 }
 
 /// Releases `holder`'s live lease on `resource` now: `released_at` and
@@ -306,32 +314,36 @@ pub async fn release(
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-        // expires_at is truncated, not rounded, to the column's milliseconds, so
-        // a released lease is free at once (rounding up could leave it "live"
-        // for half a millisecond).
-        // Race prevented: a late release by a holder whose lease already expired
-        // and was taken over. The row lock and the re-checked WHERE make sure a
-        // release only ends the caller's own live term, never the new holder's.
-        let sql = format!(
-            "UPDATE $schema.leases
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+            // expires_at is truncated, not rounded, to the column's milliseconds, so
+            // a released lease is free at once (rounding up could leave it "live"
+            // for half a millisecond).
+            // Race prevented: a late release by a holder whose lease already expired
+            // and was taken over. The row lock and the re-checked WHERE make sure a
+            // release only ends the caller's own live term, never the new holder's.
+            let sql = format!(
+                "UPDATE $schema.leases
                 SET released_at = now(), expires_at = date_trunc('milliseconds', now())
               WHERE resource = $1 AND holder = $2
                 AND ($3::bigint IS NULL OR fencing_token = $3)
                 AND released_at IS NULL AND expires_at > now()
              RETURNING {LEASE_COLUMNS}"
-        );
-        let released: Option<Lease> = schema
-            .query_as(&sql)
-            .bind(resource.as_str())
-            .bind(holder.as_str())
-            .bind(token)
-            .fetch_optional(&mut *conn)
-            .await?;
-        released.ok_or_else(|| no_live_lease(resource, holder))
-    }
-    .await)
+            );
+            let released: Option<Lease> = schema
+                .query_as(&sql)
+                .bind(resource.as_str())
+                .bind(holder.as_str())
+                .bind(token)
+                .fetch_optional(&mut *conn)
+                .await?;
+            released.ok_or_else(|| no_live_lease(resource, holder))
+        }
+        .await
+    )
 }
 
 /// Deletes lease row `id` if it names `resource` and `holder` (and, when
@@ -346,34 +358,38 @@ pub async fn delete(
     holder: &Holder,
     token: Option<i64>,
 ) -> Result<Lease, LeaseError> {
-    crate::db::atomically!(conn, schema, Result<Lease, LeaseError>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
-        // Races prevented: deleting a lease that was just taken over by someone
-        // else, and (with a token) deleting a newer term the same holder began
-        // since (a re-acquisition after its old term ended). DELETE re-checks
-        // `holder` and `fencing_token` on the newest row version, so a row
-        // whose holder or term changed under us is left alone.
-        let sql = format!(
-            "DELETE FROM $schema.leases WHERE id = $1 AND resource = $2 AND holder = $3
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
+            // Races prevented: deleting a lease that was just taken over by someone
+            // else, and (with a token) deleting a newer term the same holder began
+            // since (a re-acquisition after its old term ended). DELETE re-checks
+            // `holder` and `fencing_token` on the newest row version, so a row
+            // whose holder or term changed under us is left alone.
+            let sql = format!(
+                "DELETE FROM $schema.leases WHERE id = $1 AND resource = $2 AND holder = $3
                 AND ($4::bigint IS NULL OR fencing_token = $4)
              RETURNING {LEASE_COLUMNS}"
-        );
-        let deleted: Option<Lease> = schema
-            .query_as(&sql)
-            .bind(id)
-            .bind(resource.as_str())
-            .bind(holder.as_str())
-            .bind(token)
-            .fetch_optional(&mut *conn)
-            .await?;
-        deleted.ok_or_else(|| {
-            LeaseError::NotFound(match token {
-                Some(t) => format!("no lease {id} on {resource} held by {holder} in term #{t}"),
-                None => format!("no lease {id} on {resource} held by {holder}"),
+            );
+            let deleted: Option<Lease> = schema
+                .query_as(&sql)
+                .bind(id)
+                .bind(resource.as_str())
+                .bind(holder.as_str())
+                .bind(token)
+                .fetch_optional(&mut *conn)
+                .await?;
+            deleted.ok_or_else(|| {
+                LeaseError::NotFound(match token {
+                    Some(t) => format!("no lease {id} on {resource} held by {holder} in term #{t}"),
+                    None => format!("no lease {id} on {resource} held by {holder}"),
+                })
             })
-        })
-    }
-    .await)
+        }
+        .await
+    )
 }
 
 /// Writes an operator action (a kill, a force-release, a generator switch)
@@ -389,7 +405,7 @@ pub async fn record_operator_action(
     action: &str,
     detail: serde_json::Value,
 ) -> sqlx::Result<()> {
-    crate::db::atomically!(conn, schema, sqlx::Result<()>, async {
+    crate::db::atomically!(conn, schema, async {
         let mut detail = match detail {
             serde_json::Value::Object(map) => map,
             _ => serde_json::Map::new(),
@@ -580,7 +596,7 @@ pub async fn list(
     filter: LeaseFilter,
     page: Page,
 ) -> Result<Vec<Lease>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Vec<Lease>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         let condition = filter_condition(filter);
         schema.query_as(&format!(
             "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE {condition} AND id > $1 ORDER BY id LIMIT $2"
@@ -602,7 +618,7 @@ pub async fn list_page(
     filter: LeaseFilter,
     cursor: Cursor,
 ) -> Result<Paged<Lease>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Paged<Lease>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         let rows = schema.query_as(&format!(
             "SELECT {LEASE_COLUMNS} FROM $schema.leases WHERE {} AND id < $1 ORDER BY id DESC LIMIT $2",
             filter_condition(filter)
@@ -623,7 +639,7 @@ pub async fn history(
     resource: &str,
     limit: i64,
 ) -> Result<Vec<LeaseEvent>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Vec<LeaseEvent>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         schema.query_as(
             "SELECT id, resource, holder, fencing_token, kind, previous_holder, expires_at, detail, at
                FROM $schema.lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2",

@@ -171,7 +171,7 @@ pub async fn prune_tasks(
     older_than: Duration,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
-    crate::db::atomically!(conn, schema, sqlx::Result<Pruned>, async {
+    crate::db::atomically!(conn, schema, async {
         // Race prevented: an operator retrying (or anyone changing) a finished
         // task at the moment it is pruned, which must leave the task whole or
         // gone, never a pending task without its history or a history without

@@ -26,13 +26,16 @@ text_enum! {
         TimedOut = "timed_out",
         /// Its handler snoozed the task (the attempt is not counted).
         Snoozed = "snoozed",
-        /// Its worker gave the task back unfinished. Stopped mid-task, or
-        /// without a handler for the kind: a failed attempt, retried after
-        /// the backoff. Claimed ahead into a runtime's local queue and given
-        /// back unstarted (a graceful stop, or it waited past its bound):
-        /// not counted, pending again at once (see
+        /// Its worker gave the task back unstarted, without using an
+        /// attempt: claimed ahead into a runtime's local queue, it went back
+        /// (a graceful stop, or it waited past its bound) pending again at
+        /// once, the attempt not counted (see
         /// [`give_back_each`](super::store::give_back_each)).
         GivenBack = "given_back",
+        /// Its worker let go of the task unfinished, the attempt spent: the
+        /// worker stopped mid-task, or has no handler for the task's kind.
+        /// A failed attempt, retried after the backoff.
+        Interrupted = "interrupted",
     }
 }
 

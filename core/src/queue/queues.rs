@@ -222,66 +222,74 @@ mod db {
         by: &str,
     ) -> Result<QueueInfo, QueueError> {
         check(name)?;
-        crate::db::atomically!(conn, schema, Result<QueueInfo, QueueError>, async {
-            // The page's rows change either way; a resume is new work too.
-            let _announced = live::announce_on_return(Topics::TASKS);
-            let mut tx = conn.begin().await?;
-            // Race prevented: two operators (or an operator and the first
-            // enqueue of the queue) changing one queue at once. The upsert
-            // locks the row (or inserts it, meeting the enqueue's trigger on
-            // the primary key); the flag test `paused <> $2` is re-checked on
-            // the newest version under that lock, so exactly one of two
-            // pauses changes the row and writes the audit row, the other
-            // changes nothing. A resume of a name never used inserts nothing.
-            let changed: Option<String> = if paused {
-                schema
-                    .query_scalar(
-                        "INSERT INTO $schema.queues AS q (name, paused, paused_at, updated_at)
+        crate::db::atomically!(
+            conn,
+            schema,
+            async {
+                // The page's rows change either way; a resume is new work too.
+                let _announced = live::announce_on_return(Topics::TASKS);
+                let mut tx = conn.begin().await?;
+                // Race prevented: two operators (or an operator and the first
+                // enqueue of the queue) changing one queue at once. The upsert
+                // locks the row (or inserts it, meeting the enqueue's trigger on
+                // the primary key); the flag test `paused <> $2` is re-checked on
+                // the newest version under that lock, so exactly one of two
+                // pauses changes the row and writes the audit row, the other
+                // changes nothing. A resume of a name never used inserts nothing.
+                let changed: Option<String> = if paused {
+                    schema
+                        .query_scalar(
+                            "INSERT INTO $schema.queues AS q (name, paused, paused_at, updated_at)
                          VALUES ($1, true, now(), now())
                          ON CONFLICT (name) DO UPDATE
                             SET paused = true, paused_at = now(), updated_at = now()
                           WHERE NOT q.paused
                          RETURNING name",
-                    )
-                    .bind(name)
-                    .fetch_optional(&mut *tx)
-                    .await?
-            } else {
-                schema
-                    .query_scalar(
-                        "UPDATE $schema.queues
+                        )
+                        .bind(name)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                } else {
+                    schema
+                        .query_scalar(
+                            "UPDATE $schema.queues
                             SET paused = false, paused_at = NULL, updated_at = now()
                           WHERE name = $1 AND paused
                          RETURNING name",
+                        )
+                        .bind(name)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                };
+                if changed.is_some() {
+                    crate::lease::store::record_operator_action(
+                        &mut tx,
+                        schema,
+                        &resource(name),
+                        by,
+                        if paused {
+                            "queue_pause"
+                        } else {
+                            "queue_resume"
+                        },
+                        json!({ "queue": name }),
                     )
+                    .await?;
+                }
+                let queue: Option<QueueInfo> = schema
+                    .query_as(SELECT)
                     .bind(name)
                     .fetch_optional(&mut *tx)
-                    .await?
-            };
-            if changed.is_some() {
-                crate::lease::store::record_operator_action(
-                    &mut tx,
-                    schema,
-                    &resource(name),
-                    by,
-                    if paused { "queue_pause" } else { "queue_resume" },
-                    json!({ "queue": name }),
-                )
-                .await?;
+                    .await?;
+                tx.commit().await?;
+                let queue = queue.ok_or_else(|| QueueError::NotFound(name.to_string()))?;
+                if !paused && changed.is_some() {
+                    // After the commit: a worker woken now sees the flag cleared.
+                    live::announce(Topics::WORK);
+                }
+                Ok(queue)
             }
-            let queue: Option<QueueInfo> = schema
-                .query_as(SELECT)
-                .bind(name)
-                .fetch_optional(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            let queue = queue.ok_or_else(|| QueueError::NotFound(name.to_string()))?;
-            if !paused && changed.is_some() {
-                // After the commit: a worker woken now sees the flag cleared.
-                live::announce(Topics::WORK);
-            }
-            Ok(queue)
-        }
-        .await)
+            .await
+        )
     }
 }

@@ -251,12 +251,14 @@ pub struct FailBody {
     pub error: String,
     /// How the attempt's record ends: `failed` (the default: the handler
     /// failed), `timed_out` (the worker stopped it at its time limit) or
-    /// `given_back` (the worker gave it back unfinished). The queue treats
-    /// each as a failed attempt. Any other outcome is refused (400).
+    /// `interrupted` (the worker let go of it unfinished; `given_back`, an
+    /// earlier version's name for it, is recorded as `interrupted`). The
+    /// queue treats each as a failed attempt. Any other outcome is refused
+    /// (400).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "openapi",
-        schema(value_type = Option<String>, pattern = "^(failed|timed_out|given_back)$")
+        schema(value_type = Option<String>, pattern = "^(failed|timed_out|interrupted|given_back)$")
     )]
     pub outcome: Option<AttemptOutcome>,
 }

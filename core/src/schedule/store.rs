@@ -161,7 +161,7 @@ pub async fn upsert(
     by: &str,
 ) -> Result<(Schedule, bool), ScheduleError> {
     check(new)?;
-    crate::db::atomically!(conn, schema, Result<(Schedule, bool), ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
         let mut tx = conn.begin().await?;
         // Race prevented: replicas declaring the same schedule at once (a
@@ -285,7 +285,7 @@ pub async fn set_paused(
     paused: bool,
     by: &str,
 ) -> Result<Schedule, ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<Schedule, ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
         let mut tx = conn.begin().await?;
         // Race prevented: a pause against a firing of the same schedule. The
@@ -339,33 +339,37 @@ pub async fn delete(
     name: &str,
     by: &str,
 ) -> Result<(), ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<(), ScheduleError>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
-        let mut tx = conn.begin().await?;
-        // Race prevented: a delete against a firing. The delete waits for
-        // the firing's row lock; a firing after it finds no row to fire.
-        let deleted = schema
-            .query("DELETE FROM $schema.schedules WHERE name = $1")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if deleted == 0 {
-            return Err(ScheduleError::NotFound(name.to_string()));
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::SCHEDULES);
+            let mut tx = conn.begin().await?;
+            // Race prevented: a delete against a firing. The delete waits for
+            // the firing's row lock; a firing after it finds no row to fire.
+            let deleted = schema
+                .query("DELETE FROM $schema.schedules WHERE name = $1")
+                .bind(name)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if deleted == 0 {
+                return Err(ScheduleError::NotFound(name.to_string()));
+            }
+            crate::lease::store::record_operator_action(
+                &mut tx,
+                schema,
+                &resource(name),
+                by,
+                "schedule_delete",
+                json!({}),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
         }
-        crate::lease::store::record_operator_action(
-            &mut tx,
-            schema,
-            &resource(name),
-            by,
-            "schedule_delete",
-            json!({}),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-    .await)
+        .await
+    )
 }
 
 /// Enqueues one task of schedule `name` now, on behalf of `by`: an extra
@@ -377,30 +381,34 @@ pub async fn trigger(
     name: &str,
     by: &str,
 ) -> Result<Task, ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<Task, ScheduleError>, async {
-        let mut tx = conn.begin().await?;
-        let row: Option<Row> = schema
-            .query_as(&format!("{} WHERE s.name = $1", select()))
-            .bind(name)
-            .fetch_optional(&mut *tx)
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let mut tx = conn.begin().await?;
+            let row: Option<Row> = schema
+                .query_as(&format!("{} WHERE s.name = $1", select()))
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
+                return Err(ScheduleError::NotFound(name.to_string()));
+            };
+            let task = tasks::enqueue(&mut tx, schema, &task_of(&row, None)).await?;
+            crate::lease::store::record_operator_action(
+                &mut tx,
+                schema,
+                &resource(name),
+                by,
+                "schedule_trigger",
+                json!({"task_id": task.id}),
+            )
             .await?;
-        let Some(row) = row else {
-            return Err(ScheduleError::NotFound(name.to_string()));
-        };
-        let task = tasks::enqueue(&mut tx, schema, &task_of(&row, None)).await?;
-        crate::lease::store::record_operator_action(
-            &mut tx,
-            schema,
-            &resource(name),
-            by,
-            "schedule_trigger",
-            json!({"task_id": task.id}),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(task)
-    }
-    .await)
+            tx.commit().await?;
+            Ok(task)
+        }
+        .await
+    )
 }
 
 /// The task a tick (or a trigger, `tick_at` `None`) of `row` enqueues.
@@ -540,7 +548,7 @@ pub async fn fire(
     name: &str,
     policy: FirePolicy,
 ) -> Result<Fired, ScheduleError> {
-    crate::db::atomically!(conn, schema, Result<Fired, ScheduleError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::SCHEDULES | crate::live::Topics::TASKS | crate::live::Topics::WORK,
         );

@@ -9,11 +9,20 @@
 //!   and the worker abandons the task.
 //!
 //! All randomness comes from one seedable generator, so tests can replay it.
+//!
+//! The worker loop meets the demo's faults through one seam, `Faults`:
+//! the chaos above, an operator's pause ([`Command::Pause`]), trusting
+//! claims past their deadline (`--trust-claims`) and a handler's
+//! [`SimulatedCrash`]. A production worker has chaos off, is never paused
+//! and never trusts a claim: each of the seam's answers is then "nothing".
 
+use super::handler::HandlerError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::ops::RangeInclusive;
 use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// How much chaos, and of what kind.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,6 +118,96 @@ impl Chaos {
             return lo;
         }
         self.rng.random_range(lo..=hi)
+    }
+}
+
+/// An order for a running worker (the dashboard's fleet sends it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Freeze for this long (no ticks, no heartbeats), then resume.
+    Pause(Duration),
+}
+
+/// Fault injection only: a handler that fails with this error makes its
+/// worker stop dead, as if its process had crashed mid-task: nothing is
+/// completed, failed or released, and the lease runs out. The dashboard's
+/// simulated work uses it to show takeovers; a real handler has no reason to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimulatedCrash;
+
+impl std::fmt::Display for SimulatedCrash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("simulated crash")
+    }
+}
+
+impl std::error::Error for SimulatedCrash {}
+
+/// The faults a worker may be made to commit, as its loop asks about them:
+/// stalls before heartbeats, pauses ordered from outside, trusting a claim
+/// past what the lease rules allow, crashing on a handler's
+/// [`SimulatedCrash`]. Without chaos, pauses or trusted claims (a
+/// production worker), every answer leaves the loop to the lease rules.
+#[derive(Debug)]
+pub(crate) struct Faults {
+    chaos: Chaos,
+    trust_claims: bool,
+    commands: mpsc::UnboundedReceiver<Command>,
+}
+
+impl Faults {
+    /// `chaos`, trusting claims when `trust_claims`, paused by `commands`.
+    pub(crate) fn new(
+        chaos: Chaos,
+        trust_claims: bool,
+        commands: mpsc::UnboundedReceiver<Command>,
+    ) -> Self {
+        Faults {
+            chaos,
+            trust_claims,
+            commands,
+        }
+    }
+
+    /// When the worker gives a claim up whose local deadline is `deadline`:
+    /// then, or never for a worker that trusts its claims (it works on and
+    /// sends its completion with the old token, as a process paused just
+    /// after its last deadline check would; only the queue's fencing stands
+    /// between that write and a task done twice).
+    pub(crate) fn gives_up_at(&self, deadline: Instant) -> Option<Instant> {
+        (!self.trust_claims).then_some(deadline)
+    }
+
+    /// Whether the worker works on after the queue refused its heartbeat
+    /// (it trusts its claims), rather than losing the claim.
+    pub(crate) fn works_on_when_refused(&self) -> bool {
+        self.trust_claims
+    }
+
+    /// The next pause ordered; never ready when none is (or none can come).
+    pub(crate) async fn pause_ordered(&mut self) -> Duration {
+        match self.commands.recv().await {
+            Some(Command::Pause(duration)) => duration,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// How long to stall before the next heartbeat, if at all.
+    pub(crate) fn stall_before_heartbeat(&mut self) -> Option<Duration> {
+        self.chaos.stall_before_heartbeat()
+    }
+
+    /// How long an idle worker waits before its next claim, picked from
+    /// `poll` (see [`Chaos::jitter`]: the generator is shared so a seeded
+    /// run replays).
+    pub(crate) fn poll_wait(&mut self, poll: RangeInclusive<Duration>) -> Duration {
+        self.chaos.jitter(poll)
+    }
+
+    /// Whether a handler's `error` is a simulated crash: the worker then
+    /// stops dead.
+    pub(crate) fn crashes_on(error: &HandlerError) -> bool {
+        error.is::<SimulatedCrash>()
     }
 }
 

@@ -128,21 +128,6 @@ impl Done {
     }
 }
 
-/// Fault injection only: a handler that fails with this error makes its
-/// worker stop dead, as if its process had crashed mid-task: nothing is
-/// completed, failed or released, and the lease runs out. The dashboard's
-/// simulated work uses it to show takeovers; a real handler has no reason to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SimulatedCrash;
-
-impl std::fmt::Display for SimulatedCrash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("simulated crash")
-    }
-}
-
-impl std::error::Error for SimulatedCrash {}
-
 /// What a running handler can ask of its worker.
 #[derive(Clone, Debug)]
 pub struct TaskContext {

@@ -108,7 +108,7 @@ pub async fn record_each(
     instance_id: Option<&str>,
     reports: &[(Holder, Report)],
 ) -> Result<u64, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<u64, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
         let mut ordered: Vec<&(Holder, Report)> = reports.iter().collect();
         ordered.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
@@ -184,17 +184,21 @@ pub async fn mark(
     id: &str,
     state: WorkerState,
 ) -> Result<(), sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<(), sqlx::Error>, async {
-        let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
-        schema
-            .query("UPDATE $schema.workers SET state = $2, last_seen_at = now() WHERE id = $1")
-            .bind(id)
-            .bind(state)
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
-    }
-    .await)
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(crate::live::Topics::WORKERS);
+            schema
+                .query("UPDATE $schema.workers SET state = $2, last_seen_at = now() WHERE id = $1")
+                .bind(id)
+                .bind(state)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+        .await
+    )
 }
 
 /// Worker `id`, if any; `alive` judged with `lease_ttl`.
@@ -230,7 +234,7 @@ pub async fn list_page(
     lease_ttl: Duration,
     cursor: crate::paging::Cursor,
 ) -> Result<crate::paging::Paged<WorkerInfo>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<crate::paging::Paged<WorkerInfo>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         let rows = schema
             .query_as(&format!(
                 "SELECT {WORKER_COLUMNS} FROM $schema.workers WHERE seq < $2 ORDER BY seq DESC LIMIT $3"
@@ -280,7 +284,7 @@ pub async fn running_ids(
     schema: &Schema,
     instance_id: &str,
 ) -> Result<Vec<String>, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<Vec<String>, sqlx::Error>, async {
+    crate::db::atomically!(conn, schema, async {
         schema.query_scalar(
             "SELECT id FROM $schema.workers WHERE instance_id = $1 AND state IN ('idle', 'working', 'paused')",
         )

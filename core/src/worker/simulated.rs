@@ -14,8 +14,8 @@
 //! a worker frozen by a pause catches up on the missed ticks at once when
 //! it resumes, as a process frozen mid-work would find its timers overdue.
 
-use super::chaos::{Chaos, ChaosSettings};
-use super::handler::{Done, HandlerResult, Handlers, Job, SimulatedCrash, TaskContext};
+use super::chaos::{Chaos, ChaosSettings, SimulatedCrash};
+use super::handler::{Done, HandlerResult, Handlers, Job, TaskContext};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until};

@@ -97,7 +97,7 @@ pub trait Transport: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
     /// [`Transport::fail`], with the attempt's record ending as `outcome`
-    /// (`Failed`, `TimedOut` or `GivenBack`; see
+    /// (`Failed`, `TimedOut` or `Interrupted`; see
     /// [`store::fail_as`](crate::queue::store::fail_as)). The default
     /// forgets the outcome and calls [`Transport::fail`].
     fn fail_as(

@@ -292,9 +292,10 @@ async fn a_snooze_closes_the_attempt_as_snoozed_and_the_next_claim_numbers_on() 
 }
 
 /// The runtime's time limit and its shutdown: each a failed attempt for
-/// the queue, told apart on record.
+/// the queue, told apart on record; a claim given back unstarted is
+/// `given_back`, the one the shutdown interrupted `interrupted`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_runtime_records_a_time_out_as_timed_out_and_a_shutdown_as_given_back() {
+async fn the_runtime_records_a_time_out_as_timed_out_and_a_shutdown_as_interrupted() {
     let db = TestDb::new().await;
     let hang = enqueue(
         &db.pool,
@@ -343,28 +344,27 @@ async fn the_runtime_records_a_time_out_as_timed_out_and_a_shutdown_as_given_bac
     // Claimed ahead behind the hang by the same worker, it may have been
     // given back unstarted first, for the idle worker to run (each such
     // attempt says so); its last attempt is the one the shutdown ended.
-    let given_back = attempts(&db.pool, slow.id).await;
+    let slow_attempts = attempts(&db.pool, slow.id).await;
+    let (last, ahead) = slow_attempts.split_last().expect("an attempt");
     assert!(
-        given_back
-            .iter()
-            .all(|a| a.outcome == AttemptOutcome::GivenBack),
-        "{given_back:?}"
+        ahead.iter().all(|a| a.outcome == AttemptOutcome::GivenBack
+            && a.error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("claimed ahead")),
+        "{slow_attempts:?}"
     );
-    let (last, ahead) = given_back.split_last().expect("an attempt");
-    assert!(
-        ahead.iter().all(|a| a
-            .error
-            .as_deref()
-            .unwrap_or_default()
-            .contains("claimed ahead")),
-        "{given_back:?}"
+    assert_eq!(
+        last.outcome,
+        AttemptOutcome::Interrupted,
+        "{slow_attempts:?}"
     );
     assert!(
         last.error
             .as_deref()
             .unwrap_or_default()
             .contains("stopped before finishing"),
-        "{given_back:?}"
+        "{slow_attempts:?}"
     );
 }
 
@@ -389,6 +389,33 @@ async fn fail_as_refuses_an_outcome_that_is_not_a_failure() {
     assert_eq!(
         outcomes(&attempts(&db.pool, t.id).await),
         [AttemptOutcome::Running]
+    );
+}
+
+/// `given_back` means an attempt not used: a worker of an earlier version
+/// that fails an attempt "given back" (it stopped mid-task) has it
+/// recorded as `interrupted`, the attempt spent.
+#[tokio::test]
+async fn fail_as_records_an_earlier_versions_given_back_as_interrupted() {
+    let db = TestDb::new().await;
+    let t = enqueue(&db.pool, NewTask::new("k", json!({})).max_attempts(3)).await;
+    let claimed = claim(&db.pool, "w1", TTL).await;
+    let failed = store::fail_as(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        t.id,
+        &holder("w1"),
+        claimed.fencing_token.unwrap(),
+        "worker w1 stopped before finishing",
+        NO_BACKOFF,
+        AttemptOutcome::GivenBack,
+    )
+    .await
+    .unwrap();
+    assert_eq!(failed.attempts, 1, "the attempt is spent");
+    assert_eq!(
+        outcomes(&attempts(&db.pool, t.id).await),
+        [AttemptOutcome::Interrupted]
     );
 }
 

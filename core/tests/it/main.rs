@@ -12,6 +12,7 @@ mod common;
 mod fenced;
 mod functions;
 mod host;
+mod import_circles;
 mod instances;
 mod lease_client;
 mod lease_race;

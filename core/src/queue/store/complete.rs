@@ -21,26 +21,31 @@ pub async fn complete(
     token: i64,
     output: Option<&Value>,
 ) -> Result<Task, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
-        let _announced =
-            crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-        let done = complete_claims(
-            conn,
-            schema,
-            &[Completion::new(
-                id,
-                token,
-                processor.clone(),
-                output.cloned(),
-            )],
-        )
-        .await?;
-        if let Some(task) = done.into_iter().next() {
-            return Ok(task);
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(
+                crate::live::Topics::TASKS | crate::live::Topics::LEASES,
+            );
+            let done = complete_claims(
+                conn,
+                schema,
+                &[Completion::new(
+                    id,
+                    token,
+                    processor.clone(),
+                    output.cloned(),
+                )],
+            )
+            .await?;
+            if let Some(task) = done.into_iter().next() {
+                return Ok(task);
+            }
+            Err(refuse_alone(conn, schema, id, processor, token, "complete").await?)
         }
-        Err(refuse_alone(conn, schema, id, processor, token, "complete").await?)
-    }
-    .await)
+        .await
+    )
 }
 
 /// Completes many claims of `processor` at once, each `(task id, fencing

@@ -51,9 +51,12 @@ pub async fn fail(
 
 /// [`fail`], with the attempt on record ending as `outcome`: `Failed` (the
 /// handler failed), `TimedOut` (the worker stopped it at its time limit) or
-/// `GivenBack` (the worker gave the task back unfinished). For the queue
-/// each is a failed attempt; only the record tells them apart. Any other
-/// outcome is [`TaskError::BadInput`].
+/// `Interrupted` (the worker let go of it unfinished). For the queue each
+/// is a failed attempt; only the record tells them apart. `GivenBack`, which
+/// a worker of an earlier version sends for `Interrupted`, is recorded as
+/// `Interrupted`: a given-back attempt is one not used
+/// ([`give_back_each`](super::give_back_each)). Any other outcome is
+/// [`TaskError::BadInput`].
 #[expect(
     clippy::too_many_arguments,
     reason = "fail's claim, error and policy, and the outcome: a struct would only rename them"
@@ -68,16 +71,17 @@ pub async fn fail_as(
     policy: RetryPolicy,
     outcome: AttemptOutcome,
 ) -> Result<Task, TaskError> {
-    if !matches!(
-        outcome,
-        AttemptOutcome::Failed | AttemptOutcome::TimedOut | AttemptOutcome::GivenBack
-    ) {
-        return Err(TaskError::BadInput(format!(
-            "a failed attempt ends as failed, timed_out or given_back, not {}",
-            outcome.as_str()
-        )));
-    }
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+    let outcome = match outcome {
+        AttemptOutcome::GivenBack => AttemptOutcome::Interrupted,
+        AttemptOutcome::Failed | AttemptOutcome::TimedOut | AttemptOutcome::Interrupted => outcome,
+        _ => {
+            return Err(TaskError::BadInput(format!(
+                "a failed attempt ends as failed, timed_out or interrupted, not {}",
+                outcome.as_str()
+            )));
+        }
+    };
+    crate::db::atomically!(conn, schema, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
         // Race prevented: a late failure report from a processor that lost the
@@ -155,7 +159,7 @@ pub async fn snooze(
             "a snooze must be at most 366 days".into(),
         ));
     }
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::TASKS | crate::live::Topics::LEASES | crate::live::Topics::WORK,
         );
@@ -202,12 +206,16 @@ async fn release_claim(
     processor: &Holder,
     token: i64,
 ) -> Result<(), TaskError> {
-    crate::db::atomically!(conn, schema, Result<(), TaskError>, async {
-        match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
-            // Already gone (released by hand): the task row decided; fine.
-            Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e.into()),
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
+                // Already gone (released by hand): the task row decided; fine.
+                Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         }
-    }
-    .await)
+        .await
+    )
 }

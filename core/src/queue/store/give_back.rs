@@ -30,7 +30,7 @@ pub async fn give_back_each(
     claims: &[(i64, i64, Holder)],
     why: &str,
 ) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Vec<Result<Task, TaskError>>, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced = crate::live::announce_on_return(
             crate::live::Topics::TASKS | crate::live::Topics::LEASES | crate::live::Topics::WORK,
         );

@@ -26,35 +26,38 @@ pub(super) async fn refuse(
     token: i64,
     op: &str,
 ) -> Result<TaskError, TaskError> {
-    crate::db::atomically!(conn, schema, Result<TaskError, TaskError>, async {
-        let current: Option<Task> = schema
-            .query_as(&format!(
-                "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(current) = current else {
-            return Ok(TaskError::NotFound(id));
-        };
-        let reason = if current.status == TaskStatus::Processed {
-            "already processed".to_string()
-        } else if current.status != TaskStatus::Started {
-            format!("not started (it is {})", current.status.as_str())
-        } else if current.fencing_token != Some(token) {
-            format!(
-                "fencing token {token} is not current (the current claim has {})",
-                current.fencing_token.unwrap_or_default()
-            )
-        } else if current.processor.as_deref() != Some(processor.as_str()) {
-            format!(
-                "claimed by {}, not {processor}",
-                current.processor.as_deref().unwrap_or("nobody")
-            )
-        } else {
-            "its lease expired".to_string()
-        };
-        schema
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let current: Option<Task> = schema
+                .query_as(&format!(
+                    "SELECT {TASK_COLUMNS} FROM $schema.tasks WHERE id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(current) = current else {
+                return Ok(TaskError::NotFound(id));
+            };
+            let reason = if current.status == TaskStatus::Processed {
+                "already processed".to_string()
+            } else if current.status != TaskStatus::Started {
+                format!("not started (it is {})", current.status.as_str())
+            } else if current.fencing_token != Some(token) {
+                format!(
+                    "fencing token {token} is not current (the current claim has {})",
+                    current.fencing_token.unwrap_or_default()
+                )
+            } else if current.processor.as_deref() != Some(processor.as_str()) {
+                format!(
+                    "claimed by {}, not {processor}",
+                    current.processor.as_deref().unwrap_or("nobody")
+                )
+            } else {
+                "its lease expired".to_string()
+            };
+            schema
             .query(
                 "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
              VALUES ($1, $2, $3, 'stale_write_refused', $4)",
@@ -71,10 +74,11 @@ pub(super) async fn refuse(
             }))
             .execute(&mut *conn)
             .await?;
-        crate::metrics::refused(crate::metrics::Refused::Task(&current));
-        Ok(TaskError::Stale { id, reason })
-    }
-    .await)
+            crate::metrics::refused(crate::metrics::Refused::Task(&current));
+            Ok(TaskError::Stale { id, reason })
+        }
+        .await
+    )
 }
 
 /// [`refuse`] in a transaction of its own.
@@ -86,13 +90,17 @@ pub(super) async fn refuse_alone(
     token: i64,
     op: &str,
 ) -> Result<TaskError, TaskError> {
-    crate::db::atomically!(conn, schema, Result<TaskError, TaskError>, async {
-        let mut tx = conn.begin().await?;
-        let err = refuse(&mut tx, schema, id, processor, token, op).await?;
-        tx.commit().await?;
-        Ok(err)
-    }
-    .await)
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let mut tx = conn.begin().await?;
+            let err = refuse(&mut tx, schema, id, processor, token, op).await?;
+            tx.commit().await?;
+            Ok(err)
+        }
+        .await
+    )
 }
 
 /// The write of one claim that heartbeat and fail share: in a transaction

@@ -21,37 +21,42 @@ pub async fn heartbeat(
     token: i64,
     ttl: Duration,
 ) -> Result<Task, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
-        let _announced =
-            crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
-        // Race prevented: a heartbeat from a processor whose claim expired,
-        // racing the takeover by another worker (see `update_claim`).
-        let ms = millis(ttl);
-        let (mut tx, task) = update_claim(
-            conn,
-            schema,
-            id,
-            processor,
-            token,
-            "heartbeat",
-            "last_heartbeat_at = now(),
+    crate::db::atomically!(
+        conn,
+        schema,
+        async {
+            let _announced = crate::live::announce_on_return(
+                crate::live::Topics::TASKS | crate::live::Topics::LEASES,
+            );
+            // Race prevented: a heartbeat from a processor whose claim expired,
+            // racing the takeover by another worker (see `update_claim`).
+            let ms = millis(ttl);
+            let (mut tx, task) = update_claim(
+                conn,
+                schema,
+                id,
+                processor,
+                token,
+                "heartbeat",
+                "last_heartbeat_at = now(),
              must_heartbeat_before = now() + make_interval(secs => $4::float8 / 1000)",
-            |q| q.bind(ms),
-        )
-        .await?;
-        leases::renew(
-            &mut tx,
-            schema,
-            &task_resource(id)?,
-            processor,
-            Some(token),
-            Some(ttl),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(task)
-    }
-    .await)
+                |q| q.bind(ms),
+            )
+            .await?;
+            leases::renew(
+                &mut tx,
+                schema,
+                &task_resource(id)?,
+                processor,
+                Some(token),
+                Some(ttl),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(task)
+        }
+        .await
+    )
 }
 
 /// Extends many claims at once, each `(task id, fencing token, processor)`,
@@ -65,7 +70,7 @@ pub async fn heartbeat_each(
     beats: &[(i64, i64, Holder)],
     ttl: Duration,
 ) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
-    crate::db::atomically!(conn, schema, Result<Vec<Result<Task, TaskError>>, TaskError>, async {
+    crate::db::atomically!(conn, schema, async {
         let _announced =
             crate::live::announce_on_return(crate::live::Topics::TASKS | crate::live::Topics::LEASES);
         if beats.len() > MAX_BATCH {

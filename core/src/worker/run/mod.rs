@@ -19,10 +19,15 @@
 //!   *at the completion write*, as a process frozen by a long GC pause would:
 //!   it still believes it holds the claim. The fencing token is what stops
 //!   that late write when another worker took the task over meanwhile.
-//! - A graceful stop gives the task back at once as a failed attempt (it is
-//!   retried after a short backoff) instead of making it wait out the lease.
+//! - A graceful stop fails the attempt at once, as `interrupted` (the task
+//!   is retried after a short backoff), instead of making it wait out the
+//!   lease.
 //!
-//! The work itself is the [`Handler`] registered
+//! The demo's faults (chaos stalls, pauses, trusting claims, a simulated
+//! crash) reach the loop through one seam, `chaos::Faults`: in production each
+//! of its answers leaves the loop to the rules above.
+//!
+//! The work itself is the [`Handler`](super::handler::Handler) registered
 //! for the task's kind. It runs inside the loop (polled, not spawned), so a
 //! pause freezes it too; a panic in it is caught and reported as a failed
 //! attempt. When the claim is lost, the handler's
@@ -36,21 +41,23 @@
 //! on the announcement, is refused, and so loses the claim within moments
 //! instead of at its next heartbeat.
 
-use super::Report;
-use super::WorkerState;
-use super::chaos::Chaos;
-use super::handler::{Handler, Handlers, SimulatedCrash, TaskContext};
-use super::transport::{Claim, ClaimRef, Tally, Transport, TransportError};
+mod heartbeat;
+mod pause;
+mod running;
+mod status;
+
+use super::chaos::{Chaos, Command, Faults};
+use super::handler::{Handlers, TaskContext};
+use super::transport::{Claim, Tally, Transport, TransportError};
 use crate::lease::Holder;
 use crate::queue::AttemptOutcome;
 use crate::queue::store::FencedTransaction;
 use crate::queue::wake::{CancelSignal, WorkSignal};
-use futures::FutureExt;
+use heartbeat::{Beat, answer, beat};
+use running::{Running, panic_message};
 use serde_json::Value;
-use std::future::Future;
+use status::Status;
 use std::ops::RangeInclusive;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -112,13 +119,6 @@ fn trusted(remaining: Duration) -> Duration {
     remaining - remaining / 10
 }
 
-/// An order for a running worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Freeze for this long (no ticks, no heartbeats), then resume.
-    Pause(Duration),
-}
-
 /// The handle that stops or pauses a running [`Worker`].
 #[derive(Clone, Debug)]
 pub struct Controls {
@@ -168,61 +168,11 @@ enum Flow {
     Exit(Exit),
 }
 
-/// A heartbeat in flight: the instant its request was sent, and the answer.
-type Beat =
-    Pin<Box<dyn Future<Output = (Instant, Result<Option<Duration>, TransportError>)> + Send>>;
-
-fn beat<T: Transport>(
-    transport: Arc<T>,
-    worker: Holder,
-    claim: &Claim,
-    stall: Option<Duration>,
-) -> Beat {
-    let (task_id, token, kind) = (claim.task_id, claim.token, claim.kind.clone());
-    Box::pin(async move {
-        let claim = ClaimRef {
-            worker: &worker,
-            task_id,
-            token,
-            kind: &kind,
-        };
-        if let Some(stall) = stall {
-            tracing::warn!(worker = %worker, task_id, stall_ms = stall.as_millis() as u64,
-                "chaos: stalling before a heartbeat (latency spike)");
-            sleep(stall).await;
-        }
-        let sent = Instant::now();
-        let answer = transport.heartbeat(claim).await;
-        (sent, answer)
-    })
-}
-
-/// The in-flight heartbeat's answer; never ready when there is none.
-async fn answer(beat: &mut Option<Beat>) -> (Instant, Result<Option<Duration>, TransportError>) {
-    match beat {
-        Some(beat) => beat.as_mut().await,
+/// Sleeps until `at`; never wakes when there is no such instant.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// A handler at work on one claim, polled by the loop (so a pause freezes
-/// it too), its panics caught.
-struct Running(futures::future::CatchUnwind<AssertUnwindSafe<super::handler::HandlerFuture>>);
-
-impl Running {
-    fn start(handler: &dyn Handler, claim: &Claim, ctx: TaskContext) -> Self {
-        Running(AssertUnwindSafe(handler.handle(claim.job(), ctx)).catch_unwind())
-    }
-}
-
-/// The message of a caught panic.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
     }
 }
 
@@ -232,12 +182,12 @@ pub struct Worker<T> {
     transport: Arc<T>,
     handlers: Handlers,
     config: WorkerConfig,
-    chaos: Chaos,
+    /// The demo's fault injection; nothing happens through it in production.
+    faults: Faults,
     wake: WorkSignal,
     cancels: CancelSignal,
     stop: CancellationToken,
     drain: CancellationToken,
-    commands: mpsc::UnboundedReceiver<Command>,
     tally: Arc<Tally>,
     last_report: Instant,
 }
@@ -260,13 +210,12 @@ impl<T: Transport> Worker<T> {
             id,
             transport: Arc::new(transport),
             handlers,
+            faults: Faults::new(chaos, config.trust_claims, rx),
             config,
-            chaos,
             wake: WorkSignal::deaf(),
             cancels: CancelSignal::deaf(),
             stop: stop.clone(),
             drain: drain.clone(),
-            commands: rx,
             tally: Arc::new(Tally::default()),
             last_report: Instant::now(),
         };
@@ -300,7 +249,7 @@ impl<T: Transport> Worker<T> {
     /// Runs until stopped or crashed.
     pub async fn run(mut self) -> Exit {
         tracing::info!(worker = %self.id, "worker started");
-        self.report(WorkerState::Idle, None, false, true).await;
+        self.report(Status::idle().first_of_run()).await;
         let mut failures: u32 = 0;
         loop {
             if self.stop.is_cancelled() || self.drain.is_cancelled() {
@@ -321,7 +270,7 @@ impl<T: Transport> Worker<T> {
                 }
                 Ok(None) => {
                     failures = 0;
-                    self.chaos.jitter(self.config.poll.clone())
+                    self.faults.poll_wait(self.config.poll.clone())
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
@@ -339,17 +288,17 @@ impl<T: Transport> Worker<T> {
     async fn idle(&mut self, wait: Duration) -> Option<Exit> {
         if self.last_report.elapsed() >= self.config.heartbeat_interval {
             // Idle workers report now and then, so the table can tell they live.
-            self.report(WorkerState::Idle, None, false, false).await;
+            self.report(Status::idle()).await;
         }
         tokio::select! {
             biased;
             () = self.stop.cancelled() => Some(self.stopped().await),
             () = self.drain.cancelled() => Some(self.stopped().await),
-            Some(Command::Pause(duration)) = self.commands.recv() => {
+            duration = self.faults.pause_ordered() => {
                 if self.freeze(duration, None).await {
                     return Some(self.stopped().await);
                 }
-                self.report(WorkerState::Idle, None, false, false).await;
+                self.report(Status::idle()).await;
                 None
             }
             _ = self.wake.wait(wait) => None,
@@ -363,14 +312,13 @@ impl<T: Transport> Worker<T> {
         let mut interval = self.config.heartbeat_interval.min(remaining / 3);
         tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token,
             kind = %claim.kind, "claimed a task");
-        self.report(WorkerState::Working, Some(&claim), true, false)
-            .await;
+        self.report(Status::working(&claim).just_accepted()).await;
         let Some(handler) = self.handlers.get(&claim.kind).cloned() else {
             let why = format!(
                 "no handler for task kind {:?} on worker {}",
                 claim.kind, self.id
             );
-            self.give_back(&claim, &why, AttemptOutcome::GivenBack)
+            self.fail_attempt(&claim, &why, AttemptOutcome::Interrupted)
                 .await;
             return Flow::Claim;
         };
@@ -394,18 +342,21 @@ impl<T: Transport> Worker<T> {
         // A cancel was announced: heartbeat now (or again, once the beat in
         // flight, perhaps sent before the cancel, is answered).
         let mut beat_now = false;
-        let (result, paused) = loop {
+        // The handler's answer, and when the claim stops being trusted for
+        // its completion (never once a pause made the worker believe it
+        // still holds the claim, or when it trusts its claims).
+        let (result, gives_up_at) = loop {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => {
                     drop(in_flight.take());
                     lost.cancel();
                     drop(running);
-                    self.give_back(&claim, &format!("worker {} stopped before finishing", self.id),
-                        AttemptOutcome::GivenBack).await;
+                    self.fail_attempt(&claim, &format!("worker {} stopped before finishing", self.id),
+                        AttemptOutcome::Interrupted).await;
                     return Flow::Exit(self.stopped().await);
                 }
-                () = sleep_until(deadline), if !self.config.trust_claims => {
+                () = until(self.faults.gives_up_at(deadline)) => {
                     return self.lose(&claim, &lost, running,
                         "its local deadline passed without an accepted heartbeat").await;
                 }
@@ -414,23 +365,15 @@ impl<T: Transport> Worker<T> {
                     let limit = limit.unwrap_or_default();
                     return self.time_out(&claim, &cancelled, running, limit).await;
                 }
-                Some(Command::Pause(duration)) = self.commands.recv() => {
+                duration = self.faults.pause_ordered() => {
                     drop(in_flight.take());
-                    if self.freeze(duration, Some(&claim)).await {
-                        return Flow::Exit(self.stopped().await);
-                    }
-                    // Resumed, as a process after a long GC pause: it still
-                    // believes it holds the claim, so no heartbeat and no
-                    // deadline; it finishes and writes its completion, which
-                    // the fencing token refuses if the task was taken over.
-                    tokio::select! {
-                        biased;
-                        () = self.stop.cancelled() => {
+                    match self.pause_mid_task(duration, &claim, &mut running).await {
+                        Some(result) => break (result, None),
+                        None => {
                             lost.cancel();
                             drop(running);
                             return Flow::Exit(self.stopped().await);
                         }
-                        result = &mut running.0 => break (result, true),
                     }
                 }
                 (beat_sent, answer) = answer(&mut in_flight) => {
@@ -441,9 +384,9 @@ impl<T: Transport> Worker<T> {
                             deadline = beat_sent + trusted(remaining);
                             interval = self.config.heartbeat_interval.min(remaining / 3);
                             next_beat = beat_sent + interval;
-                            self.report(WorkerState::Working, Some(&claim), true, false).await;
+                            self.report(Status::working(&claim).just_accepted()).await;
                         }
-                        Err(TransportError::Lost(why)) if !self.config.trust_claims => {
+                        Err(TransportError::Lost(why)) if !self.faults.works_on_when_refused() => {
                             return self.lose(&claim, &lost, running,
                                 &format!("heartbeat refused: {why}")).await;
                         }
@@ -459,17 +402,17 @@ impl<T: Transport> Worker<T> {
                         }
                     }
                 }
-                result = &mut running.0 => break (result, false),
+                result = &mut running.0 => break (result, self.faults.gives_up_at(deadline)),
                 () = self.cancels.heard() => beat_now = true,
                 () = sleep_until(if beat_now { Instant::now() } else { next_beat }), if in_flight.is_none() => {
                     beat_now = false;
-                    let stall = self.chaos.stall_before_heartbeat();
+                    let stall = self.faults.stall_before_heartbeat();
                     in_flight = Some(beat(self.transport.clone(), self.id.clone(), &claim, stall));
                 }
             }
         };
         drop(in_flight);
-        if !paused && !self.config.trust_claims && Instant::now() >= deadline {
+        if gives_up_at.is_some_and(|at| Instant::now() >= at) {
             self.abandon(&claim, "its local deadline passed before completion")
                 .await;
             return Flow::Claim;
@@ -478,12 +421,13 @@ impl<T: Transport> Worker<T> {
             Err(panic) => {
                 let why = format!("the handler panicked: {}", panic_message(&*panic));
                 tracing::error!(worker = %self.id, task_id = claim.task_id, error = %why, "handler panicked");
-                self.give_back(&claim, &why, AttemptOutcome::Failed).await;
+                self.fail_attempt(&claim, &why, AttemptOutcome::Failed)
+                    .await;
                 Flow::Claim
             }
-            Ok(Err(e)) if e.is::<SimulatedCrash>() => Flow::Exit(Exit::Crashed),
+            Ok(Err(e)) if Faults::crashes_on(&e) => Flow::Exit(Exit::Crashed),
             Ok(Err(e)) => {
-                self.give_back(&claim, &e.to_string(), AttemptOutcome::Failed)
+                self.fail_attempt(&claim, &e.to_string(), AttemptOutcome::Failed)
                     .await;
                 Flow::Claim
             }
@@ -492,7 +436,8 @@ impl<T: Transport> Worker<T> {
                 // a failed attempt, and the handler's writes roll back with
                 // its transaction.
                 let why = format!("the handler's answer cannot be stored: {why}");
-                self.give_back(&claim, &why, AttemptOutcome::Failed).await;
+                self.fail_attempt(&claim, &why, AttemptOutcome::Failed)
+                    .await;
                 Flow::Claim
             }
             Ok(Ok(done)) if let Some(delay) = done.snooze => {
@@ -509,7 +454,7 @@ impl<T: Transport> Worker<T> {
                     Err(TransportError::Transient(why)) => {
                         // Not snoozed: the attempt fails instead (retried
                         // after the backoff), rather than waiting out the lease.
-                        self.give_back(
+                        self.fail_attempt(
                             &claim,
                             &format!("could not snooze: {why}"),
                             AttemptOutcome::Failed,
@@ -518,7 +463,7 @@ impl<T: Transport> Worker<T> {
                         return Flow::Claim;
                     }
                 }
-                self.report(WorkerState::Idle, None, false, false).await;
+                self.report(Status::idle()).await;
                 Flow::Claim
             }
             Ok(Ok(done)) => match done.transaction {
@@ -536,7 +481,7 @@ impl<T: Transport> Worker<T> {
                         )
                         .await;
                     if handed {
-                        self.report(WorkerState::Idle, None, false, false).await;
+                        self.report(Status::idle()).await;
                         Flow::Claim
                     } else {
                         self.complete(&claim, &done.output, deadline).await
@@ -578,7 +523,7 @@ impl<T: Transport> Worker<T> {
         cancelled.cancel();
         let _ = tokio::time::timeout(self.config.lost_grace, &mut running.0).await;
         drop(running);
-        self.give_back(
+        self.fail_attempt(
             claim,
             &format!("timed out after {limit:?}"),
             AttemptOutcome::TimedOut,
@@ -599,7 +544,7 @@ impl<T: Transport> Worker<T> {
                 self.tally.done.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token,
                     "completed a task with its transaction");
-                self.report(WorkerState::Idle, None, false, false).await;
+                self.report(Status::idle()).await;
             }
             Err(crate::queue::store::TaskError::Stale { reason, .. }) => {
                 self.abandon(
@@ -626,7 +571,7 @@ impl<T: Transport> Worker<T> {
                 Ok(()) => {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(worker = %self.id, task_id = claim.task_id, token = claim.token, "completed a task");
-                    self.report(WorkerState::Idle, None, false, false).await;
+                    self.report(Status::idle()).await;
                     return Flow::Claim;
                 }
                 Err(TransportError::Lost(why)) => {
@@ -636,7 +581,8 @@ impl<T: Transport> Worker<T> {
                 }
                 Err(TransportError::Transient(why)) => {
                     let retry = Duration::from_millis(250);
-                    if Instant::now() + retry >= deadline && !self.config.trust_claims {
+                    let gives_up_at = self.faults.gives_up_at(deadline);
+                    if gives_up_at.is_some_and(|at| Instant::now() + retry >= at) {
                         self.abandon(
                             claim,
                             &format!("completion failed and the deadline passed: {why}"),
@@ -655,30 +601,18 @@ impl<T: Transport> Worker<T> {
         }
     }
 
-    /// Freezes for `duration`; true when stopped meanwhile.
-    async fn freeze(&mut self, duration: Duration, claim: Option<&Claim>) -> bool {
-        tracing::warn!(worker = %self.id, pause_ms = duration.as_millis() as u64,
-            task_id = claim.map(|c| c.task_id), "paused: no ticks, no heartbeats");
-        self.report(WorkerState::Paused, claim, false, false).await;
-        tokio::select! {
-            biased;
-            () = self.stop.cancelled() => true,
-            () = sleep(duration) => false,
-        }
-    }
-
     /// Gives up `claim` without writing anything: the lease runs out.
     async fn abandon(&mut self, claim: &Claim, why: &str) {
         self.tally.abandoned.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(worker = %self.id, task_id = claim.task_id, token = claim.token, reason = why,
             "abandoning the task: the claim is lost");
-        self.report(WorkerState::Idle, None, false, false).await;
+        self.report(Status::idle()).await;
     }
 
-    /// Reports the attempt at `claim` as failed with `why` (the queue
-    /// retries it after a backoff, or marks it failed after its attempts),
-    /// its record ending as `outcome`.
-    async fn give_back(&mut self, claim: &Claim, why: &str, outcome: AttemptOutcome) {
+    /// Fails the attempt at `claim` with `why`, its record ending as
+    /// `outcome`: the attempt is spent, and the queue retries the task after
+    /// a backoff, or marks it failed after its attempts.
+    async fn fail_attempt(&mut self, claim: &Claim, why: &str, outcome: AttemptOutcome) {
         // Cut here too: over REST a longer message would be refused (400)
         // and the task would wait out its lease instead of being retried.
         let why = &*crate::queue::store::bounded_error(why);
@@ -695,7 +629,7 @@ impl<T: Transport> Worker<T> {
                     "could not give the task back; its lease will run out");
             }
         }
-        self.report(WorkerState::Idle, None, false, false).await;
+        self.report(Status::idle()).await;
     }
 
     async fn stopped(&mut self) -> Exit {
@@ -703,42 +637,8 @@ impl<T: Transport> Worker<T> {
         self.transport.forget(&self.id);
         tracing::info!(worker = %self.id, done = self.tally.done(), abandoned = self.tally.abandoned(),
             "worker stopped");
-        self.report(WorkerState::Stopped, None, false, false).await;
+        self.report(Status::stopped()).await;
         Exit::Stopped
-    }
-
-    /// Records what the worker does; a failure is logged, never fatal.
-    async fn report(
-        &mut self,
-        state: WorkerState,
-        claim: Option<&Claim>,
-        heartbeat: bool,
-        fresh: bool,
-    ) {
-        self.last_report = Instant::now();
-        let report = Report {
-            state,
-            task_id: claim.map(|c| c.task_id),
-            fencing_token: claim.map(|c| c.token),
-            heartbeat,
-            tasks_done: self.tally.done(),
-            tasks_abandoned: self.tally.abandoned(),
-            fresh,
-        };
-        let sent = tokio::time::timeout(
-            self.config.report_timeout,
-            self.transport.report(&self.id, &report),
-        )
-        .await;
-        match sent {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(worker = %self.id, error = %e, "could not record the worker's state");
-            }
-            Err(_) => {
-                tracing::debug!(worker = %self.id, "recording the worker's state timed out");
-            }
-        }
     }
 }
 

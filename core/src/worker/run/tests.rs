@@ -5,6 +5,8 @@ use super::*;
 use crate::worker::chaos::ChaosSettings;
 use crate::worker::handler::{Done, HandlerResult, Job};
 use crate::worker::simulated;
+use crate::worker::transport::ClaimRef;
+use crate::worker::{Report, WorkerState};
 use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::Mutex;
