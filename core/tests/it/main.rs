@@ -19,6 +19,7 @@ mod overview;
 mod pooler;
 mod prefetch;
 mod queues;
+mod rescuer;
 mod retention;
 mod retry;
 mod schedules;

@@ -211,8 +211,7 @@ async fn claims_skip_a_paused_queue_on_every_path_and_a_resume_claims_again() {
 }
 
 /// A late task (its processor went silent) of a paused queue is not taken
-/// over either, on the one-statement path nor on the careful one, until the
-/// resume.
+/// over either, until the resume.
 #[tokio::test]
 async fn a_late_task_of_a_paused_queue_waits_for_the_resume() {
     let db = TestDb::new().await;
