@@ -185,7 +185,7 @@ async fn claim_up_to(
     crate::db::atomically!(conn, schema, Result<ClaimBatch, TaskError>, async {
         let ttl_ms = leases::ttl_ms(ttl)?;
         // Races prevented, all in one statement:
-        // - two workers claiming the same task: `FOR UPDATE SKIP LOCKED` locks
+        // - two workers claiming the same task: the claim statement's row locks (`sql::claim`) lock
         //   each candidate row until commit and makes every other claimer move
         //   on to the next row instead of queueing behind it (claims never
         //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
