@@ -270,8 +270,8 @@ async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
     let waiting = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(waiting[0].resource, name);
     assert_eq!(waiting[0].ended, None);
-    // Its claim runs out; the next claimer finds it out of attempts and
-    // fails it rather than taking its lease.
+    // Its claim runs out; no claimer takes it (it is out of attempts), and
+    // the rescuer's pass fails it.
     sqlx::query("UPDATE tasks SET must_heartbeat_before = now() - interval '1 ms' WHERE id = $1")
         .bind(task.id)
         .execute(&mut *conn)
@@ -284,6 +284,26 @@ async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
             .unwrap()
             .is_none()
     );
+    let me = holder("maintainer");
+    let lease = leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource(leasekeeper_core::maintenance::RESOURCE),
+        &me,
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    let fence = leasekeeper_core::queue::rescuer::Fence {
+        resource: leasekeeper_core::maintenance::RESOURCE,
+        holder: &me,
+        token: lease.fencing_token,
+    };
+    let rescued = leasekeeper_core::queue::rescuer::rescue_once(&db.pool, fence, 10, || true)
+        .await
+        .unwrap();
+    assert_eq!(rescued.failed, 1);
     assert_eq!(
         tasks::get(&mut conn, &Default::default(), task.id)
             .await

@@ -1,6 +1,7 @@
-//! Retention: a maintenance job, on exactly one replica, that deletes what
-//! is older than the retention so the tables stay bounded however many
-//! tasks pass through.
+//! Retention and rescue: a maintenance job, on exactly one replica, that
+//! deletes what is older than the retention so the tables stay bounded
+//! however many tasks pass through, and fails the late tasks that used
+//! their attempts ([`crate::queue::rescuer`], every `rescue_interval`).
 //!
 //! Every replica runs a [`Maintenance`]; only the holder of the lease
 //! `singleton:maintenance` (the library's own [`Singleton`]) works: every
@@ -63,6 +64,11 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often the holder runs a pass, unless configured: every 60 s.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How often the holder runs a rescue pass ([`crate::queue::rescuer`]),
+/// unless configured: every 5 s. It bounds how long a late task that used
+/// its attempts stays started after its deadline.
+pub const DEFAULT_RESCUE_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The most rows one batch (one transaction) deletes from the table it
 /// walks, unless configured. Small enough that a batch takes milliseconds
 /// (a task batch also deletes each task's lease, history and fencing rows).
@@ -79,14 +85,19 @@ pub struct MaintenanceConfig {
     pub interval: Duration,
     /// How old what is deleted must be.
     pub retention: Duration,
-    /// The most rows one batch deletes.
+    /// The most rows one batch deletes (and the most tasks one rescue
+    /// batch fails).
     pub batch: usize,
+    /// How often the holder runs a rescue pass
+    /// ([`crate::queue::rescuer`]): how long, at most, a late task that
+    /// used its attempts stays started after its deadline.
+    pub rescue_interval: Duration,
 }
 
 impl MaintenanceConfig {
     /// `retention` and `interval` with the defaults for the rest: a 15 s
     /// lease renewed every 5 s, a non-holder retrying every 5 s, batches of
-    /// [`DEFAULT_BATCH`].
+    /// [`DEFAULT_BATCH`], a rescue every [`DEFAULT_RESCUE_INTERVAL`].
     pub fn new(retention: Duration, interval: Duration) -> Self {
         let timing = LeaseTiming::from_ttl(Duration::from_secs(15));
         MaintenanceConfig {
@@ -95,6 +106,7 @@ impl MaintenanceConfig {
             interval,
             retention,
             batch: DEFAULT_BATCH,
+            rescue_interval: DEFAULT_RESCUE_INTERVAL,
         }
     }
 }
@@ -112,6 +124,8 @@ pub struct Progress {
     pub passes: u64,
     /// Rows deleted by them.
     pub pruned: Pruned,
+    /// Late tasks out of attempts failed by the rescue passes.
+    pub rescued: u64,
 }
 
 /// One pass: deletes every batch there is to delete, table after table,
@@ -190,8 +204,15 @@ impl Maintenance {
         let progress_tx = Arc::new(progress_tx);
         let work: TermWork = {
             let pool = pool.clone();
+            let holder = holder.clone();
             Arc::new(move |term| {
-                Box::pin(run_term(pool.clone(), config, term, progress_tx.clone()))
+                Box::pin(run_term(
+                    pool.clone(),
+                    config,
+                    holder.clone(),
+                    term,
+                    progress_tx.clone(),
+                ))
             })
         };
         let singleton =
@@ -226,45 +247,58 @@ impl Maintenance {
     }
 }
 
-/// The work of one term: a pass at once, then one every `interval`, until
-/// the term ends.
+/// The work of one term: a pass at once, then one every `interval`, and
+/// beside it a rescue pass every `rescue_interval`, until the term ends.
 async fn run_term(
     pool: PgPool,
     config: MaintenanceConfig,
+    holder: Holder,
     term: HeldTerm,
     progress: Arc<watch::Sender<Progress>>,
 ) {
     tracing::info!(token = term.token(), "maintenance running on this replica");
-    loop {
-        let started = tokio::time::Instant::now();
-        match prune_once(&pool, config.retention, config.batch, || term.is_held()).await {
-            Ok(pruned) => {
-                if pruned.total() > 0 {
-                    tracing::info!(
-                        tasks = pruned.tasks,
-                        leases = pruned.leases,
-                        lease_events = pruned.lease_events,
-                        lease_fencing = pruned.lease_fencing,
-                        failover_kills = pruned.failover_kills,
-                        schedule_ticks = pruned.schedule_ticks,
-                        instances = pruned.instances,
-                        workers = pruned.workers,
-                        took_ms = started.elapsed().as_millis() as u64,
-                        "pruned what retention let go"
-                    );
+    let rescue = crate::queue::rescuer::run_term(
+        &pool,
+        RESOURCE,
+        &holder,
+        &term,
+        config.rescue_interval,
+        config.batch,
+        |rescued| progress.send_modify(|p| p.rescued += rescued.failed),
+    );
+    let prune = async {
+        loop {
+            let started = tokio::time::Instant::now();
+            match prune_once(&pool, config.retention, config.batch, || term.is_held()).await {
+                Ok(pruned) => {
+                    if pruned.total() > 0 {
+                        tracing::info!(
+                            tasks = pruned.tasks,
+                            leases = pruned.leases,
+                            lease_events = pruned.lease_events,
+                            lease_fencing = pruned.lease_fencing,
+                            failover_kills = pruned.failover_kills,
+                            schedule_ticks = pruned.schedule_ticks,
+                            instances = pruned.instances,
+                            workers = pruned.workers,
+                            took_ms = started.elapsed().as_millis() as u64,
+                            "pruned what retention let go"
+                        );
+                    }
+                    progress.send_modify(|p| {
+                        p.passes += 1;
+                        p.pruned.add(&pruned);
+                    });
                 }
-                progress.send_modify(|p| {
-                    p.passes += 1;
-                    p.pruned.add(&pruned);
-                });
+                // Tried again next interval; the rows stay until then.
+                Err(e) => tracing::warn!(error = %e, "maintenance pass failed"),
             }
-            // Tried again next interval; the rows stay until then.
-            Err(e) => tracing::warn!(error = %e, "maintenance pass failed"),
+            tokio::select! {
+                _ = term.stop().cancelled() => break,
+                _ = tokio::time::sleep(config.interval) => {}
+            }
         }
-        tokio::select! {
-            _ = term.stop().cancelled() => break,
-            _ = tokio::time::sleep(config.interval) => {}
-        }
-    }
+    };
+    tokio::join!(prune, rescue);
     tracing::info!(token = term.token(), "maintenance stopped on this replica");
 }

@@ -8,6 +8,8 @@ mod attempt;
 pub mod control;
 pub mod queues;
 #[cfg(feature = "postgres")]
+pub mod rescuer;
+#[cfg(feature = "postgres")]
 pub mod store;
 #[cfg(feature = "postgres")]
 pub mod wake;

@@ -198,8 +198,8 @@ async fn a_claim_after_the_lease_ran_out_closes_the_old_attempt_as_taken_over() 
     assert_eq!(attempts(&db.pool, t.id).await, all);
 }
 
-/// A task whose lease runs out on its last attempt is failed by the next
-/// claim that finds it: its attempt fails with the reason.
+/// A task whose lease runs out on its last attempt is taken by no claim and
+/// failed by the rescuer's next pass: its attempt fails with the reason.
 #[tokio::test]
 async fn a_lease_that_ran_out_on_the_last_attempt_fails_it() {
     let db = TestDb::new().await;
@@ -215,6 +215,27 @@ async fn a_lease_that_ran_out_on_the_last_attempt_fails_it() {
     .await
     .unwrap();
     assert!(none.is_none());
+    assert_eq!(task(&db.pool, t.id).await.status, TaskStatus::Started);
+    let me = holder("maintainer");
+    let lease = leasekeeper_core::lease::store::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &crate::common::resource(leasekeeper_core::maintenance::RESOURCE),
+        &me,
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    let fence = leasekeeper_core::queue::rescuer::Fence {
+        resource: leasekeeper_core::maintenance::RESOURCE,
+        holder: &me,
+        token: lease.fencing_token,
+    };
+    let rescued = leasekeeper_core::queue::rescuer::rescue_once(&db.pool, fence, 10, || true)
+        .await
+        .unwrap();
+    assert_eq!(rescued.failed, 1);
     assert_eq!(task(&db.pool, t.id).await.status, TaskStatus::Failed);
     let all = attempts(&db.pool, t.id).await;
     assert_eq!(outcomes(&all), [AttemptOutcome::Failed]);

@@ -21,6 +21,7 @@ mod overview;
 mod pooler;
 mod prefetch;
 mod queues;
+mod rescuer;
 mod retention;
 mod retry;
 mod schedules;

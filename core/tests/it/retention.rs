@@ -374,6 +374,7 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
         interval: Duration::from_millis(50),
         retention: HOUR,
         batch: 100,
+        rescue_interval: Duration::from_millis(50),
     };
     let old = processed(pool).await;
     finished_ago(pool, old, 2 * HOUR).await;

@@ -48,6 +48,34 @@ async fn expire(db: &TestDb, id: i64) {
         .unwrap();
 }
 
+/// One rescue pass (the maintenance job's, with its lease taken by hand):
+/// how many late tasks out of attempts it failed.
+async fn rescue(db: &TestDb) -> u64 {
+    use leasekeeper_core::lease::store as leases;
+    use leasekeeper_core::maintenance::RESOURCE;
+    use leasekeeper_core::queue::rescuer::{self, Fence};
+    let me = holder("maintainer");
+    let lease = leases::acquire(
+        &mut db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &crate::common::resource(RESOURCE),
+        &me,
+        TTL,
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    let fence = Fence {
+        resource: RESOURCE,
+        holder: &me,
+        token: lease.fencing_token,
+    };
+    rescuer::rescue_once(&db.pool, fence, 100, || true)
+        .await
+        .unwrap()
+        .failed
+}
+
 #[tokio::test]
 async fn claim_heartbeat_complete_happy_path() {
     let db = TestDb::new().await;
@@ -329,12 +357,15 @@ async fn a_task_whose_processors_keep_dying_is_failed_not_lost() {
         .unwrap();
         expire(&db, ids[0]).await;
     }
+    // The claim takes it no more (and leaves it to the rescuer)...
     assert!(
         store::claim_next(&mut conn, &Default::default(), &holder("next"), TTL)
             .await
             .unwrap()
             .is_none()
     );
+    // ...whose pass fails it.
+    assert_eq!(rescue(&db).await, 1);
     let task = store::get(&mut conn, &Default::default(), ids[0])
         .await
         .unwrap()

@@ -10,12 +10,20 @@ use super::TASK_COLUMNS;
 /// The one statement that claims up to `limit` tasks of queue `$3`, the
 /// n-th task claimed for the n-th holder of the array `$1` (which has
 /// `limit` names; one name repeated for a batch of one holder), with a
-/// lease of `$2` milliseconds each (see [`claim_batch`](super::claim_batch) and
-/// [`claim_for`](super::claim_for)); with `by_kind`, only tasks whose kind
-/// is in the array `$4`. The rows come in claim order (late tasks first,
-/// then by priority, due time and id), so that a holder given several
-/// (a worker's local queue, see [`crate::worker::batch`]) runs them in
-/// the queue's order.
+/// lease of `$2` milliseconds each (see [`claim_batch`](super::claim_batch),
+/// [`claim_for`](super::claim_for) and [`claim_next`](super::claim_next));
+/// with `by_kind`, only tasks whose kind is in the array `$4`. The rows
+/// come in claim order (late tasks first, then by priority, due time and
+/// id), so that a holder given several (a worker's local queue, see
+/// [`crate::worker::batch`]) runs them in the queue's order.
+///
+/// **The claim rule**, the only place it is written: a task is claimable
+/// when it is pending and due, or late (started, its deadline passed) with
+/// an attempt left; its queue is not paused ([`RUNNING`]); and nobody holds
+/// its lease `task:<id>` (the lease store's acquire decides, see
+/// [`claim_past_held`]). A late task that used its attempts is never
+/// claimed: the rescuer fails it ([`crate::queue::rescuer`]). A new rule
+/// (a limit per key, say) is a condition here, in both candidate sets.
 ///
 /// The limit is written into the statement, not bound: with a bound limit
 /// PostgreSQL cannot tell a one-task claim from a thousand-task one when it
@@ -30,18 +38,51 @@ use super::TASK_COLUMNS;
 /// reads the flag itself ([`RUNNING`]), so a pause is effective at the next
 /// claim, in the database, on every runtime at once.
 pub fn claim(limit: usize, by_kind: bool) -> String {
+    claim_statement(limit, by_kind, false)
+}
+
+/// [`claim`] that also passes over the tasks whose lease someone holds by
+/// hand (through the lease API): what [`claim_next`](super::claim_next)
+/// runs when [`claim`] found only such candidates. [`claim`] takes them as
+/// candidates and leaves them unclaimed (its lease upsert is the lease
+/// store's acquire, which leaves a live lease alone), so with a limit of
+/// one a held task at the head of the queue would hide every task behind
+/// it. This variant reads each candidate's lease first; [`claim`] does not,
+/// so the hot path pays nothing for a case that needs a person.
+///
+/// The test is written so that it runs per candidate, by the lease's
+/// unique resource: a scalar subquery, which PostgreSQL never turns into a
+/// join, and [`lease_live`], which no index on the deadline can serve (see
+/// there: a join could otherwise read every live lease for each claim).
+pub fn claim_past_held(limit: usize, by_kind: bool) -> String {
+    claim_statement(limit, by_kind, true)
+}
+
+/// The text of [`claim`] and [`claim_past_held`]: one rule, the lease test
+/// written in or left out.
+fn claim_statement(limit: usize, by_kind: bool, past_held: bool) -> String {
     let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
+    let unheld = if past_held {
+        format!(
+            "AND NOT COALESCE((SELECT {live} FROM $schema.leases l
+                                WHERE l.resource = 'task:' || tasks.id), false)",
+            live = lease_live("now()")
+        )
+    } else {
+        String::new()
+    };
     format!(
         "WITH late AS (
-            SELECT id, attempts, max_attempts, true AS late, last_heartbeat_at AS last_seen FROM $schema.tasks
+            SELECT id, true AS late, last_heartbeat_at AS last_seen FROM $schema.tasks
              WHERE status = 'started' AND must_heartbeat_before <= now()
-               AND queue = $3 {kinds} {RUNNING}
+               AND attempts < max_attempts
+               AND queue = $3 {kinds} {RUNNING} {unheld}
              ORDER BY must_heartbeat_before, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), fresh AS (
-            SELECT id, attempts, max_attempts, false AS late, NULL::timestamptz AS last_seen FROM $schema.tasks
+            SELECT id, false AS late, NULL::timestamptz AS last_seen FROM $schema.tasks
              WHERE status = 'pending' AND scheduled_at <= now()
-               AND queue = $3 {kinds} {RUNNING}
+               AND queue = $3 {kinds} {RUNNING} {unheld}
                AND NOT EXISTS (SELECT 1 FROM late)
              ORDER BY priority, scheduled_at, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
@@ -56,7 +97,6 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
                    COALESCE((SELECT f.last_token FROM $schema.lease_fencing f
                               WHERE f.resource = 'task:' || c.id), 0) + 1
               FROM candidate c JOIN holder h ON h.n = c.n
-             WHERE NOT c.late OR c.attempts < c.max_attempts
              ORDER BY c.id
             ON CONFLICT (resource) DO UPDATE
                SET holder = EXCLUDED.holder, acquired_at = now(), renewed_at = NULL,
