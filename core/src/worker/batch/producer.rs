@@ -296,8 +296,9 @@ async fn serve(
             .push_back(task);
     }
     let waiting = |task: crate::queue::Task| Waiting::claimed(Claim::of(task), sent, setup.ttl);
-    // Candidates the statement passed over (a late task out of attempts, a
-    // task lease held by hand) are the careful path's, one worker at a time.
+    // Candidates the statement passed over (a task whose lease is held by
+    // hand) send the workers left wanting to `claim_next_in`, which runs the
+    // claim rule's variant that walks past such leases, one worker at a time.
     let mut careful = claimed.passed_over;
     for want in wants {
         let mut mine = by_holder.remove(want.worker.as_str()).unwrap_or_default();
