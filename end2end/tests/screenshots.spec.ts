@@ -1,7 +1,7 @@
 import { test } from "../support/test";
 import path from "node:path";
 
-// Not a test: refreshes the README's screenshots from a running dashboard.
+// Not a test: refreshes the screenshots of the README and docs/dashboard.md from a running dashboard.
 //   SCREENSHOTS=1 LEPTOS_SITE_ADDR=127.0.0.1:3010 npx playwright test tests/screenshots.spec.ts
 // (run against `leasekeeper-tools cluster` with the generator started, so the
 // pages have something to show). Skipped unless SCREENSHOTS is set.

@@ -1,4 +1,4 @@
-//! `/api/leases`: the lease service's REST contract (the README's "REST API").
+//! `/api/leases`: the lease service's REST contract (docs/rest-api.md).
 
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};

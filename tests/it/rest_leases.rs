@@ -1,4 +1,4 @@
-//! The lease REST contract (the README's "REST API"), driven in-process through the router:
+//! The lease REST contract (docs/rest-api.md), driven in-process through the router:
 //! every route, every status, every error case.
 
 use crate::api::{Api, error_of};

@@ -1,4 +1,4 @@
-//! The task REST contract (the README's "REST API"), in-process: enqueue, claim (202/200),
+//! The task REST contract (docs/rest-api.md), in-process: enqueue, claim (202/200),
 //! heartbeat (202/409), complete (202/409), fail, lists and bad input.
 
 use crate::api::{Api, error_of};

@@ -1,4 +1,4 @@
-//! `/api/tasks`: the task queue's REST contract (the README's "REST API"),
+//! `/api/tasks`: the task queue's REST contract (docs/rest-api.md),
 //! a file per idea: enqueueing ([`enqueue`]), the worker's writes
 //! ([`work`]), the reads ([`reads`]) and the operator's controls
 //! ([`controls`]). The bodies and their checks are core's; a handler

@@ -52,7 +52,7 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
 ///
 /// The test is written so that it runs per candidate, by the lease's
 /// unique resource: a scalar subquery, which PostgreSQL never turns into a
-/// join, and [`lease_live`], which no index on the deadline can serve (see
+/// join, and `lease_live`, which no index on the deadline can serve (see
 /// there: a join could otherwise read every live lease for each claim).
 pub fn claim_past_held(limit: usize, by_kind: bool) -> String {
     claim_statement(limit, by_kind, true)
