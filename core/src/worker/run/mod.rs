@@ -622,11 +622,11 @@ impl<T: Transport> Worker<T> {
             .await
         {
             Ok(()) => {
-                tracing::warn!(worker = %self.id, task_id = claim.task_id, reason = why, "gave the task back as failed");
+                tracing::warn!(worker = %self.id, task_id = claim.task_id, reason = why, "failed the attempt (spent; retried after a backoff or failed for good)");
             }
             Err(e) => {
                 tracing::warn!(worker = %self.id, task_id = claim.task_id, error = %e,
-                    "could not give the task back; its lease will run out");
+                    "could not fail the attempt; its lease will run out");
             }
         }
         self.report(Status::idle()).await;
