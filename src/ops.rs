@@ -55,8 +55,8 @@ fn same_secret(a: &str, b: &str) -> bool {
 pub fn is_admin_token(settings: &Settings, candidate: &str) -> bool {
     settings
         .admin_token
-        .as_deref()
-        .is_some_and(|want| same_secret(candidate, want))
+        .as_ref()
+        .is_some_and(|want| same_secret(candidate, want.expose()))
 }
 
 /// Whether a request with `headers` may take operator actions.
@@ -353,7 +353,7 @@ async fn forward(state: &AppState, owner: &str, segments: &[&str]) -> Result<Str
         .extend(segments);
     let mut req = client.post(url);
     if let Some(token) = &state.settings.admin_token {
-        req = req.bearer_auth(token);
+        req = req.bearer_auth(token.expose());
     }
     let resp = req.send().await.map_err(|e| {
         AppError::Conflict(format!(
@@ -390,7 +390,7 @@ mod tests {
             &crate::settings::SettingArgs::default(),
         )
         .unwrap();
-        s.admin_token = token.map(str::to_string);
+        s.admin_token = token.map(Into::into);
         s
     }
 

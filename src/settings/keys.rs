@@ -112,7 +112,33 @@ pub(super) const MAINTENANCE_INTERVAL: Key = Key {
     flag: "maintenance-interval-secs",
 };
 
-pub(super) const ALL_KEYS: [&Key; 18] = [
+pub(super) const WORKER_TOKEN: Key = Key {
+    file: "worker_token",
+    env: "LEASEKEEPER_WORKER_TOKEN",
+    flag: "worker-token",
+};
+pub(super) const ALLOWED_HOSTS: Key = Key {
+    file: "allowed_hosts",
+    env: "LEASEKEEPER_ALLOWED_HOSTS",
+    flag: "allowed-hosts",
+};
+pub(super) const OPEN_NETWORK: Key = Key {
+    file: "open_network",
+    env: "LEASEKEEPER_OPEN_NETWORK",
+    flag: "open-network",
+};
+pub(super) const READ_TIMEOUT: Key = Key {
+    file: "read_timeout_secs",
+    env: "LEASEKEEPER_READ_TIMEOUT_SECS",
+    flag: "read-timeout-secs",
+};
+pub(super) const MAX_QUEUES: Key = Key {
+    file: "max_queues",
+    env: "LEASEKEEPER_MAX_QUEUES",
+    flag: "max-queues",
+};
+
+pub(super) const ALL_KEYS: [&Key; 24] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &DATA_DIR,
@@ -131,4 +157,10 @@ pub(super) const ALL_KEYS: [&Key; 18] = [
     &MAX_ATTEMPTS,
     &RETENTION,
     &MAINTENANCE_INTERVAL,
+    &ADMIN_TOKEN,
+    &WORKER_TOKEN,
+    &ALLOWED_HOSTS,
+    &OPEN_NETWORK,
+    &READ_TIMEOUT,
+    &MAX_QUEUES,
 ];

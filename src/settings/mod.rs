@@ -8,16 +8,20 @@
 //! environment and the flags, and parses values.
 
 mod keys;
+mod secret;
 mod sources;
 #[cfg(test)]
 mod tests;
 
+pub use secret::Secret;
 pub use sources::{DEFAULT_FILE, FILE_SECTION};
 
 use clap::Args;
 use keys::*;
 use leasekeeper_core::db::Schema;
-use sources::{Sources, boolean, count, probability, read_file_values, seconds};
+use sources::{
+    Sources, boolean, count, host_names, probability, read_file_values, seconds, token,
+};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,7 +30,7 @@ use std::time::Duration;
 /// Settings given on the command line or in the environment (flag wins).
 /// Every field is optional: what is missing comes from `Leptos.toml`, then
 /// from the built-in default.
-#[derive(Args, Clone, Debug, Default)]
+#[derive(Args, Clone, Default)]
 pub struct SettingArgs {
     /// The settings file.
     #[arg(long, global = true, env = "LEASEKEEPER_CONFIG")]
@@ -97,6 +101,54 @@ pub struct SettingArgs {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+    /// Token workers and producers present (enqueue, claim, heartbeat,
+    /// complete, snooze, fail, worker self-report, application leases).
+    #[arg(
+        long,
+        global = true,
+        env = "LEASEKEEPER_WORKER_TOKEN",
+        hide_env_values = true
+    )]
+    pub worker_token: Option<String>,
+    /// Host names (comma-separated) this server answers to besides
+    /// loopback names and IP addresses; `.example.com` allows subdomains.
+    #[arg(long, global = true, env = "LEASEKEEPER_ALLOWED_HOSTS")]
+    pub allowed_hosts: Option<String>,
+    /// Serve beyond loopback without any token: "I know it is open".
+    #[arg(long, global = true, env = "LEASEKEEPER_OPEN_NETWORK")]
+    pub open_network: Option<String>,
+    /// Statement timeout of a request's reads, in seconds (default 5).
+    #[arg(long, global = true, env = "LEASEKEEPER_READ_TIMEOUT_SECS")]
+    pub read_timeout_secs: Option<String>,
+    /// The most queues that may exist; a new name past it is refused
+    /// (default 1000).
+    #[arg(long, global = true, env = "LEASEKEEPER_MAX_QUEUES")]
+    pub max_queues: Option<String>,
+}
+
+impl std::fmt::Debug for SettingArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Hand-written so the tokens and the database URL's password never
+        // reach a log line or a panic message.
+        f.debug_struct("SettingArgs")
+            .field("config", &self.config)
+            .field("site_addr", &self.site_addr)
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(secret::redact_url),
+            )
+            .field("data_dir", &self.data_dir)
+            .field("schema", &self.schema)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| secret::REDACTED),
+            )
+            .field(
+                "worker_token",
+                &self.worker_token.as_ref().map(|_| secret::REDACTED),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 /// The resolved, validated settings.
@@ -104,8 +156,9 @@ pub struct SettingArgs {
 pub struct Settings {
     /// Address to listen on.
     pub site_addr: SocketAddr,
-    /// PostgreSQL URL, or `None` for the embedded cluster.
-    pub database_url: Option<String>,
+    /// PostgreSQL URL, or `None` for the embedded cluster (a [`Secret`]:
+    /// it may hold a password).
+    pub database_url: Option<Secret>,
     /// Folder of the embedded cluster.
     pub data_dir: PathBuf,
     /// The PostgreSQL schema holding every table, function and trigger.
@@ -139,7 +192,18 @@ pub struct Settings {
     /// How often the maintenance job runs a pass.
     pub maintenance_interval: Duration,
     /// The operator token, when controls require one.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
+    /// The token workers and producers present, when one is required.
+    pub worker_token: Option<Secret>,
+    /// Host names answered besides loopback names and IP addresses
+    /// (lower case; a leading `.` allows every subdomain).
+    pub allowed_hosts: Vec<String>,
+    /// Serving beyond loopback without a token was asked for knowingly.
+    pub open_network: bool,
+    /// Statement timeout of a request's reads.
+    pub read_timeout: Duration,
+    /// The most queues that may exist.
+    pub max_queues: u32,
 }
 
 /// A setting that could not be used. The message is one line and names the
@@ -234,6 +298,17 @@ impl Settings {
                 liveness
             )));
         }
+        if let (Some(admin), Some(worker)) = (
+            src.raw(&ADMIN_TOKEN, &args.admin_token),
+            src.raw(&WORKER_TOKEN, &args.worker_token),
+        ) && !admin.is_empty()
+            && admin == worker
+        {
+            return Err(SettingsError(format!(
+                "{}: must differ from the admin token, or every worker could use the controls",
+                WORKER_TOKEN.describe()
+            )));
+        }
         if heartbeat_interval >= lease_ttl {
             return Err(SettingsError(format!(
                 "{}: {:?} must be shorter than the lease TTL ({:?}), or tasks expire between heartbeats",
@@ -254,7 +329,8 @@ impl Settings {
             )?,
             database_url: src
                 .raw(&DATABASE_URL, &args.database_url)
-                .filter(|url| !url.trim().is_empty()),
+                .filter(|url| !url.trim().is_empty())
+                .map(Secret::from),
             data_dir: src.parse(
                 &DATA_DIR,
                 &args.data_dir,
@@ -329,24 +405,46 @@ impl Settings {
                 leasekeeper_core::maintenance::DEFAULT_INTERVAL,
                 seconds,
             )?,
-            admin_token: match src
-                .raw(&ADMIN_TOKEN, &args.admin_token)
-                .filter(|t| !t.is_empty())
-            {
-                None => None,
-                Some(t)
-                    if t.len() < 16
-                        || t.len() > 256
-                        || t.chars().any(|c| !c.is_ascii_graphic()) =>
-                {
-                    return Err(SettingsError(format!(
-                        "{}: must be 16 to 256 printable ASCII characters without spaces",
-                        ADMIN_TOKEN.describe()
-                    )));
+            admin_token: secret_token(&src, &ADMIN_TOKEN, &args.admin_token)?,
+            worker_token: secret_token(&src, &WORKER_TOKEN, &args.worker_token)?,
+            allowed_hosts: src.parse(
+                &ALLOWED_HOSTS,
+                &args.allowed_hosts,
+                Vec::new(),
+                host_names,
+            )?,
+            open_network: src.parse(&OPEN_NETWORK, &args.open_network, false, boolean)?,
+            read_timeout: src.parse(
+                &READ_TIMEOUT,
+                &args.read_timeout_secs,
+                Duration::from_secs(5),
+                |raw| match seconds(raw)? {
+                    d if d > Duration::from_secs(3600) => {
+                        Err("must be at most 3600 seconds (one hour)".into())
+                    }
+                    d => Ok(d),
+                },
+            )?,
+            max_queues: src.parse(&MAX_QUEUES, &args.max_queues, 1000, |raw| {
+                match count(100_000)(raw)? {
+                    0 => Err("must be at least 1".into()),
+                    n => Ok(n),
                 }
-                Some(t) => Some(t),
-            },
+            })?,
         })
+    }
+}
+
+/// A token setting, checked by [`token`]; unlike other settings its error
+/// never repeats the value.
+fn secret_token(
+    src: &Sources,
+    key: &keys::Key,
+    arg: &Option<String>,
+) -> Result<Option<Secret>, SettingsError> {
+    match src.raw(key, arg) {
+        None => Ok(None),
+        Some(raw) => token(raw.trim()).map_err(|why| SettingsError(format!("{}: {why}", key.describe()))),
     }
 }
 
@@ -444,7 +542,22 @@ impl Settings {
             ),
         ]
         .into_iter()
-        .chain(self.admin_token.clone().map(|t| (ADMIN_TOKEN.env, t)))
+        .chain(
+            self.admin_token
+                .as_ref()
+                .map(|t| (ADMIN_TOKEN.env, t.expose().to_string())),
+        )
+        .chain(
+            self.worker_token
+                .as_ref()
+                .map(|t| (WORKER_TOKEN.env, t.expose().to_string())),
+        )
+        .chain([
+            (ALLOWED_HOSTS.env, self.allowed_hosts.join(",")),
+            (OPEN_NETWORK.env, self.open_network.to_string()),
+            (READ_TIMEOUT.env, self.read_timeout.as_secs_f64().to_string()),
+            (MAX_QUEUES.env, self.max_queues.to_string()),
+        ])
         .collect()
     }
 }

@@ -127,3 +127,39 @@ pub(super) fn count(max: u32) -> impl Fn(&str) -> Result<u32, String> {
         Ok(n)
     }
 }
+
+/// A token: empty means unset; otherwise 16 to 256 printable ASCII
+/// characters without spaces.
+pub(super) fn token(raw: &str) -> Result<Option<super::Secret>, String> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    if raw.len() < 16 || raw.len() > 256 || raw.chars().any(|c| !c.is_ascii_graphic()) {
+        return Err("must be 16 to 256 printable ASCII characters without spaces".into());
+    }
+    Ok(Some(super::Secret::from(raw)))
+}
+
+/// Comma-separated host names, lower-cased; a leading `.` allows every
+/// subdomain. An IP address or a port is refused: addresses are always
+/// answered, and a host name is matched whatever its port.
+pub(super) fn host_names(raw: &str) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let name = part.to_ascii_lowercase();
+        let bare = name.strip_prefix('.').unwrap_or(&name);
+        let ok = !bare.is_empty()
+            && bare.len() <= 253
+            && bare
+                .split('.')
+                .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+            && bare.parse::<std::net::IpAddr>().is_err();
+        if !ok {
+            return Err(format!(
+                "has {part:?}, which is not a host name (letters, digits, '-' and '.', no port; a leading '.' allows subdomains)"
+            ));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}

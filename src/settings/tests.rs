@@ -133,7 +133,11 @@ fn admin_token_is_checked_and_empty_means_unset() {
     assert!(with("has a space in it, sixteen+").is_err());
     assert_eq!(with("").unwrap().admin_token, None);
     let ok = with("0123456789abcdef").unwrap();
-    assert_eq!(ok.admin_token.as_deref(), Some("0123456789abcdef"));
+    assert_eq!(
+        ok.admin_token.as_ref().map(Secret::expose),
+        Some("0123456789abcdef")
+    );
+    assert!(!format!("{ok:?}").contains("0123456789abcdef"));
     assert!(
         ok.to_env()
             .contains(&("LEASEKEEPER_ADMIN_TOKEN", "0123456789abcdef".to_string()))
@@ -151,6 +155,11 @@ fn to_env_round_trips_through_resolve() {
         maintenance_interval_secs: Some("7".into()),
         prefetch: Some("3".into()),
         prefetch_wait_secs: Some("2.5".into()),
+        worker_token: Some("worker-token-0123456789".into()),
+        allowed_hosts: Some("jobs.example.com,.internal".into()),
+        open_network: Some("yes".into()),
+        read_timeout_secs: Some("2.5".into()),
+        max_queues: Some("50".into()),
         ..Default::default()
     };
     let original = resolve(None, args).unwrap();
@@ -173,6 +182,11 @@ fn to_env_round_trips_through_resolve() {
             max_attempts: env.get("LEASEKEEPER_MAX_ATTEMPTS").cloned(),
             retention_secs: env.get("LEASEKEEPER_RETENTION_SECS").cloned(),
             maintenance_interval_secs: env.get("LEASEKEEPER_MAINTENANCE_INTERVAL_SECS").cloned(),
+            worker_token: env.get("LEASEKEEPER_WORKER_TOKEN").cloned(),
+            allowed_hosts: env.get("LEASEKEEPER_ALLOWED_HOSTS").cloned(),
+            open_network: env.get("LEASEKEEPER_OPEN_NETWORK").cloned(),
+            read_timeout_secs: env.get("LEASEKEEPER_READ_TIMEOUT_SECS").cloned(),
+            max_queues: env.get("LEASEKEEPER_MAX_QUEUES").cloned(),
             ..Default::default()
         },
     )
@@ -246,5 +260,82 @@ fn the_prefetch_wait_defaults_to_a_second_and_refuses_what_is_not_a_wait() {
         };
         let err = resolve(None, args).unwrap_err().to_string();
         assert!(err.contains("prefetch_wait_secs"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn worker_token_follows_the_admin_tokens_rules_and_must_differ() {
+    let with = |admin: Option<&str>, worker: &str| {
+        resolve(
+            None,
+            SettingArgs {
+                admin_token: admin.map(Into::into),
+                worker_token: Some(worker.into()),
+                ..SettingArgs::default()
+            },
+        )
+    };
+    let err = with(None, "short-secret").unwrap_err().to_string();
+    assert!(
+        err.contains("LEASEKEEPER_WORKER_TOKEN") && err.contains("16 to 256"),
+        "{err}"
+    );
+    assert!(!err.contains("short-secret"), "a token error repeats the token: {err}");
+    let same = "0123456789abcdef";
+    let err = with(Some(same), same).unwrap_err().to_string();
+    assert!(err.contains("must differ"), "{err}");
+    let ok = with(Some("fedcba9876543210"), same).unwrap();
+    assert_eq!(ok.worker_token.as_ref().map(Secret::expose), Some(same));
+    assert_eq!(with(None, "").unwrap().worker_token, None);
+}
+
+#[test]
+fn allowed_hosts_are_names_lower_cased() {
+    let with = |hosts: &str| {
+        resolve(
+            None,
+            SettingArgs {
+                allowed_hosts: Some(hosts.into()),
+                ..SettingArgs::default()
+            },
+        )
+    };
+    assert_eq!(
+        with(" Jobs.Example.com, .internal ,").unwrap().allowed_hosts,
+        vec!["jobs.example.com".to_string(), ".internal".to_string()]
+    );
+    for bad in ["10.0.0.1", "jobs.example.com:3000", "a b", "."] {
+        let err = with(bad).unwrap_err().to_string();
+        assert!(err.contains("LEASEKEEPER_ALLOWED_HOSTS"), "{bad}: {err}");
+    }
+    assert!(resolve(None, SettingArgs::default()).unwrap().allowed_hosts.is_empty());
+}
+
+#[test]
+fn debug_output_hides_secrets() {
+    let s = resolve(
+        None,
+        SettingArgs {
+            admin_token: Some("admin-secret-0123456789".into()),
+            worker_token: Some("worker-secret-0123456789".into()),
+            database_url: Some("postgres://app:hunter2@db/jobs".into()),
+            ..SettingArgs::default()
+        },
+    )
+    .unwrap();
+    for text in [
+        format!("{s:?}"),
+        format!(
+            "{:?}",
+            SettingArgs {
+                admin_token: Some("admin-secret-0123456789".into()),
+                database_url: Some("postgres://app:hunter2@db/jobs".into()),
+                ..SettingArgs::default()
+            }
+        ),
+    ] {
+        for secret in ["admin-secret", "worker-secret", "hunter2"] {
+            assert!(!text.contains(secret), "{secret} shows in {text}");
+        }
     }
 }

@@ -488,7 +488,7 @@ async fn the_dashboard_on_a_hosts_database_shows_its_schema() {
     )
     .unwrap();
     let dashboard = Database::open(
-        settings.database_url.as_deref(),
+        settings.database_url.as_ref().map(|u| u.expose()),
         &settings.data_dir,
         &settings.schema,
     )

@@ -22,13 +22,13 @@ pub async fn run(
         .checked_add(instances - 1)
         .context("--base-port plus --instances runs past port 65535")?;
     let db = Database::open(
-        settings.database_url.as_deref(),
+        settings.database_url.as_ref().map(|u| u.expose()),
         &settings.data_dir,
         &settings.schema,
     )
     .await?;
     let url = match (&settings.database_url, &db.embedded) {
-        (Some(url), _) => url.clone(),
+        (Some(url), _) => url.expose().to_string(),
         (None, Some(cluster)) => cluster.url(leasekeeper_core::db::EMBEDDED_DATABASE),
         (None, None) => anyhow::bail!("no database URL and no embedded cluster"),
     };

@@ -107,8 +107,10 @@ pub(crate) async fn fresh_database(
 ) -> Result<BenchDb> {
     let (options, conninfo, cluster) = match &settings.database_url {
         Some(url) => (
-            url.parse().context("DATABASE_URL is not a valid URL")?,
-            url.clone(),
+            url.expose()
+                .parse()
+                .context("DATABASE_URL is not a valid URL")?,
+            url.expose().to_string(),
             None,
         ),
         None => {
