@@ -29,6 +29,11 @@ pub enum AppError {
     /// The request is not allowed (wrong origin).
     #[error("{0}")]
     Forbidden(String),
+    /// The server cannot answer this now: a read ran past the read
+    /// timeout, or every read connection is busy. Trying again later (or
+    /// a narrower read) may succeed.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something failed on the server; the details are in its log only.
     #[error("internal server error")]
     Internal,
@@ -104,6 +109,7 @@ mod server {
                 AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
                 AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+                AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
                 AppError::Internal | AppError::ServerFn(_) => StatusCode::INTERNAL_SERVER_ERROR,
             }
         }
@@ -126,8 +132,32 @@ mod server {
         }
     }
 
+    /// The SQLSTATE of a statement cancelled, by its statement timeout or
+    /// by `pg_cancel_backend` (`query_canceled`).
+    const QUERY_CANCELED: &str = "57014";
+
+    /// Whether `err` is a statement cancelled by its timeout (or by an
+    /// administrator's `pg_cancel_backend`, which reads the same).
+    fn cancelled(err: &sqlx::Error) -> bool {
+        matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some(QUERY_CANCELED))
+    }
+
+    /// The answer to a cancelled statement: only reads run under a
+    /// statement timeout ([`crate::reads`]).
+    fn read_timed_out(err: &dyn std::fmt::Display) -> AppError {
+        tracing::warn!(error = %err, "a statement was cancelled");
+        AppError::Unavailable(
+            "the read took longer than the read timeout (LEASEKEEPER_READ_TIMEOUT_SECS) \
+             and was cancelled; narrow it (a filter, a smaller page) or raise the setting"
+                .into(),
+        )
+    }
+
     impl From<sqlx::Error> for AppError {
         fn from(err: sqlx::Error) -> Self {
+            if cancelled(&err) {
+                return read_timed_out(&err);
+            }
             AppError::internal(format!("database: {err}"))
         }
     }
@@ -153,6 +183,10 @@ mod server {
                     AppError::Conflict(err.to_string())
                 }
                 TaskError::BadInput(msg) => AppError::BadRequest(msg),
+                TaskError::QueueCap(msg) => AppError::Conflict(format!(
+                    "{msg}; nothing was enqueued. The cap is the max_queues setting \
+                     (LEASEKEEPER_MAX_QUEUES); retention prunes queues left without tasks"
+                )),
                 TaskError::Lease(e) => AppError::from(e),
                 TaskError::Db(e) => AppError::from(e),
             }
@@ -195,6 +229,12 @@ mod server {
 
     impl From<anyhow::Error> for AppError {
         fn from(err: anyhow::Error) -> Self {
+            if err
+                .chain()
+                .any(|e| e.downcast_ref::<sqlx::Error>().is_some_and(cancelled))
+            {
+                return read_timed_out(&format!("{err:#}"));
+            }
             AppError::internal(format!("{err:#}"))
         }
     }

@@ -21,6 +21,8 @@ pub mod http;
 #[cfg(feature = "ssr")]
 pub mod ops;
 #[cfg(feature = "ssr")]
+pub mod reads;
+#[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod settings;

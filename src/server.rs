@@ -87,7 +87,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     http::metrics::install();
     crate::bundle::check_at_start(&leptos_options(&settings));
     let db = Database::open(
-        settings.database_url.as_ref().map(crate::settings::Secret::expose),
+        settings
+            .database_url
+            .as_ref()
+            .map(crate::settings::Secret::expose),
         &settings.data_dir,
         &settings.schema,
     )
@@ -132,6 +135,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         live: live.clone(),
         leptos_options: leptos_options(&settings),
         pool: db.pool.clone(),
+        read_pool: crate::reads::read_pool(&db.pool),
         settings: Arc::new(settings.clone()),
         instance_id: instance_id.clone(),
         generator: Some(generator.handle()),

@@ -16,8 +16,13 @@ use std::sync::Arc;
 pub struct AppState {
     /// Leptos' rendering options (site root, output name, address).
     pub leptos_options: LeptosOptions,
-    /// The database pool.
+    /// The database pool: workers' writes, operator controls, the
+    /// singletons.
     pub pool: PgPool,
+    /// The pool requests' reads run on, under the read timeout
+    /// ([`crate::reads`]), so slow reads never take the workers'
+    /// connections.
+    pub read_pool: PgPool,
     /// The resolved settings.
     pub settings: Arc<Settings>,
     /// This process's instance id (its row in `instances`, its holder name
@@ -45,13 +50,22 @@ impl AppState {
     /// This instance's view for [`crate::overview::store::read`].
     pub fn viewpoint(&self) -> crate::overview::store::Viewpoint<'_> {
         crate::overview::store::Viewpoint {
-            pool: &self.pool,
             schema: self.schema(),
             instance_id: &self.instance_id,
             sampler: &self.overview,
             renew_interval: self.settings.renew_interval,
             lease_ttl: self.settings.lease_ttl,
         }
+    }
+}
+
+impl AppState {
+    /// A read on the read pool, in a transaction whose statements time
+    /// out after the `read_timeout` setting, cancelled in the database if
+    /// the request is dropped half-way ([`crate::reads`]; run one with
+    /// [`crate::reads::read!`]).
+    pub async fn begin_read(&self) -> Result<crate::reads::ReadConn, crate::error::AppError> {
+        crate::reads::ReadConn::begin(&self.read_pool, &self.pool, self.settings.read_timeout).await
     }
 }
 

@@ -13,13 +13,16 @@ use leptos::prelude::*;
 /// A page of the audit log, newest first, below `before`.
 #[server(prefix = "/sfn")]
 pub async fn get_audit(before: Option<i64>) -> Result<Paged<LeaseEvent>, AppError> {
-    let mut conn = super::context::pool()?.acquire().await?;
-    Ok(leasekeeper_core::lease::store::audit(
-        &mut conn,
-        &super::context::schema()?,
-        leasekeeper_core::paging::Cursor::new(before, None),
-    )
-    .await?)
+    let state = super::context::state()?;
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        Ok(leasekeeper_core::lease::store::audit(
+            &mut *conn,
+            &state.schema(),
+            leasekeeper_core::paging::Cursor::new(before, None),
+        )
+        .await?)
+    })
+    .map_err(super::context::refused)
 }
 
 /// Where a page about an audited resource is: a task, a worker, an

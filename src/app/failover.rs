@@ -34,38 +34,39 @@ pub struct TimelineView {
 pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppError> {
     // The most events one timeline reads (newest first).
     const TIMELINE_EVENTS: i64 = 400;
-    let mut conn = super::context::pool()?.acquire().await?;
-    let resource = match of {
-        // The lease store's own rules: a NUL reaching PostgreSQL fails the
-        // query (500) rather than finding nothing.
-        TimelineOf::Resource(r) => leasekeeper_core::lease::Resource::parse(r)
-            .map_err(|e| AppError::BadRequest(e.to_string()))?
-            .as_str()
-            .to_owned(),
-        TimelineOf::Lease(id) => {
-            crate::error::check_id(id)?;
-            match leasekeeper_core::lease::store::get(&mut conn, &super::context::schema()?, id)
-                .await?
-            {
-                Some(lease) => lease.resource,
-                None => return Ok(None),
+    let state = super::context::state()?;
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        let resource = match of {
+            // The lease store's own rules: a NUL reaching PostgreSQL fails the
+            // query (500) rather than finding nothing.
+            TimelineOf::Resource(r) => leasekeeper_core::lease::Resource::parse(r)
+                .map_err(|e| AppError::BadRequest(e.to_string()))?
+                .as_str()
+                .to_owned(),
+            TimelineOf::Lease(id) => {
+                crate::error::check_id(id)?;
+                match leasekeeper_core::lease::store::get(&mut *conn, &state.schema(), id).await? {
+                    Some(lease) => lease.resource,
+                    None => return Ok(None),
+                }
             }
-        }
-    };
-    let events = leasekeeper_core::lease::store::history(
-        &mut conn,
-        &super::context::schema()?,
-        &resource,
-        TIMELINE_EVENTS,
-    )
-    .await?;
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&mut *conn)
+        };
+        let events = leasekeeper_core::lease::store::history(
+            &mut *conn,
+            &state.schema(),
+            &resource,
+            TIMELINE_EVENTS,
+        )
         .await?;
-    Ok(Some(TimelineView {
-        timeline: leasekeeper_core::lease::history::timeline::build(&events, now),
-        resource,
-    }))
+        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(Some(TimelineView {
+            timeline: leasekeeper_core::lease::history::timeline::build(&events, now),
+            resource,
+        }))
+    })
+    .map_err(super::context::refused)
 }
 
 const WIDTH: f64 = 1000.0;
@@ -272,12 +273,13 @@ pub struct StopwatchView {
 #[server(prefix = "/sfn")]
 pub async fn get_failovers() -> Result<StopwatchView, AppError> {
     let state = super::context::state()?;
-    let rows = leasekeeper_core::lease::stopwatch::recent(
-        &mut *state.pool.acquire().await?,
+    let rows = crate::reads::read!(state, |c| leasekeeper_core::lease::stopwatch::recent(
+        c,
         state.schema(),
-        10,
+        10
     )
-    .await?;
+    .await)
+    .map_err(super::context::refused)?;
     let bound = state.settings.lease_ttl + state.settings.renew_interval;
     Ok(StopwatchView {
         rows,

@@ -16,14 +16,16 @@ use leptos_router::hooks::use_query_map;
 #[server(prefix = "/sfn")]
 pub async fn get_generator_status() -> Result<GeneratorStatus, AppError> {
     let state = super::context::state()?;
-    let mut conn = state.pool.acquire().await?;
-    Ok(leasekeeper_core::generator::runtime::report(
-        &mut conn,
-        state.schema(),
-        &state.instance_id,
-        state.generator.as_ref(),
-    )
-    .await?)
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        Ok(leasekeeper_core::generator::runtime::report(
+            &mut *conn,
+            state.schema(),
+            &state.instance_id,
+            state.generator.as_ref(),
+        )
+        .await?)
+    })
+    .map_err(super::context::refused)
 }
 
 /// Starts (`"start"`) or stops (`"stop"`) the generator, through this instance.
@@ -68,13 +70,10 @@ pub async fn get_instances(before: Option<i64>) -> Result<InstancesView, AppErro
     let state = super::context::state()?;
     let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
     let cursor = leasekeeper_core::paging::Cursor::new(before, None);
-    let page = leasekeeper_core::instance::store::list_page(
-        &mut *state.pool.acquire().await?,
-        state.schema(),
-        window,
-        cursor,
-    )
-    .await?;
+    let page = crate::reads::read!(state, |c| {
+        leasekeeper_core::instance::store::list_page(c, state.schema(), window, cursor).await
+    })
+    .map_err(super::context::refused)?;
     Ok(InstancesView {
         instances: page.items,
         next: page.next,

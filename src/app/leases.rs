@@ -23,13 +23,16 @@ pub async fn get_leases(
     before: Option<i64>,
 ) -> Result<leasekeeper_core::paging::Paged<Lease>, AppError> {
     use leasekeeper_core::lease::store;
-    Ok(store::list_page(
-        &mut *super::context::pool()?.acquire().await?,
-        &super::context::schema()?,
+    let state = super::context::state()?;
+    let cursor = leasekeeper_core::paging::Cursor::new(before, None);
+    crate::reads::read!(state, |c| store::list_page(
+        c,
+        state.schema(),
         filter,
-        leasekeeper_core::paging::Cursor::new(before, None),
+        cursor
     )
-    .await?)
+    .await)
+    .map_err(super::context::refused)
 }
 
 /// Lease `id` with its recent history; `None` when there is no such lease.
@@ -37,12 +40,9 @@ pub async fn get_leases(
 pub async fn get_lease_detail(id: i64) -> Result<Option<LeaseDetail>, AppError> {
     use leasekeeper_core::lease::store;
     crate::error::check_id(id)?;
-    Ok(store::detail(
-        &mut *super::context::pool()?.acquire().await?,
-        &super::context::schema()?,
-        id,
-    )
-    .await?)
+    let state = super::context::state()?;
+    crate::reads::read!(state, |c| store::detail(c, state.schema(), id).await)
+        .map_err(super::context::refused)
 }
 
 /// Ends term `token` of lease `id` now, whoever holds it (an operator action).

@@ -17,7 +17,11 @@ use leptos::prelude::*;
 #[server(prefix = "/sfn")]
 pub async fn get_overview() -> Result<Overview, AppError> {
     let state = super::context::state()?;
-    Ok(crate::overview::store::read(state.viewpoint()).await?)
+    crate::reads::read!(state, |c| crate::overview::store::read(
+        c,
+        state.viewpoint()
+    )
+    .await)
 }
 
 /// The overview page.

@@ -23,8 +23,10 @@ const POINTS: usize = 60;
 #[server(prefix = "/sfn")]
 pub async fn get_queues() -> Result<Vec<QueueInfo>, AppError> {
     let state = super::context::state()?;
-    let mut conn = state.pool.acquire().await?;
-    Ok(leasekeeper_core::queue::queues::list(&mut conn, state.schema()).await?)
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        Ok(leasekeeper_core::queue::queues::list(&mut *conn, state.schema()).await?)
+    })
+    .map_err(super::context::refused)
 }
 
 /// `pause` or `resume` queue `name`; answers what was done.

@@ -30,17 +30,19 @@ pub struct ScheduleRow {
 pub async fn get_schedules() -> Result<Vec<ScheduleRow>, AppError> {
     use leasekeeper_core::schedule::store;
     let state = super::context::state()?;
-    let mut conn = state.pool.acquire().await?;
-    let mut rows = Vec::new();
-    for schedule in store::list(&mut conn, state.schema()).await? {
-        let cursor = leasekeeper_core::paging::Cursor::new(None, Some(TICKS_SHOWN));
-        let ticks = store::ticks(&mut conn, state.schema(), &schedule.name, cursor)
-            .await?
-            .map(|page| page.items)
-            .unwrap_or_default();
-        rows.push(ScheduleRow { schedule, ticks });
-    }
-    Ok(rows)
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        let mut rows = Vec::new();
+        for schedule in store::list(&mut *conn, state.schema()).await? {
+            let cursor = leasekeeper_core::paging::Cursor::new(None, Some(TICKS_SHOWN));
+            let ticks = store::ticks(&mut *conn, state.schema(), &schedule.name, cursor)
+                .await?
+                .map(|page| page.items)
+                .unwrap_or_default();
+            rows.push(ScheduleRow { schedule, ticks });
+        }
+        Ok(rows)
+    })
+    .map_err(super::context::refused)
 }
 
 /// `pause`, `resume`, `trigger` or `delete` schedule `name`; answers what

@@ -35,19 +35,22 @@ pub async fn get_tasks(
         .map_err(|e| super::context::refused(AppError::BadRequest(e)))?;
     search.status = status;
     let settings = super::context::settings()?;
-    let mut conn = super::context::pool()?.acquire().await?;
-    let page = store::list_page(
-        &mut conn,
-        &super::context::schema()?,
-        search,
-        leasekeeper_core::paging::Cursor::new(before, None),
-    )
-    .await?;
-    Ok(TaskPage {
-        tasks: page.items,
-        next: page.next,
-        ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
+    let state = super::context::state()?;
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        let page = store::list_page(
+            &mut *conn,
+            &state.schema(),
+            search,
+            leasekeeper_core::paging::Cursor::new(before, None),
+        )
+        .await?;
+        Ok(TaskPage {
+            tasks: page.items,
+            next: page.next,
+            ttl_ms: i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX),
+        })
     })
+    .map_err(super::context::refused)
 }
 
 /// Task `id` with its lease history; `None` when there is no such task.
@@ -56,23 +59,26 @@ pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
     use leasekeeper_core::lease::store as leases;
     use leasekeeper_core::queue::store;
     crate::error::check_id(id)?;
-    let mut conn = super::context::pool()?.acquire().await?;
-    let Some(task) = store::get(&mut conn, &super::context::schema()?, id).await? else {
-        return Ok(None);
-    };
-    let history = leases::history(
-        &mut conn,
-        &super::context::schema()?,
-        &leasekeeper_core::queue::Task::resource_name(id),
-        50,
-    )
-    .await?;
-    let attempts = store::attempts(&mut conn, &super::context::schema()?, id).await?;
-    Ok(Some(TaskDetail {
-        task,
-        history,
-        attempts,
-    }))
+    let state = super::context::state()?;
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        let Some(task) = store::get(&mut *conn, &state.schema(), id).await? else {
+            return Ok(None);
+        };
+        let history = leases::history(
+            &mut *conn,
+            &state.schema(),
+            &leasekeeper_core::queue::Task::resource_name(id),
+            50,
+        )
+        .await?;
+        let attempts = store::attempts(&mut *conn, &state.schema(), id).await?;
+        Ok(Some(TaskDetail {
+            task,
+            history,
+            attempts,
+        }))
+    })
+    .map_err(super::context::refused)
 }
 
 /// Cancels (`action` = `cancel`) or retries (`retry`) task `id`: an

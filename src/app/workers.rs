@@ -78,40 +78,42 @@ pub async fn get_workers(
     before: Option<i64>,
 ) -> Result<WorkersView, AppError> {
     let state = super::context::state()?;
-    let mut conn = state.pool.acquire().await?;
-    let page = leasekeeper_core::worker::registry::list_page(
-        &mut conn,
-        state.schema(),
-        state.settings.lease_ttl,
-        leasekeeper_core::paging::Cursor::new(before, None),
-    )
-    .await?;
-    let (all, next) = (page.items, page.next);
-    let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
-    let dead_instances = leasekeeper_core::instance::dead_ids(
-        &leasekeeper_core::instance::store::list(&mut conn, state.schema(), window).await?,
-    );
-    // How long a gone worker stays in the `current` list.
-    const RECENTLY_GONE_MS: i64 = 120_000;
-    let total = all.len();
-    let workers: Vec<WorkerInfo> = all
-        .into_iter()
-        .filter(|w| match filter {
-            WorkerFilter::Current => {
-                w.alive_given(&dead_instances) || w.last_seen_age_ms < RECENTLY_GONE_MS
-            }
-            WorkerFilter::Alive => w.alive_given(&dead_instances),
-            WorkerFilter::Gone => !w.alive_given(&dead_instances),
-            WorkerFilter::All => true,
+    crate::reads::read!(state, |conn| -> Result<_, AppError> {
+        let page = leasekeeper_core::worker::registry::list_page(
+            &mut *conn,
+            state.schema(),
+            state.settings.lease_ttl,
+            leasekeeper_core::paging::Cursor::new(before, None),
+        )
+        .await?;
+        let (all, next) = (page.items, page.next);
+        let window = leasekeeper_core::instance::alive_window(state.settings.renew_interval);
+        let dead_instances = leasekeeper_core::instance::dead_ids(
+            &leasekeeper_core::instance::store::list(&mut *conn, state.schema(), window).await?,
+        );
+        // How long a gone worker stays in the `current` list.
+        const RECENTLY_GONE_MS: i64 = 120_000;
+        let total = all.len();
+        let workers: Vec<WorkerInfo> = all
+            .into_iter()
+            .filter(|w| match filter {
+                WorkerFilter::Current => {
+                    w.alive_given(&dead_instances) || w.last_seen_age_ms < RECENTLY_GONE_MS
+                }
+                WorkerFilter::Alive => w.alive_given(&dead_instances),
+                WorkerFilter::Gone => !w.alive_given(&dead_instances),
+                WorkerFilter::All => true,
+            })
+            .collect();
+        Ok(WorkersView {
+            hidden: total - workers.len(),
+            next,
+            workers,
+            instance_id: state.instance_id.to_string(),
+            dead_instances,
         })
-        .collect();
-    Ok(WorkersView {
-        hidden: total - workers.len(),
-        next,
-        workers,
-        instance_id: state.instance_id.to_string(),
-        dead_instances,
     })
+    .map_err(super::context::refused)
 }
 
 /// Spawns a simulated worker on this instance.

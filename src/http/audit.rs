@@ -34,8 +34,11 @@ async fn audit(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<Response, AppError> {
     let cursor = q.cursor();
-    let page =
-        leasekeeper_core::lease::store::audit(&mut *s.pool.acquire().await?, s.schema(), cursor)
-            .await?;
+    let page = crate::reads::read!(s, |c| leasekeeper_core::lease::store::audit(
+        c,
+        s.schema(),
+        cursor
+    )
+    .await)?;
     Ok(answer("/api/audit", cursor, page))
 }

@@ -29,10 +29,9 @@ pub fn routes() -> Router<AppState> {
     responses((status = 200, description = "The status", body = GeneratorStatus))
 )]
 async fn status(State(s): State<AppState>) -> Result<Json<GeneratorStatus>, AppError> {
-    let mut conn = s.pool.acquire().await?;
-    Ok(Json(
-        generator::report(&mut conn, s.schema(), &s.instance_id, s.generator.as_ref()).await?,
-    ))
+    Ok(Json(crate::reads::read!(s, |c| {
+        generator::report(c, s.schema(), &s.instance_id, s.generator.as_ref()).await
+    })?))
 }
 
 async fn set(s: &AppState, desired: Desired) -> Result<Json<GeneratorStatus>, AppError> {

@@ -42,7 +42,7 @@ async fn list(
 ) -> Result<axum::response::Response, AppError> {
     let window = alive_window(s.settings.renew_interval);
     let cursor = q.cursor();
-    let page = store::list_page(&mut *s.pool.acquire().await?, s.schema(), window, cursor).await?;
+    let page = crate::reads::read!(s, |c| store::list_page(c, s.schema(), window, cursor).await)?;
     Ok(answer("/api/instances", cursor, page))
 }
 

@@ -58,16 +58,23 @@ async fn list(
     q: ListQuery,
 ) -> Result<Response, AppError> {
     let direction = Direction::of(q.before, q.after, q.limit);
-    let mut conn = state.pool.acquire().await?;
     Ok(match direction {
         Direction::Oldest(page, before) => {
-            let rows = store::list(&mut conn, state.schema(), filter, page).await?;
+            let rows =
+                crate::reads::read!(state, |c| store::list(c, state.schema(), filter, page)
+                    .await)?;
             Json(super::paging::below(rows, before, |r| r.id)).into_response()
         }
         Direction::Newest(cursor) => answer_to(
             &uri,
             cursor,
-            store::list_page(&mut conn, state.schema(), filter, cursor).await?,
+            crate::reads::read!(state, |c| store::list_page(
+                c,
+                state.schema(),
+                filter,
+                cursor
+            )
+            .await)?,
         ),
     })
 }
@@ -234,8 +241,7 @@ async fn release(
     )
 )]
 async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, AppError> {
-    store::get(&mut *s.pool.acquire().await?, s.schema(), id)
-        .await?
+    crate::reads::read!(s, |c| store::get(c, s.schema(), id).await)?
         .map(Json)
         .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))
 }
@@ -339,12 +345,13 @@ async fn events(
     Id(id): Id,
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<axum::response::Response, AppError> {
-    let mut conn = s.pool.acquire().await?;
-    let lease = store::get(&mut conn, s.schema(), id)
-        .await?
-        .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))?;
     let cursor = q.cursor();
-    let page = store::events(&mut conn, s.schema(), &lease.resource, cursor).await?;
+    let page = crate::reads::read!(s, |c| -> Result<_, AppError> {
+        let lease = store::get(c, s.schema(), id)
+            .await?
+            .ok_or_else(|| AppError::NotFound(format!("no lease with id {id}")))?;
+        Ok(store::events(c, s.schema(), &lease.resource, cursor).await?)
+    })?;
     Ok(super::paging::answer(
         &format!("/api/leases/{id}/events"),
         cursor,

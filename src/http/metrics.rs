@@ -55,15 +55,33 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// The per-queue gauges, from one reading of every queue. (A queue row is
-/// never deleted, so no gauge is left behind with a stale value.)
+/// The queues this process last set gauges for, so that a queue pruned
+/// since has its gauges set to zero rather than left at their last values.
+static GAUGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The per-queue gauges, from one reading of every queue (at most the
+/// queue cap of them); a queue pruned since the last scrape reads zero.
 async fn set_queue_gauges(s: &AppState) {
-    let read = async {
-        let mut conn = s.pool.acquire().await?;
-        leasekeeper_core::queue::queues::list(&mut conn, s.schema()).await
-    };
-    match read.await {
+    let read = crate::reads::read!(s, |c| leasekeeper_core::queue::queues::list(c, s.schema())
+        .await);
+    match read {
         Ok(queues) => {
+            let names: Vec<String> = queues.iter().map(|q| q.name.clone()).collect();
+            let gone: Vec<String> = match GAUGED.lock() {
+                Ok(mut gauged) => {
+                    let before = std::mem::replace(&mut *gauged, names.clone());
+                    let now: std::collections::HashSet<&String> = names.iter().collect();
+                    before.into_iter().filter(|n| !now.contains(n)).collect()
+                }
+                Err(_) => Vec::new(),
+            };
+            for name in gone {
+                for status in ["pending", "started", "failed"] {
+                    metrics::gauge!(QUEUE_DEPTH, "queue" => name.clone(), "status" => status)
+                        .set(0.0);
+                }
+                metrics::gauge!(QUEUE_OLDEST_PENDING_SECONDS, "queue" => name).set(0.0);
+            }
             for q in queues {
                 for (status, n) in [
                     ("pending", q.pending),
@@ -104,11 +122,9 @@ async fn render(State(s): State<AppState>) -> Response {
     // Counts from one snapshot; a scrape while the database is away still
     // answers with the process's own counters (the gauges keep their last
     // values).
-    let counted = async {
-        let mut conn = s.pool.acquire().await?;
-        leasekeeper_core::counts::counts(&mut conn, s.schema()).await
-    };
-    match counted.await {
+    let counted: Result<_, crate::error::AppError> =
+        crate::reads::read!(s, |c| leasekeeper_core::counts::counts(c, s.schema()).await);
+    match counted {
         Ok(c) => {
             for (status, n) in [
                 ("pending", c.tasks_pending),

@@ -82,11 +82,19 @@ async fn method_not_allowed() -> axum::response::Response {
 /// transaction in progress" warnings. Spawned, the handler commits or rolls
 /// back as it would have; only the answer is lost, which is the ambiguity
 /// any client must live with anyway.
+///
+/// Reads (`GET` and `HEAD`) are the exception: they change nothing, so
+/// they are not spawned, and a client that goes away drops its read, whose
+/// statement [`crate::reads`] then cancels in the database instead of
+/// letting it run on for nobody.
 pub async fn run_to_completion(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if is_read(request.method()) {
+        return next.run(request).await;
+    }
     match tokio::spawn(next.run(request)).await {
         Ok(response) => response,
         Err(e) => {
@@ -94,4 +102,10 @@ pub async fn run_to_completion(
             AppError::Internal.into_response()
         }
     }
+}
+
+/// Whether a request of `method` only reads: `GET` and `HEAD` routes
+/// change nothing (every change is a `POST`, `PUT` or `DELETE`).
+pub fn is_read(method: &axum::http::Method) -> bool {
+    method == axum::http::Method::GET || method == axum::http::Method::HEAD
 }

@@ -24,5 +24,9 @@ pub fn routes() -> Router<AppState> {
     )
 )]
 async fn overview(State(s): State<AppState>) -> Result<Json<Overview>, AppError> {
-    Ok(Json(store::read(s.viewpoint()).await?))
+    Ok(Json(crate::reads::read!(s, |c| store::read(
+        c,
+        s.viewpoint()
+    )
+    .await)?))
 }

@@ -115,3 +115,17 @@ macro_rules! list_routes {
 }
 
 pub(crate) use list_routes;
+
+/// `value` percent-encoded for a URL's query (every byte but the
+/// unreserved characters of RFC 3986), e.g. a queue name as a cursor.
+pub fn query_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

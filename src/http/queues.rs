@@ -47,18 +47,56 @@ impl<S: Send + Sync> FromRequestParts<S> for Name {
     }
 }
 
+/// `?after=NAME&limit=N` on `GET /api/queues`: queues are paged by name.
+#[derive(serde::Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct QueuesQuery {
+    /// Queues named after this one (by the database's order of names): the
+    /// cursor of the `Link: rel="next"` header.
+    #[param(schema_with = leasekeeper_core::queue::TaskName::inline_schema)]
+    pub after: Option<String>,
+    /// At most this many (default 100, 1 to 1000).
+    pub limit: Option<i64>,
+}
+
 #[utoipa::path(
     get,
     path = "/api/queues",
     tag = "queues",
-    summary = "Every queue",
-    description = "By name: whether it is paused, its pending, started and failed tasks, how long its oldest due task has waited, its completions in the last minute and the workers running its tasks. A queue exists from its first task (or an operator's pause).",
-    responses((status = 200, description = "The queues", body = Vec<QueueInfo>))
+    summary = "The queues, a page at a time",
+    description = "By name: whether it is paused, its pending, started and failed tasks, how long its oldest due task has waited, its completions in the last minute and the workers running its tasks. A queue exists from its first task (or an operator's pause), and retention prunes it once no task is left (unless paused). Paged by name: when more remain, a `Link: <...?after=NAME&limit=N>; rel=\"next\"` header names the next page.",
+    params(QueuesQuery),
+    responses(
+        (status = 200, description = "A page of the queues, by name", body = Vec<QueueInfo>,
+            headers(("Link" = String, description = "The next page, when more queues remain"))),
+        (status = 400, description = "A bad query (`after` not a queue name, an unknown parameter)", body = ErrorBody),
+    )
 )]
-async fn list(State(s): State<AppState>) -> Result<Json<Vec<QueueInfo>>, AppError> {
-    Ok(Json(
-        queues::list(&mut *s.pool.acquire().await?, s.schema()).await?,
-    ))
+async fn list(
+    State(s): State<AppState>,
+    crate::http::extract::ApiQuery(q): crate::http::extract::ApiQuery<QueuesQuery>,
+) -> Result<axum::response::Response, AppError> {
+    use axum::response::IntoResponse;
+    let page = crate::reads::read!(s, |c| queues::list_page(
+        c,
+        s.schema(),
+        q.after.as_deref(),
+        q.limit
+    )
+    .await)?;
+    let limit = page.items.len();
+    let mut resp = Json(page.items).into_response();
+    if let Some(after) = page.next {
+        let link = format!(
+            "</api/queues?after={}&limit={limit}>; rel=\"next\"",
+            crate::http::paging::query_value(&after)
+        );
+        if let Ok(link) = axum::http::HeaderValue::from_str(&link) {
+            resp.headers_mut().insert(axum::http::header::LINK, link);
+        }
+    }
+    Ok(resp)
 }
 
 #[utoipa::path(
@@ -75,8 +113,7 @@ async fn list(State(s): State<AppState>) -> Result<Json<Vec<QueueInfo>>, AppErro
     )
 )]
 async fn get_one(State(s): State<AppState>, Name(name): Name) -> Result<Json<QueueInfo>, AppError> {
-    queues::get(&mut *s.pool.acquire().await?, s.schema(), &name)
-        .await?
+    crate::reads::read!(s, |c| queues::get(c, s.schema(), &name).await)?
         .map(Json)
         .ok_or_else(|| AppError::NotFound(format!("no queue named {name:?}")))
 }

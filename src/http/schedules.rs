@@ -118,9 +118,11 @@ pub struct ScheduleBody {
     responses((status = 200, description = "The schedules", body = Vec<Schedule>))
 )]
 async fn list(State(s): State<AppState>) -> Result<Json<Vec<Schedule>>, AppError> {
-    Ok(Json(
-        store::list(&mut *s.pool.acquire().await?, s.schema()).await?,
-    ))
+    Ok(Json(crate::reads::read!(s, |c| store::list(
+        c,
+        s.schema()
+    )
+    .await)?))
 }
 
 #[utoipa::path(
@@ -137,8 +139,7 @@ async fn list(State(s): State<AppState>) -> Result<Json<Vec<Schedule>>, AppError
     )
 )]
 async fn get_one(State(s): State<AppState>, Name(name): Name) -> Result<Json<Schedule>, AppError> {
-    store::get(&mut *s.pool.acquire().await?, s.schema(), &name)
-        .await?
+    crate::reads::read!(s, |c| store::get(c, s.schema(), &name).await)?
         .map(Json)
         .ok_or_else(|| not_found(&name))
 }
@@ -237,8 +238,7 @@ async fn ticks(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<Response, AppError> {
     let cursor = q.cursor();
-    let page = store::ticks(&mut *s.pool.acquire().await?, s.schema(), &name, cursor)
-        .await?
+    let page = crate::reads::read!(s, |c| store::ticks(c, s.schema(), &name, cursor).await)?
         .ok_or_else(|| not_found(&name))?;
     Ok(answer_to(&uri, cursor, page))
 }

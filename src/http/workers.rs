@@ -46,24 +46,24 @@ async fn list(
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<axum::response::Response, AppError> {
     let cursor = q.cursor();
-    let page = registry::list_page(
-        &mut *s.pool.acquire().await?,
+    let page = crate::reads::read!(s, |c| registry::list_page(
+        c,
         s.schema(),
         s.settings.lease_ttl,
-        cursor,
+        cursor
     )
-    .await?;
+    .await)?;
     Ok(super::paging::answer("/api/workers", cursor, page))
 }
 
 async fn fetch(s: &AppState, id: &str) -> Result<WorkerInfo, AppError> {
-    registry::get(
-        &mut *s.pool.acquire().await?,
+    crate::reads::read!(s, |c| registry::get(
+        c,
         s.schema(),
         id,
-        s.settings.lease_ttl,
+        s.settings.lease_ttl
     )
-    .await?
+    .await)?
     .ok_or_else(|| AppError::NotFound(format!("no worker with id {id}")))
 }
 

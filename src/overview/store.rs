@@ -5,15 +5,13 @@ use super::Overview;
 use super::sampler::Sampler;
 use leasekeeper_core::counts::counts;
 use leasekeeper_core::worker::WorkerState;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use std::time::Duration;
 
 /// Whose overview [`read`] assembles: the answering instance, its sampler,
 /// and how it judges who is alive.
 #[derive(Clone, Copy, Debug)]
 pub struct Viewpoint<'a> {
-    /// The database.
-    pub pool: &'a PgPool,
     /// The schema of leasekeeper's tables.
     pub schema: &'a leasekeeper_core::db::Schema,
     /// The instance that answers (shown as `answered_by`).
@@ -30,19 +28,19 @@ pub struct Viewpoint<'a> {
 /// Everything the overview shows, as `at`'s instance sees it: counts,
 /// instances and workers read now; throughput and the split-brain result
 /// from the instance's sampler (the check runs here when the sampler has
-/// none yet). The REST route and the page's server function both call this.
-pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
+/// none yet). The REST route and the page's server function both call this,
+/// on a read connection ([`crate::state::AppState::read`]).
+pub async fn read(conn: &mut PgConnection, at: Viewpoint<'_>) -> sqlx::Result<Overview> {
     use leasekeeper_core::lease::history::split_brain::{MAX_EVENTS, WINDOW, check};
-    let mut conn = at.pool.acquire().await?;
-    let counts = counts(&mut conn, at.schema).await?;
+    let counts = counts(&mut *conn, at.schema).await?;
     let alive_window = leasekeeper_core::instance::alive_window(at.renew_interval);
     let instances =
-        leasekeeper_core::instance::store::list(&mut conn, at.schema, alive_window).await?;
+        leasekeeper_core::instance::store::list(&mut *conn, at.schema, alive_window).await?;
     // A simulated worker dies with its instance: leave out those of dead
     // instances at once, not only when their own rows go stale.
     let dead = leasekeeper_core::instance::dead_ids(&instances);
     let workers: Vec<_> =
-        leasekeeper_core::worker::registry::list_alive(&mut conn, at.schema, at.lease_ttl)
+        leasekeeper_core::worker::registry::list_alive(&mut *conn, at.schema, at.lease_ttl)
             .await?
             .into_iter()
             .filter(|w| w.alive_given(&dead))
@@ -52,7 +50,7 @@ pub async fn read(at: Viewpoint<'_>) -> sqlx::Result<Overview> {
         .await?;
     let split_brain = match at.sampler.split_brain() {
         Some(known) => known,
-        None => check(&mut conn, at.schema, WINDOW, MAX_EVENTS).await?,
+        None => check(&mut *conn, at.schema, WINDOW, MAX_EVENTS).await?,
     };
     let busy = workers
         .iter()

@@ -53,6 +53,7 @@ impl Api {
         let state = AppState {
             leptos_options: leptos_options(&settings),
             pool: db.pool.clone(),
+            read_pool: leasekeeper::reads::read_pool(&db.pool),
             settings: Arc::new(settings),
             instance_id,
             fleet: fleet.clone(),

@@ -7,6 +7,7 @@ mod api;
 mod audit;
 mod bad_input;
 mod big_ids;
+mod bounded;
 mod common;
 mod generator;
 mod health;

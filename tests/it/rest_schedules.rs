@@ -292,4 +292,5 @@ async fn a_batch_answers_its_tasks_in_order_or_names_the_bad_one_and_adds_nothin
     let too_many: Vec<Value> = (0..10_001).map(|_| json!({"task_data": {}})).collect();
     let (s, e) = api.post("/api/tasks/batch", Value::Array(too_many)).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(error_of(&e), "at most 10000 tasks at once, got 10001");
 }

@@ -148,6 +148,7 @@ pub async fn prune_once(
         Table::FailoverKills,
         Table::ScheduleTicks,
         Table::Workers,
+        Table::Queues,
     ];
     let batch = batch.max(1);
     let mut total = Pruned::default();
@@ -171,6 +172,7 @@ pub async fn prune_once(
                 Table::ScheduleTicks => {
                     store::prune_schedule_ticks(&mut conn, schema, retention, batch).await?
                 }
+                Table::Queues => store::prune_queues(&mut conn, schema, batch).await?,
                 _ => store::prune_dead(&mut conn, schema, retention, batch).await?,
             };
             for table in Table::ALL {

@@ -27,6 +27,9 @@
 //! - instances and workers last seen before the cutoff: stopped, crashed or
 //!   silent for that long, so dead by any liveness window shorter than the
 //!   retention.
+//! - queues left without any task (their last ones pruned), unless paused:
+//!   a paused queue keeps its flag for the tasks still to come. A queue
+//!   used again is created again by its first task.
 
 use crate::db::Schema;
 use crate::text::text_enum;
@@ -52,6 +55,8 @@ text_enum! {
         Workers = "workers",
         /// `schedule_ticks`.
         ScheduleTicks = "schedule_ticks",
+        /// `queues`.
+        Queues = "queues",
     }
 }
 
@@ -74,6 +79,8 @@ pub struct Pruned {
     pub workers: u64,
     /// Old schedule ticks (the schedule keeps its newest tick's time).
     pub schedule_ticks: u64,
+    /// Queues left without tasks (not paused).
+    pub queues: u64,
 }
 
 impl Pruned {
@@ -88,6 +95,7 @@ impl Pruned {
             Table::Instances => self.instances,
             Table::Workers => self.workers,
             Table::ScheduleTicks => self.schedule_ticks,
+            Table::Queues => self.queues,
         }
     }
 
@@ -113,6 +121,7 @@ impl Pruned {
             Table::Instances => &mut self.instances,
             Table::Workers => &mut self.workers,
             Table::ScheduleTicks => &mut self.schedule_ticks,
+            Table::Queues => &mut self.queues,
         }
     }
 }
@@ -450,6 +459,114 @@ async fn prune_unseen(
              SELECT count(*) FROM gone"
             );
             in_pruning_transaction(conn, schema, &statement, older_than, batch, &[table]).await
+        }
+        .await
+    )
+}
+
+/// The SQLSTATE of a lock not obtained within `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// How long [`prune_queues`] waits for the enqueues in flight: enqueues
+/// that come meanwhile queue up behind it, so it gives up soon and tries
+/// again at the next pass.
+const QUEUES_LOCK_TIMEOUT_MS: u32 = 100;
+
+/// Deletes up to `batch` queue rows whose queue has no task left, except
+/// paused ones. Answers nothing deleted when enqueues kept the queues busy
+/// for [`QUEUES_LOCK_TIMEOUT_MS`] (the next pass tries again).
+///
+/// Two steps, so that enqueues never wait for a walk over every task:
+/// first, with no lock, the queues that have no task in this snapshot (the
+/// tasks table has no index by queue: one scan per pass); then, in a short
+/// transaction under the lock every enqueue holds in shared mode until its
+/// commit (see the `queues_on_first_use` trigger), those of them still
+/// without a task that could have come since, each found by an index:
+/// pending, started, or finished since the first step began.
+pub async fn prune_queues(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    batch: usize,
+) -> sqlx::Result<Pruned> {
+    use chrono::{DateTime, Utc};
+    crate::db::atomically!(
+        conn,
+        schema,
+        sqlx::Result<Pruned>,
+        async {
+            let (since, candidates): (DateTime<Utc>, Vec<String>) = schema
+                .query_as(
+                    "SELECT now(), ARRAY(
+                        SELECT q.name FROM $schema.queues q
+                         WHERE NOT q.paused
+                           AND NOT EXISTS (SELECT 1 FROM $schema.tasks t WHERE t.queue = q.name)
+                         ORDER BY q.name LIMIT $1)",
+                )
+                .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+                .fetch_one(&mut *conn)
+                .await?;
+            if candidates.is_empty() {
+                return Ok(Pruned::default());
+            }
+            let mut tx = conn.begin().await?;
+            schema
+                .query(&format!(
+                    "SELECT set_config('lock_timeout', '{QUEUES_LOCK_TIMEOUT_MS}ms', true)"
+                ))
+                .execute(&mut *tx)
+                .await?;
+            // Race prevented: an enqueue into a candidate that commits after
+            // the first step, or is in flight. Every enqueue holds this lock
+            // in shared mode from its trigger to its commit: taken here
+            // exclusively, the enqueues in flight have committed (and the
+            // statement below, a new snapshot, sees their tasks), and those
+            // that come next wait for this commit, then find the name gone
+            // and create it again. Tasks committed since the first step are
+            // pending, started or finished since it began: each is found by
+            // its index (the minute is a margin for a finishing transaction
+            // that began a little earlier).
+            let locked = schema
+                .query("SELECT pg_advisory_xact_lock(hashtext('leasekeeper queues in use'), hashtext($1))")
+                .bind(schema.as_str())
+                .execute(&mut *tx)
+                .await;
+            match locked {
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    return Ok(Pruned::default());
+                }
+                locked => locked?,
+            };
+            let gone: i64 = schema
+                .query_scalar(
+                    "WITH doomed AS (
+                        SELECT q.name FROM $schema.queues q
+                         WHERE q.name = ANY($1) AND NOT q.paused
+                           AND NOT EXISTS (SELECT 1 FROM $schema.tasks t
+                                            WHERE t.queue = q.name AND t.status = 'pending')
+                           AND NOT EXISTS (SELECT 1 FROM $schema.tasks t
+                                            WHERE t.status = 'started' AND t.queue = q.name)
+                           AND NOT EXISTS (
+                               SELECT 1 FROM $schema.tasks t
+                                WHERE greatest(t.processed_at, t.failed_at, t.cancelled_at)
+                                      >= $2 - interval '1 minute'
+                                  AND greatest(t.processed_at, t.failed_at, t.cancelled_at)
+                                      <= 'infinity'
+                                  AND t.queue = q.name)
+                           FOR UPDATE OF q SKIP LOCKED
+                     ), gone AS (
+                        DELETE FROM $schema.queues q USING doomed d WHERE q.name = d.name RETURNING 1
+                     )
+                     SELECT count(*) FROM gone",
+                )
+                .bind(&candidates)
+                .bind(since)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(Pruned {
+                queues: u64::try_from(gone).unwrap_or(0),
+                ..Pruned::default()
+            })
         }
         .await
     )

@@ -24,6 +24,10 @@ pub const MAX_DELAY: Duration = Duration::from_secs(86_400);
 pub const TIMEOUTS: RangeInclusive<Duration> =
     Duration::from_millis(1)..=Duration::from_secs(86_400);
 
+/// The most tasks one batch enqueues (`enqueue_many`, `POST
+/// /api/tasks/batch`).
+pub const MAX_ENQUEUE_BATCH: usize = 10_000;
+
 /// The longest unique key, in characters.
 pub const MAX_UNIQUE_KEY_CHARS: usize = 256;
 

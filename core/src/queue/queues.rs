@@ -97,6 +97,36 @@ mod db {
         Db(#[from] sqlx::Error),
     }
 
+    /// How many queues may exist when the enqueue path does not say
+    /// ([`MAX_QUEUES_SETTING`] unset).
+    pub const DEFAULT_MAX_QUEUES: u32 = 1000;
+
+    /// The PostgreSQL setting the queue cap is read from when an enqueue
+    /// names a queue not seen before: transaction-local by
+    /// [`limit_queues`], or a default of the role or database (`ALTER ROLE
+    /// app SET leasekeeper.max_queues = 5000`, which works through a
+    /// transaction pooler too). Unset: [`DEFAULT_MAX_QUEUES`].
+    pub const MAX_QUEUES_SETTING: &str = "leasekeeper.max_queues";
+
+    /// The SQLSTATE of an enqueue refused because its new queue names would
+    /// pass the cap (class LK, leasekeeper's own): the whole statement and
+    /// its transaction roll back, nothing is inserted.
+    pub const TOO_MANY_QUEUES_SQLSTATE: &str = "LK002";
+
+    /// Caps the queues at `max` for the rest of the transaction `conn` is
+    /// in (it must be in one: outside, the setting ends with this
+    /// statement). Enqueues of known queues are not affected; one naming a
+    /// new queue when `max` exist is refused
+    /// ([`TaskError::QueueCap`](crate::queue::store::TaskError::QueueCap)).
+    pub async fn limit_queues(conn: &mut PgConnection, max: u32) -> sqlx::Result<()> {
+        sqlx::query("SELECT set_config($1, $2, true)")
+            .bind(MAX_QUEUES_SETTING)
+            .bind(max.to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
     /// Refuses what cannot be a queue's name.
     pub fn check(name: &str) -> Result<(), QueueError> {
         crate::queue::check_name("queue", name).map_err(QueueError::BadInput)
@@ -146,7 +176,9 @@ mod db {
           LEFT JOIN live ON live.queue = q.name
           LEFT JOIN recent ON recent.queue = q.name
          WHERE ($1::text IS NULL OR q.name = $1)
-         ORDER BY q.name";
+           AND ($2::text IS NULL OR q.name > $2)
+         ORDER BY q.name
+         LIMIT $3";
 
     /// Every queue, by name, with its figures.
     pub async fn list(
@@ -161,11 +193,61 @@ mod db {
                 Ok(schema
                     .query_as(SELECT)
                     .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<i64>)
                     .fetch_all(&mut *conn)
                     .await?)
             }
             .await
         )
+    }
+
+    /// A page of the queues, by name: at most `limit` (100 when `None`; 1
+    /// to [`Cursor::MAX_LIMIT`](crate::paging::Cursor::MAX_LIMIT)) after
+    /// the name `after`, with the name the next page begins after when
+    /// more remain.
+    pub async fn list_page(
+        conn: &mut PgConnection,
+        schema: &Schema,
+        after: Option<&str>,
+        limit: Option<i64>,
+    ) -> Result<QueuePage, QueueError> {
+        use crate::paging::Cursor;
+        if let Some(after) = after {
+            check(after)?;
+        }
+        let limit = limit
+            .unwrap_or(Cursor::DEFAULT_LIMIT)
+            .clamp(1, Cursor::MAX_LIMIT);
+        crate::db::atomically!(
+            conn,
+            schema,
+            Result<QueuePage, QueueError>,
+            async {
+                // One more than the page, to know whether another follows.
+                let mut items: Vec<QueueInfo> = schema
+                    .query_as(SELECT)
+                    .bind(None::<&str>)
+                    .bind(after)
+                    .bind(limit + 1)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let more = items.len() as i64 > limit;
+                items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                let next = more.then(|| items.last().map(|q| q.name.clone())).flatten();
+                Ok(QueuePage { items, next })
+            }
+            .await
+        )
+    }
+
+    /// One page of the queues, by name.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct QueuePage {
+        /// The queues of the page.
+        pub items: Vec<QueueInfo>,
+        /// The name the next page begins after; `None` on the last.
+        pub next: Option<String>,
     }
 
     /// Queue `name` with its figures; `None` when no task ever used the
@@ -184,6 +266,8 @@ mod db {
                 Ok(schema
                     .query_as(SELECT)
                     .bind(name)
+                    .bind(None::<&str>)
+                    .bind(None::<i64>)
                     .fetch_optional(&mut *conn)
                     .await?)
             }
@@ -279,6 +363,8 @@ mod db {
                 let queue: Option<QueueInfo> = schema
                     .query_as(SELECT)
                     .bind(name)
+                    .bind(None::<&str>)
+                    .bind(None::<i64>)
                     .fetch_optional(&mut *tx)
                     .await?;
                 tx.commit().await?;

@@ -290,3 +290,82 @@ impl SnoozeBody {
         seconds(TaskField::Snooze, self.seconds)
     }
 }
+
+/// The body of `POST /api/tasks/batch`: a JSON array of
+/// [`EnqueueBody`]s, read one element at a time so that an over-long array
+/// is refused while it is read. Past [`MAX_ENQUEUE_BATCH`](super::MAX_ENQUEUE_BATCH)
+/// elements nothing more is kept: the rest is only counted (serde's
+/// `IgnoredAny`, which allocates nothing), so a 16 MiB `[0,0,…]` costs
+/// the 10,000 values kept, not millions. Each element stays a JSON value
+/// until [`EnqueueBatch::bodies`] reads it, so an error names its index.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EnqueueBatch {
+    /// The elements, at most [`MAX_ENQUEUE_BATCH`](super::MAX_ENQUEUE_BATCH).
+    Items(Vec<Value>),
+    /// The array had more elements than that: how many.
+    TooMany(usize),
+}
+
+impl EnqueueBatch {
+    /// The elements as bodies, in order; else what is wrong, in the words
+    /// `enqueue_many` uses (`at most 10000 tasks at once, got …`,
+    /// `tasks[3]: …`).
+    pub fn bodies(self) -> Result<Vec<EnqueueBody>, String> {
+        let items = match self {
+            EnqueueBatch::Items(items) => items,
+            EnqueueBatch::TooMany(n) => return Err(too_many(n)),
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| serde_json::from_value(item).map_err(|e| format!("tasks[{i}]: {e}")))
+            .collect()
+    }
+}
+
+/// The refusal of a batch of `n` tasks, past the most one batch takes.
+pub fn too_many(n: usize) -> String {
+    format!(
+        "at most {} tasks at once, got {n}",
+        super::MAX_ENQUEUE_BATCH
+    )
+}
+
+impl<'de> Deserialize<'de> for EnqueueBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Elements;
+        impl<'de> serde::de::Visitor<'de> for Elements {
+            type Value = EnqueueBatch;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON array of tasks")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<EnqueueBatch, A::Error> {
+                use super::MAX_ENQUEUE_BATCH;
+                // The size hint is the client's to give (none from JSON);
+                // never trusted past the cap.
+                let mut items =
+                    Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_ENQUEUE_BATCH));
+                while let Some(item) = seq.next_element::<Value>()? {
+                    items.push(item);
+                    if items.len() == MAX_ENQUEUE_BATCH {
+                        let mut more = 0usize;
+                        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                            more += 1;
+                        }
+                        if more > 0 {
+                            return Ok(EnqueueBatch::TooMany(MAX_ENQUEUE_BATCH + more));
+                        }
+                        break;
+                    }
+                }
+                Ok(EnqueueBatch::Items(items))
+            }
+        }
+        deserializer.deserialize_seq(Elements)
+    }
+}

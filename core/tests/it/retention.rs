@@ -700,3 +700,70 @@ async fn old_schedule_ticks_go_and_the_schedule_keeps_its_place() {
         "the schedule keeps its newest tick's time"
     );
 }
+
+/// Queues left without tasks are pruned, except paused ones; a queue with a
+/// task stays. Race: an enqueue into an empty queue, in flight (its
+/// transaction open) while the prune runs, keeps its queue: the prune gives
+/// up on the lock every enqueue holds until its commit, and the queue is
+/// still there with its task afterwards.
+#[tokio::test]
+async fn queues_without_tasks_are_pruned_except_paused_ones_and_an_enqueue_in_flight_keeps_its_own()
+{
+    use leasekeeper_core::queue::queues;
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let schema = Default::default();
+    let mut conn = pool.acquire().await.unwrap();
+    tasks::enqueue(
+        &mut conn,
+        &schema,
+        &NewTask::new("sleep", json!({})).queue("busy"),
+    )
+    .await
+    .unwrap();
+    queues::pause(&mut conn, &schema, "held", "ops")
+        .await
+        .unwrap();
+    for name in ["lonely", "later"] {
+        sqlx::query("INSERT INTO queues (name) VALUES ($1)")
+            .bind(name)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    // An enqueue into `later`, not yet committed.
+    let mut enqueuer = pool.acquire().await.unwrap();
+    let mut tx = enqueuer.begin().await.unwrap();
+    tasks::enqueue(
+        &mut tx,
+        &schema,
+        &NewTask::new("sleep", json!({})).queue("later"),
+    )
+    .await
+    .unwrap();
+    let names = async |pool: &PgPool| -> Vec<String> {
+        sqlx::query_scalar("SELECT name FROM queues ORDER BY name")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    };
+    let pruned = store::prune_queues(&mut conn, &schema, 100).await.unwrap();
+    assert_eq!(
+        pruned.queues, 0,
+        "the enqueue in flight holds the queues off"
+    );
+    assert_eq!(names(pool).await, ["busy", "held", "later", "lonely"]);
+    tx.commit().await.unwrap();
+    let pruned = prune_once(pool, HOUR, 100, || true).await.unwrap();
+    assert_eq!(pruned.queues, 1, "{pruned:?}");
+    assert_eq!(names(pool).await, ["busy", "held", "later"]);
+    // Used again, a pruned queue comes back with its task.
+    tasks::enqueue(
+        &mut conn,
+        &schema,
+        &NewTask::new("sleep", json!({})).queue("lonely"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(names(pool).await, ["busy", "held", "later", "lonely"]);
+}

@@ -11,9 +11,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use leasekeeper_core::queue::store::{self, Enqueued};
-use leasekeeper_core::queue::{EnqueueBody, NewTask, Task};
+use leasekeeper_core::queue::{EnqueueBatch, EnqueueBody, NewTask, Task};
 use leasekeeper_core::worker::simulated;
-use serde_json::Value;
 
 /// The largest body of `POST /api/tasks/batch`: 10,000 tasks of about
 /// 1.5 KiB each.
@@ -27,6 +26,27 @@ fn task_of(body: EnqueueBody, s: &AppState) -> Result<NewTask, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Enqueues `tasks` in one transaction under this server's cap on queues
+/// (the `max_queues` setting): a batch naming new queues past it is refused
+/// whole (409), and one naming only known queues pays nothing for the cap.
+async fn enqueue_capped(s: &AppState, tasks: &[NewTask]) -> Result<Vec<Enqueued>, AppError> {
+    let mut conn = s.pool.acquire().await?;
+    // The cap and the transaction in one round trip (`SET LOCAL`: it ends
+    // with the transaction, so the pooled connection never carries it on).
+    let mut tx = sqlx::Connection::begin_with(
+        &mut *conn,
+        format!(
+            "BEGIN; SET LOCAL {} = {}",
+            leasekeeper_core::queue::queues::MAX_QUEUES_SETTING,
+            s.settings.max_queues
+        ),
+    )
+    .await?;
+    let enqueued = store::enqueue_many(&mut tx, s.schema(), tasks).await?;
+    tx.commit().await?;
+    Ok(enqueued)
+}
+
 #[utoipa::path(
     post,
     path = "/api/tasks",
@@ -37,6 +57,7 @@ fn task_of(body: EnqueueBody, s: &AppState) -> Result<NewTask, String> {
         (status = 201, description = "The new task, pending", body = Task),
         (status = 200, description = "A task of its kind already holds its `unique_key`: that task (nothing added)", body = Task),
         (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind, queue or unique key", body = ErrorBody),
+        (status = 409, description = "The task names a queue not seen before and the queues are at their cap (`LEASEKEEPER_MAX_QUEUES`, default 1,000): nothing added", body = ErrorBody),
         TooLarge,
     )
 )]
@@ -45,12 +66,12 @@ pub(super) async fn enqueue(
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
     let task = task_of(body, &s).map_err(AppError::BadRequest)?;
-    Ok(
-        match store::enqueue_outcome(&mut *s.pool.acquire().await?, s.schema(), &task).await? {
-            Enqueued::New(task) => (StatusCode::CREATED, Json(task)),
-            Enqueued::Existing(task) => (StatusCode::OK, Json(task)),
-        },
-    )
+    let mut outcome = enqueue_capped(&s, std::slice::from_ref(&task)).await?;
+    Ok(match outcome.pop() {
+        Some(Enqueued::New(task)) => (StatusCode::CREATED, Json(task)),
+        Some(Enqueued::Existing(task)) => (StatusCode::OK, Json(task)),
+        None => return Err(AppError::internal("an enqueue of one task answered none")),
+    })
 }
 
 #[utoipa::path(
@@ -63,6 +84,7 @@ pub(super) async fn enqueue(
     responses(
         (status = 201, description = "The tasks, in the order of the bodies", body = Vec<Task>),
         (status = 400, description = "Bad JSON, not an array, more than 10,000 bodies, or a bad body (its index named: `tasks[3]: …`)", body = ErrorBody),
+        (status = 409, description = "The bodies name queues not seen before, past the cap on queues (`LEASEKEEPER_MAX_QUEUES`, default 1,000): nothing added", body = ErrorBody),
         TooLarge,
     )
 )]
@@ -70,27 +92,18 @@ pub(super) async fn enqueue_batch(
     State(s): State<AppState>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Vec<Task>>), AppError> {
-    let items: Vec<Value> = serde_json::from_slice(&body).map_err(|e| {
+    // Read element by element: an array past the cap is refused while it
+    // is read, without becoming millions of values (see EnqueueBatch).
+    let batch: EnqueueBatch = serde_json::from_slice(&body).map_err(|e| {
         AppError::BadRequest(format!("the body must be a JSON array of tasks: {e}"))
     })?;
-    if items.len() > store::MAX_ENQUEUE_BATCH {
-        return Err(AppError::BadRequest(format!(
-            "at most {} tasks at once, got {}",
-            store::MAX_ENQUEUE_BATCH,
-            items.len()
-        )));
-    }
-    let mut tasks = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
-        let body: EnqueueBody = serde_json::from_value(item)
-            .map_err(|e| AppError::BadRequest(format!("tasks[{i}]: {e}")))?;
+    let bodies = batch.bodies().map_err(AppError::BadRequest)?;
+    let mut tasks = Vec::with_capacity(bodies.len());
+    for (i, body) in bodies.into_iter().enumerate() {
         tasks
             .push(task_of(body, &s).map_err(|e| AppError::BadRequest(format!("tasks[{i}]: {e}")))?);
     }
-    let mut conn = s.pool.acquire().await?;
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let enqueued = store::enqueue_many(&mut tx, s.schema(), &tasks).await?;
-    tx.commit().await?;
+    let enqueued = enqueue_capped(&s, &tasks).await?;
     Ok((
         StatusCode::CREATED,
         Json(enqueued.into_iter().map(Enqueued::into_task).collect()),

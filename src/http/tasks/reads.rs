@@ -70,16 +70,15 @@ pub(super) async fn list(
     .map_err(AppError::BadRequest)?;
     search.status = status.or(search.status);
     let direction = Direction::of(q.before, q.after, q.limit);
-    let mut conn = s.pool.acquire().await?;
     Ok(match direction {
         Direction::Oldest(page, before) => {
-            let rows = store::list(&mut conn, s.schema(), search, page).await?;
+            let rows = crate::reads::read!(s, |c| store::list(c, s.schema(), search, page).await)?;
             Json(crate::http::paging::below(rows, before, |r| r.id)).into_response()
         }
         Direction::Newest(cursor) => answer_to(
             &uri,
             cursor,
-            store::list_page(&mut conn, s.schema(), search, cursor).await?,
+            crate::reads::read!(s, |c| store::list_page(c, s.schema(), search, cursor).await)?,
         ),
     })
 }
@@ -106,8 +105,7 @@ crate::http::paging::list_routes! {
     )
 )]
 pub(super) async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Task>, AppError> {
-    store::get(&mut *s.pool.acquire().await?, s.schema(), id)
-        .await?
+    crate::reads::read!(s, |c| store::get(c, s.schema(), id).await)?
         .map(Json)
         .ok_or_else(|| AppError::NotFound(format!("no task with id {id}")))
 }
@@ -131,9 +129,12 @@ pub(super) async fn attempts(
     State(s): State<AppState>,
     Id(id): Id,
 ) -> Result<Json<Vec<Attempt>>, AppError> {
-    Ok(Json(
-        store::attempts(&mut *s.pool.acquire().await?, s.schema(), id).await?,
-    ))
+    Ok(Json(crate::reads::read!(s, |c| store::attempts(
+        c,
+        s.schema(),
+        id
+    )
+    .await)?))
 }
 
 /// `GET /api/tasks/{id}/events`: the task lease's history (claims,
@@ -157,18 +158,16 @@ pub(super) async fn events(
     Id(id): Id,
     ApiQuery(q): ApiQuery<CursorQuery>,
 ) -> Result<Response, AppError> {
-    let mut conn = s.pool.acquire().await?;
-    if store::get(&mut conn, s.schema(), id).await?.is_none() {
-        return Err(AppError::NotFound(format!("no task with id {id}")));
-    }
     let cursor = q.cursor();
-    let page = leasekeeper_core::lease::store::events(
-        &mut conn,
-        s.schema(),
-        &Task::resource_name(id),
-        cursor,
-    )
-    .await?;
+    let page = crate::reads::read!(s, |c| -> Result<_, AppError> {
+        if store::get(c, s.schema(), id).await?.is_none() {
+            return Err(AppError::NotFound(format!("no task with id {id}")));
+        }
+        Ok(
+            leasekeeper_core::lease::store::events(c, s.schema(), &Task::resource_name(id), cursor)
+                .await?,
+        )
+    })?;
     Ok(crate::http::paging::answer(
         &format!("/api/tasks/{id}/events"),
         cursor,

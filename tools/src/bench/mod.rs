@@ -161,6 +161,7 @@ impl BenchServer {
         let state = AppState {
             leptos_options: leptos_options(&settings),
             pool: pool.clone(),
+            read_pool: leasekeeper::reads::read_pool(pool),
             fleet: Fleet::new(
                 pool.clone(),
                 instance_id.clone(),

@@ -8,10 +8,7 @@ use crate::queue::{NewTask, Task, TaskStatus};
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgConnection, Row};
 
-/// The most tasks one [`enqueue_many`] takes.
-pub const MAX_ENQUEUE_BATCH: usize = 10_000;
-
-pub use crate::queue::{MAX_UNIQUE_KEY_CHARS, UNIQUE_PERIODS};
+pub use crate::queue::{MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, UNIQUE_PERIODS};
 
 /// What an enqueue did: added the task, or found the task that holds its
 /// unique key (then nothing was added).
@@ -85,9 +82,8 @@ pub async fn enqueue_many(
     tasks: &[NewTask],
 ) -> Result<Vec<Enqueued>, TaskError> {
     if tasks.len() > MAX_ENQUEUE_BATCH {
-        return Err(TaskError::BadInput(format!(
-            "at most {MAX_ENQUEUE_BATCH} tasks at once, got {}",
-            tasks.len()
+        return Err(TaskError::BadInput(crate::queue::wire::too_many(
+            tasks.len(),
         )));
     }
     // The one check of every field's limits (`NewTask::validate`), here
@@ -117,6 +113,19 @@ pub async fn enqueue_many(
         }
         .await
     )
+    .map_err(queue_cap)
+}
+
+/// The queue cap's refusal (raised by the queues trigger) as its own error.
+fn queue_cap(e: TaskError) -> TaskError {
+    match e {
+        TaskError::Db(sqlx::Error::Database(db))
+            if db.code().as_deref() == Some(crate::queue::queues::TOO_MANY_QUEUES_SQLSTATE) =>
+        {
+            TaskError::QueueCap(db.message().to_string())
+        }
+        e => e,
+    }
 }
 
 /// The columns of a batch, as arrays bound to one statement.

@@ -122,6 +122,13 @@ pub enum TaskError {
     /// unique key another task holds).
     #[error("{0}")]
     Conflict(String),
+    /// The enqueue names queues not seen before, and with them there would
+    /// be more queues than the cap allows
+    /// ([`queues::MAX_QUEUES_SETTING`](crate::queue::queues::MAX_QUEUES_SETTING));
+    /// nothing was inserted. The words say how many exist, the cap and the
+    /// new names.
+    #[error("{0}")]
+    QueueCap(String),
     /// The task's lease could not be handled.
     #[error(transparent)]
     Lease(#[from] LeaseError),
