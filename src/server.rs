@@ -87,7 +87,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     http::metrics::install();
     crate::bundle::check_at_start(&leptos_options(&settings));
     let db = Database::open(
-        settings.database_url.as_ref().map(crate::settings::Secret::expose),
+        settings
+            .database_url
+            .as_ref()
+            .map(crate::settings::Secret::expose),
         &settings.data_dir,
         &settings.schema,
     )
