@@ -19,9 +19,7 @@ pub use sources::{DEFAULT_FILE, FILE_SECTION};
 use clap::Args;
 use keys::*;
 use leasekeeper_core::db::Schema;
-use sources::{
-    Sources, boolean, count, host_names, probability, read_file_values, seconds, token,
-};
+use sources::{Sources, boolean, count, host_names, probability, read_file_values, seconds, token};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -444,7 +442,9 @@ fn secret_token(
 ) -> Result<Option<Secret>, SettingsError> {
     match src.raw(key, arg) {
         None => Ok(None),
-        Some(raw) => token(raw.trim()).map_err(|why| SettingsError(format!("{}: {why}", key.describe()))),
+        Some(raw) => {
+            token(raw.trim()).map_err(|why| SettingsError(format!("{}: {why}", key.describe())))
+        }
     }
 }
 
@@ -555,7 +555,10 @@ impl Settings {
         .chain([
             (ALLOWED_HOSTS.env, self.allowed_hosts.join(",")),
             (OPEN_NETWORK.env, self.open_network.to_string()),
-            (READ_TIMEOUT.env, self.read_timeout.as_secs_f64().to_string()),
+            (
+                READ_TIMEOUT.env,
+                self.read_timeout.as_secs_f64().to_string(),
+            ),
             (MAX_QUEUES.env, self.max_queues.to_string()),
         ])
         .collect()

@@ -150,9 +150,11 @@ pub(super) fn host_names(raw: &str) -> Result<Vec<String>, String> {
         let bare = name.strip_prefix('.').unwrap_or(&name);
         let ok = !bare.is_empty()
             && bare.len() <= 253
-            && bare
-                .split('.')
-                .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+            && bare.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            })
             && bare.parse::<std::net::IpAddr>().is_err();
         if !ok {
             return Err(format!(

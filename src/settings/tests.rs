@@ -280,7 +280,10 @@ fn worker_token_follows_the_admin_tokens_rules_and_must_differ() {
         err.contains("LEASEKEEPER_WORKER_TOKEN") && err.contains("16 to 256"),
         "{err}"
     );
-    assert!(!err.contains("short-secret"), "a token error repeats the token: {err}");
+    assert!(
+        !err.contains("short-secret"),
+        "a token error repeats the token: {err}"
+    );
     let same = "0123456789abcdef";
     let err = with(Some(same), same).unwrap_err().to_string();
     assert!(err.contains("must differ"), "{err}");
@@ -301,14 +304,21 @@ fn allowed_hosts_are_names_lower_cased() {
         )
     };
     assert_eq!(
-        with(" Jobs.Example.com, .internal ,").unwrap().allowed_hosts,
+        with(" Jobs.Example.com, .internal ,")
+            .unwrap()
+            .allowed_hosts,
         vec!["jobs.example.com".to_string(), ".internal".to_string()]
     );
     for bad in ["10.0.0.1", "jobs.example.com:3000", "a b", "."] {
         let err = with(bad).unwrap_err().to_string();
         assert!(err.contains("LEASEKEEPER_ALLOWED_HOSTS"), "{bad}: {err}");
     }
-    assert!(resolve(None, SettingArgs::default()).unwrap().allowed_hosts.is_empty());
+    assert!(
+        resolve(None, SettingArgs::default())
+            .unwrap()
+            .allowed_hosts
+            .is_empty()
+    );
 }
 
 #[test]

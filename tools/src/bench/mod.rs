@@ -153,6 +153,7 @@ impl BenchServer {
     /// Starts it with `settings` (its address is replaced) and `live`.
     pub async fn start(mut settings: Settings, pool: &PgPool, live: LiveHub) -> Result<Self> {
         settings.admin_token = None;
+        settings.worker_token = None;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         settings.site_addr = addr;

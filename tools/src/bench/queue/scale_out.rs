@@ -94,7 +94,8 @@ pub async fn runtime_process(
 ) -> Result<()> {
     let url = settings
         .database_url
-        .as_deref()
+        .as_ref()
+        .map(|u| u.expose())
         .context("bench-runtime needs --database-url")?;
     let pool = leasekeeper_core::db::connect(url, &settings.schema).await?;
     let runtime = noop_runtime(pool.clone(), id, concurrency).await?;
