@@ -17,7 +17,7 @@ pub async fn get_audit(before: Option<i64>) -> Result<Paged<LeaseEvent>, AppErro
     crate::reads::read!(state, |conn| -> Result<_, AppError> {
         Ok(leasekeeper_core::lease::store::audit(
             &mut *conn,
-            &state.schema(),
+            state.schema(),
             leasekeeper_core::paging::Cursor::new(before, None),
         )
         .await?)

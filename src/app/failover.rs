@@ -45,7 +45,7 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
                 .to_owned(),
             TimelineOf::Lease(id) => {
                 crate::error::check_id(id)?;
-                match leasekeeper_core::lease::store::get(&mut *conn, &state.schema(), id).await? {
+                match leasekeeper_core::lease::store::get(&mut *conn, state.schema(), id).await? {
                     Some(lease) => lease.resource,
                     None => return Ok(None),
                 }
@@ -53,7 +53,7 @@ pub async fn get_timeline(of: TimelineOf) -> Result<Option<TimelineView>, AppErr
         };
         let events = leasekeeper_core::lease::store::history(
             &mut *conn,
-            &state.schema(),
+            state.schema(),
             &resource,
             TIMELINE_EVENTS,
         )

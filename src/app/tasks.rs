@@ -39,7 +39,7 @@ pub async fn get_tasks(
     crate::reads::read!(state, |conn| -> Result<_, AppError> {
         let page = store::list_page(
             &mut *conn,
-            &state.schema(),
+            state.schema(),
             search,
             leasekeeper_core::paging::Cursor::new(before, None),
         )
@@ -61,17 +61,17 @@ pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
     crate::error::check_id(id)?;
     let state = super::context::state()?;
     crate::reads::read!(state, |conn| -> Result<_, AppError> {
-        let Some(task) = store::get(&mut *conn, &state.schema(), id).await? else {
+        let Some(task) = store::get(&mut *conn, state.schema(), id).await? else {
             return Ok(None);
         };
         let history = leases::history(
             &mut *conn,
-            &state.schema(),
+            state.schema(),
             &leasekeeper_core::queue::Task::resource_name(id),
             50,
         )
         .await?;
-        let attempts = store::attempts(&mut *conn, &state.schema(), id).await?;
+        let attempts = store::attempts(&mut *conn, state.schema(), id).await?;
         Ok(Some(TaskDetail {
             task,
             history,

@@ -317,9 +317,15 @@ async fn unknown_routes_and_methods_answer_json() {
 #[tokio::test]
 async fn internal_errors_are_500_with_a_generic_message() {
     let api = Api::new().await;
-    // Cut the server off from its database.
+    // Cut the server off from its database (the main pool: reads have a
+    // pool of their own, see `crate::bounded`).
     api.db.pool.close().await;
-    let (s, err) = api.get("/api/leases").await;
+    let (s, err) = api
+        .post(
+            "/api/leases",
+            json!({"resource": "r1", "holder": "a", "ttl_seconds": 10}),
+        )
+        .await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(error_of(&err), "internal server error", "no internals leak");
 }
