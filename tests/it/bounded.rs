@@ -62,7 +62,12 @@ async fn a_slow_read_times_out_with_503_and_a_claim_still_succeeds_meanwhile() {
         claim_started.elapsed()
     );
     for read in reads {
-        let (status, body) = read.await.unwrap();
+        // Bounded: without the timeout the reads would wait for the lock,
+        // which is released only below.
+        let (status, body) = tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .expect("a read still waiting 5 s after the others began")
+            .unwrap();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         assert!(
             error_of(&body).contains("LEASEKEEPER_READ_TIMEOUT_SECS"),

@@ -474,7 +474,7 @@ const QUEUES_LOCK_TIMEOUT_MS: u32 = 100;
 
 /// Deletes up to `batch` queue rows whose queue has no task left, except
 /// paused ones. Answers nothing deleted when enqueues kept the queues busy
-/// for [`QUEUES_LOCK_TIMEOUT_MS`] (the next pass tries again).
+/// for 100 ms (the next pass tries again).
 ///
 /// Two steps, so that enqueues never wait for a walk over every task:
 /// first, with no lock, the queues that have no task in this snapshot (the
