@@ -1,8 +1,9 @@
 -- Trigger function (AFTER INSERT ON tasks, per statement): a queues row for
 -- each queue name not seen before, from the transition table, within the
 -- cap on queues: the transaction-local setting leasekeeper.max_queues
--- (set_config(..., true), or a role's or database's default), 1000 when
--- unset. An enqueue naming new queues past the cap is refused with
+-- (set_config(..., true), or a role's or database's default); no cap when
+-- unset (a library's host names its own queues; the REST server always sets
+-- it, from its max_queues setting). An enqueue naming new queues past the cap is refused with
 -- SQLSTATE LK002 and the whole statement (and its transaction) rolls back:
 -- nothing is inserted. The common case (every queue known) reads the
 -- primary key once per distinct name, takes one shared advisory lock (in
@@ -57,9 +58,11 @@ BEGIN
     IF fresh IS NULL THEN
         RETURN NULL;
     END IF;
-    cap := coalesce(nullif(current_setting('leasekeeper.max_queues', true), '')::bigint, 1000);
-    SELECT count(*) INTO known FROM queues;
-    IF known + cardinality(fresh) > cap THEN
+    cap := nullif(current_setting('leasekeeper.max_queues', true), '')::bigint;
+    IF cap IS NOT NULL THEN
+        SELECT count(*) INTO known FROM queues;
+    END IF;
+    IF cap IS NOT NULL AND known + cardinality(fresh) > cap THEN
         RAISE EXCEPTION 'too many queues: % exist, the most allowed is %, and this enqueue names % new (%)',
                 known, cap, cardinality(fresh),
                 array_to_string(fresh[1:3], ', ') || CASE WHEN cardinality(fresh) > 3 THEN ', …' ELSE '' END

@@ -97,15 +97,17 @@ mod db {
         Db(#[from] sqlx::Error),
     }
 
-    /// How many queues may exist when the enqueue path does not say
-    /// ([`MAX_QUEUES_SETTING`] unset).
+    /// The cap the REST server applies when its `max_queues` setting is
+    /// not given. The library itself applies none unless asked
+    /// ([`MAX_QUEUES_SETTING`] unset: no cap), so a host with many queues
+    /// of its own naming is not refused on upgrade.
     pub const DEFAULT_MAX_QUEUES: u32 = 1000;
 
     /// The PostgreSQL setting the queue cap is read from when an enqueue
     /// names a queue not seen before: transaction-local by
     /// [`limit_queues`], or a default of the role or database (`ALTER ROLE
     /// app SET leasekeeper.max_queues = 5000`, which works through a
-    /// transaction pooler too). Unset: [`DEFAULT_MAX_QUEUES`].
+    /// transaction pooler too). Unset: no cap.
     pub const MAX_QUEUES_SETTING: &str = "leasekeeper.max_queues";
 
     /// The SQLSTATE of an enqueue refused because its new queue names would
