@@ -95,8 +95,7 @@ pub async fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
                 history,
                 trust_claims,
             };
-            crate::worker::process::run(settings, &server, id, token_file.as_deref(), faults)
-                .await
+            crate::worker::process::run(settings, &server, id, token_file.as_deref(), faults).await
         }
     };
     match result {

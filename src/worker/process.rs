@@ -128,8 +128,11 @@ pub async fn run(
             .with_token(token.expose())
             .map_err(|e| anyhow!(e))?;
         if !transport.is_tls() && reqwest::Url::parse(server).is_ok_and(|u| !is_loopback(&u)) {
-            tracing::warn!(server, "the worker token crosses the network in clear text: \
-                serve the instance behind TLS and give an https:// --server");
+            tracing::warn!(
+                server,
+                "the worker token crosses the network in clear text: \
+                serve the instance behind TLS and give an https:// --server"
+            );
         }
     }
     let transport =
@@ -185,14 +188,24 @@ mod tests {
         let file = dir.join("token");
         std::fs::write(&file, "  file-token-0123456789\n").unwrap();
 
-        let (token, source) = credential(&settings(Some(WORKER), Some(ADMIN)), Some(&file)).unwrap();
+        let (token, source) =
+            credential(&settings(Some(WORKER), Some(ADMIN)), Some(&file)).unwrap();
         assert_eq!(token.unwrap().expose(), "file-token-0123456789", "trimmed");
         assert_eq!(source, Credential::File(file.clone()));
         let (token, source) = credential(&settings(Some(WORKER), Some(ADMIN)), None).unwrap();
-        assert_eq!((token.unwrap().expose(), source), (WORKER, Credential::WorkerToken));
+        assert_eq!(
+            (token.unwrap().expose(), source),
+            (WORKER, Credential::WorkerToken)
+        );
         let (token, source) = credential(&settings(None, Some(ADMIN)), None).unwrap();
-        assert_eq!((token.unwrap().expose(), source), (ADMIN, Credential::AdminToken));
-        assert_eq!(credential(&settings(None, None), None).unwrap(), (None, Credential::None));
+        assert_eq!(
+            (token.unwrap().expose(), source),
+            (ADMIN, Credential::AdminToken)
+        );
+        assert_eq!(
+            credential(&settings(None, None), None).unwrap(),
+            (None, Credential::None)
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -209,7 +222,10 @@ mod tests {
         std::fs::write(&empty, "\n").unwrap();
         for (path, secret) in [(&short, "tooshort"), (&spaced, "space in it"), (&empty, "")] {
             let err = credential(&s, Some(path)).unwrap_err().to_string();
-            assert!(err.starts_with(&format!("--token-file {}: ", path.display())), "{err}");
+            assert!(
+                err.starts_with(&format!("--token-file {}: ", path.display())),
+                "{err}"
+            );
             assert!(secret.is_empty() || !err.contains(secret), "{err}");
         }
         let missing = dir.join("missing");
@@ -222,7 +238,10 @@ mod tests {
     fn a_refusal_names_the_credential_and_what_to_set() {
         let why = "401 Unauthorized: a worker token is required";
         let line = Credential::None.refused("http://h:3000", why);
-        assert!(line.contains("requires a worker token (401") && line.contains("LEASEKEEPER_WORKER_TOKEN"));
+        assert!(
+            line.contains("requires a worker token (401")
+                && line.contains("LEASEKEEPER_WORKER_TOKEN")
+        );
         let line = Credential::WorkerToken.refused("http://h:3000", why);
         assert!(line.contains("refused the worker token (401"), "{line}");
         assert!(!line.contains('\n'), "one line");

@@ -79,7 +79,10 @@ async fn worker_until_exit(
             (Some(output.status), text)
         }
         // Dropped with the future: kill_on_drop ends it.
-        Err(_) => (None, format!("worker {pid:?} still running after {limit:?}")),
+        Err(_) => (
+            None,
+            format!("worker {pid:?} still running after {limit:?}"),
+        ),
     }
 }
 
@@ -137,7 +140,10 @@ async fn a_worker_refused_401_exits_non_zero_naming_the_cause_and_presents_its_t
             && last.contains("(401 Unauthorized: a worker token is required)"),
         "{output}"
     );
-    assert!(!output.contains(WORKER_TOKEN), "the token was printed: {output}");
+    assert!(
+        !output.contains(WORKER_TOKEN),
+        "the token was printed: {output}"
+    );
     let mut seen = 0;
     while let Ok(request) = requests.try_recv() {
         seen += 1;
@@ -157,7 +163,8 @@ async fn a_worker_refused_401_exits_non_zero_naming_the_cause_and_presents_its_t
         worker_until_exit(&url, &["--id", "tw-stub"], None, Duration::from_secs(10)).await;
     assert!(status.is_some_and(|s| !s.success()), "{output}");
     assert!(
-        output.contains("requires a worker token (401") && output.contains("LEASEKEEPER_WORKER_TOKEN"),
+        output.contains("requires a worker token (401")
+            && output.contains("LEASEKEEPER_WORKER_TOKEN"),
         "{output}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -214,7 +221,10 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
     // No token, then a made-up one: refused, and out within seconds.
     for (id, env) in [
         ("tw-none", None),
-        ("tw-forged", Some(("LEASEKEEPER_WORKER_TOKEN", "made-up-token-0123456789"))),
+        (
+            "tw-forged",
+            Some(("LEASEKEEPER_WORKER_TOKEN", "made-up-token-0123456789")),
+        ),
     ] {
         let started = std::time::Instant::now();
         let (status, output) =
@@ -238,7 +248,7 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
         .unwrap();
         assert_eq!(recorded, 0, "{id} left rows behind");
     }
-    let untouched = tasks::get(&mut *db.pool.acquire().await.unwrap(), &schema, task.id)
+    let untouched = tasks::get(&mut db.pool.acquire().await.unwrap(), &schema, task.id)
         .await
         .unwrap()
         .unwrap();
@@ -252,7 +262,14 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
     let dir = scratch("real");
     let file = token_file(&dir, WORKER_TOKEN);
     let mut worker = command()
-        .args(["worker", "--server", &url, "--id", "tw-file", "--token-file"])
+        .args([
+            "worker",
+            "--server",
+            &url,
+            "--id",
+            "tw-file",
+            "--token-file",
+        ])
         .arg(&file)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -260,7 +277,7 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
         .expect("starting leasekeeper worker");
     let started = std::time::Instant::now();
     let done = loop {
-        let now = tasks::get(&mut *db.pool.acquire().await.unwrap(), &schema, task.id)
+        let now = tasks::get(&mut db.pool.acquire().await.unwrap(), &schema, task.id)
             .await
             .unwrap()
             .unwrap();

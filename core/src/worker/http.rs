@@ -407,8 +407,15 @@ mod tests {
         let http = Http::new(&url).unwrap().with_token(token).unwrap();
         let beat = http.heartbeat(claim_ref(&worker)).await;
         let request = served.await.unwrap();
-        assert!(request.starts_with("PUT /api/tasks/7/heartbeat "), "{request}");
-        assert!(request.to_ascii_lowercase().contains("authorization: bearer"));
+        assert!(
+            request.starts_with("PUT /api/tasks/7/heartbeat "),
+            "{request}"
+        );
+        assert!(
+            request
+                .to_ascii_lowercase()
+                .contains("authorization: bearer")
+        );
         assert!(matches!(beat, Err(TransportError::Unauthorized(why)) if why.starts_with("403")));
     }
 
@@ -417,10 +424,18 @@ mod tests {
         let worker = Holder::parse("w1").unwrap();
         let (url, served) = stub("401 Unauthorized").await;
         let http = Http::new(&url).unwrap();
-        let done = http.complete(claim_ref(&worker), &json!({"ok": true})).await;
+        let done = http
+            .complete(claim_ref(&worker), &json!({"ok": true}))
+            .await;
         let request = served.await.unwrap();
-        assert!(request.starts_with("PUT /api/tasks/7/complete "), "{request}");
-        assert!(!request.to_ascii_lowercase().contains("authorization"), "{request}");
+        assert!(
+            request.starts_with("PUT /api/tasks/7/complete "),
+            "{request}"
+        );
+        assert!(
+            !request.to_ascii_lowercase().contains("authorization"),
+            "{request}"
+        );
         assert!(matches!(done, Err(TransportError::Unauthorized(_))));
     }
 
@@ -448,7 +463,10 @@ mod tests {
         let first = first.unwrap().expect("the client connected");
         assert_eq!(first, 0x16, "a TLS handshake record");
         // The handshake then fails: a transient failure, worth retrying.
-        assert!(matches!(claimed, Ok(Err(TransportError::Transient(_)))), "{claimed:?}");
+        assert!(
+            matches!(claimed, Ok(Err(TransportError::Transient(_)))),
+            "{claimed:?}"
+        );
     }
 
     #[test]

@@ -55,7 +55,9 @@ impl Tokens {
     fn header(&self) -> Result<reqwest::header::HeaderMap> {
         let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", self.worker))?;
         value.set_sensitive(true);
-        Ok([(reqwest::header::AUTHORIZATION, value)].into_iter().collect())
+        Ok([(reqwest::header::AUTHORIZATION, value)]
+            .into_iter()
+            .collect())
     }
 
     /// A client whose every request carries the worker token.
@@ -246,7 +248,9 @@ impl Rig {
         if let Some(token) = token {
             cmd.env("LEASEKEEPER_WORKER_TOKEN", token);
         }
-        let child = cmd.spawn().context("starting an intruding leasekeeper worker")?;
+        let child = cmd
+            .spawn()
+            .context("starting an intruding leasekeeper worker")?;
         Ok(Intruder {
             id: id.to_string(),
             child,

@@ -225,11 +225,21 @@ async fn the_intruder_check_fails_a_worker_let_in_and_passes_one_refused() {
             .collect::<Vec<_>>()
     };
     let got_in = about("in");
-    assert!(got_in.iter().any(|v| v.contains("not refused")), "{got_in:?}");
+    assert!(
+        got_in.iter().any(|v| v.contains("not refused")),
+        "{got_in:?}"
+    );
     assert!(got_in.iter().any(|v| v.contains("1 call(s)")), "{got_in:?}");
-    assert!(got_in.iter().any(|v| v.contains("row(s) of its")), "{got_in:?}");
+    assert!(
+        got_in.iter().any(|v| v.contains("row(s) of its")),
+        "{got_in:?}"
+    );
     assert_eq!(about("stuck"), vec!["stuck: did not stop by itself"]);
-    assert!(about("mute")[0].contains("does not name the 401"), "{:?}", c.intrusions);
+    assert!(
+        about("mute")[0].contains("does not name the 401"),
+        "{:?}",
+        c.intrusions
+    );
     assert_eq!(about("out"), Vec::<String>::new());
     assert_eq!(c.intruders_refused, 1);
     assert!(

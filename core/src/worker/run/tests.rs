@@ -710,5 +710,9 @@ async fn a_heartbeat_refused_its_credential_abandons_the_task_and_stops() {
     );
     assert_eq!(fake.heartbeats(), vec![secs(1.0)]);
     assert_eq!(fake.completions(), vec![], "nothing written for the claim");
-    assert_eq!(fake.claims(), vec![Duration::ZERO], "no claim after the refusal");
+    assert_eq!(
+        fake.claims(),
+        vec![Duration::ZERO],
+        "no claim after the refusal"
+    );
 }
