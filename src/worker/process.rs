@@ -54,9 +54,26 @@ enum Credential {
 }
 
 impl Credential {
+    /// What was presented, in words.
+    fn describe(&self) -> String {
+        match self {
+            Credential::None => "no token".into(),
+            Credential::File(path) => format!("the token in {}", path.display()),
+            Credential::WorkerToken => "the worker token (LEASEKEEPER_WORKER_TOKEN)".into(),
+            Credential::AdminToken => "the admin token (LEASEKEEPER_ADMIN_TOKEN)".into(),
+        }
+    }
+
     /// The one line a refused worker exits with, `why` being the server's
-    /// answer (status and reason).
+    /// answer (status and reason). A 403 may not be about the token (the
+    /// server's reason says what), so its line only says what was shown.
     fn refused(&self, server: &str, why: &str) -> String {
+        if why.starts_with("403") {
+            return format!(
+                "the server at {server} forbids this worker ({why}); it presented {}",
+                self.describe()
+            );
+        }
         match self {
             Credential::None => format!(
                 "the server at {server} requires a worker token ({why}): set \
@@ -245,6 +262,11 @@ mod tests {
         let line = Credential::WorkerToken.refused("http://h:3000", why);
         assert!(line.contains("refused the worker token (401"), "{line}");
         assert!(!line.contains('\n'), "one line");
+        let line = Credential::File("/run/t".into()).refused("http://h:3000", "403 Forbidden: no");
+        assert_eq!(
+            line,
+            "the server at http://h:3000 forbids this worker (403 Forbidden: no); it presented the token in /run/t"
+        );
     }
 
     #[test]

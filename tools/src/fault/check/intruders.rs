@@ -34,8 +34,9 @@ pub async fn intruders(pool: &PgPool, seen: &[Intruder], c: &mut Checks) -> Resu
             Some(status) if status.success() => wrong(format!("exited {status}, not refused")),
             Some(_) => {}
         }
+        // 401 by the contract (a made-up token may get a 403: refused too).
         let last = intruder.log.lines().last().unwrap_or_default();
-        if intruder.exit.is_some() && !last.contains("(401") {
+        if intruder.exit.is_some() && !last.contains("(401") && !last.contains("(403") {
             wrong(format!("its last line does not name the 401: {last:?}"));
         }
         if intruder.ops.is_empty() {
