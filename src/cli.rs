@@ -26,11 +26,19 @@ pub enum Command {
     /// Serve the dashboard and the REST API (the default).
     Serve,
     /// Run one task worker as a separate process, over the REST API of an
-    /// instance, until SIGINT or SIGTERM.
+    /// instance, until SIGINT or SIGTERM. It presents the worker token
+    /// (LEASEKEEPER_WORKER_TOKEN, or --token-file; the admin token when only
+    /// that is set) and exits with status 1 when the server refuses it.
     Worker {
-        /// The instance to work for, e.g. http://127.0.0.1:3000.
+        /// The instance to work for: an http:// or https:// URL, e.g.
+        /// http://127.0.0.1:3000.
         #[arg(long)]
         server: String,
+        /// Read the token to present from this file (its contents, trimmed:
+        /// 16-256 printable ASCII characters) instead of
+        /// LEASEKEEPER_WORKER_TOKEN; keeps it out of the environment.
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<std::path::PathBuf>,
         /// The worker's name (its holder name in every claim); generated when omitted.
         #[arg(long)]
         id: Option<String>,
@@ -78,6 +86,7 @@ pub async fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Command::Db { action } => db_command(settings, action).await,
         Command::Worker {
             server,
+            token_file,
             id,
             history,
             trust_claims,
@@ -86,7 +95,7 @@ pub async fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
                 history,
                 trust_claims,
             };
-            crate::worker::process::run(settings, &server, id, faults).await
+            crate::worker::process::run(settings, &server, id, token_file.as_deref(), faults).await
         }
     };
     match result {

@@ -77,7 +77,12 @@
 //!   build for `wasm32`, which the dashboard's browser bundle uses.
 //! - `http-client` (implies `postgres`): the worker transport that talks to
 //!   a leasekeeper instance over its REST API instead of to the database
-//!   (reqwest), for workers in separate processes.
+//!   (reqwest, with rustls for `https://`), for workers in separate
+//!   processes. When the instance is locked (`LEASEKEEPER_WORKER_TOKEN` or
+//!   `LEASEKEEPER_ADMIN_TOKEN` set), give the transport the worker token
+//!   with `worker::http::Http::with_token`; a refused credential (401/403)
+//!   stops the worker loop with `worker::run::Exit::Unauthorized` instead
+//!   of retrying.
 
 #![deny(missing_docs)]
 

@@ -448,6 +448,21 @@ fn secret_token(
     }
 }
 
+/// The token in the file at `path` (`leasekeeper worker --token-file`):
+/// its contents with surrounding whitespace trimmed, by the rule of the
+/// token settings (16 to 256 printable ASCII characters). A file keeps the
+/// token out of the process list and of the environment that children and
+/// crash reports inherit. The errors name the file, never its contents.
+pub fn token_file(path: &Path) -> Result<Secret, SettingsError> {
+    let named = |why: String| SettingsError(format!("--token-file {}: {why}", path.display()));
+    let raw = std::fs::read_to_string(path).map_err(|e| named(format!("cannot be read: {e}")))?;
+    match token(raw.trim()) {
+        Ok(Some(secret)) => Ok(secret),
+        Ok(None) => Err(named("is empty; it must hold the worker token".into())),
+        Err(why) => Err(named(format!("its contents {why}"))),
+    }
+}
+
 impl Settings {
     /// A worker's timing from `lease_ttl` and `heartbeat_interval`.
     pub fn worker_config(&self) -> leasekeeper_core::worker::run::WorkerConfig {

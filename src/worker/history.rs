@@ -12,9 +12,10 @@
 //! an independent witness of what the clients were told.
 //!
 //! Outcomes: `ok` (the queue accepted), `refused` (HTTP 409/404: the claim
-//! is lost) and `unknown` (no answer, or an unusable one: the write may or
-//! may not have happened, e.g. when the connection dropped after the server
-//! committed).
+//! is lost), `unauthorized` (HTTP 401/403: the credential was refused and
+//! nothing written) and `unknown` (no answer, or an unusable one: the write
+//! may or may not have happened, e.g. when the connection dropped after the
+//! server committed).
 
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::worker::Report;
@@ -42,6 +43,9 @@ pub enum OpKind {
 pub enum Outcome {
     Ok,
     Refused,
+    /// The credential was refused (HTTP 401/403): nothing was written, and
+    /// the worker stops.
+    Unauthorized,
     Unknown,
 }
 
@@ -100,6 +104,7 @@ impl<T: Transport> Recorded<T> {
         let outcome = match result {
             Ok(_) => Outcome::Ok,
             Err(TransportError::Lost(_)) => Outcome::Refused,
+            Err(TransportError::Unauthorized(_)) => Outcome::Unauthorized,
             Err(TransportError::Transient(_)) => Outcome::Unknown,
         };
         let line = Op {

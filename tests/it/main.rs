@@ -31,4 +31,5 @@ mod sfn_bad_input;
 mod stopwatch;
 mod task_control;
 mod terms;
+mod worker_token;
 mod workers;

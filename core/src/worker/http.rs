@@ -1,5 +1,15 @@
 //! The HTTP transport (feature `http-client`): a worker in another process
-//! reaches the queue through an instance's REST API.
+//! reaches the queue through an instance's REST API, over `http://` or
+//! `https://` (rustls, with the Mozilla roots and the system's own).
+//!
+//! When the instance requires a credential (`LEASEKEEPER_WORKER_TOKEN` or
+//! `LEASEKEEPER_ADMIN_TOKEN` set), [`Http::with_token`] makes every request
+//! carry it as `Authorization: Bearer <token>`. A 401 or 403 answer is
+//! [`TransportError::Unauthorized`]: the worker loop stops instead of
+//! retrying. The server refused the request before doing anything, so
+//! nothing is lost by stopping: a refused claim claimed nothing, and a task
+//! whose heartbeat or completion was refused is abandoned, its lease left
+//! to run out so that another worker takes it over.
 
 use super::Report;
 use super::transport::{Claim, ClaimRef, Transport, TransportError, ms};
@@ -8,27 +18,45 @@ use crate::queue::{
     AttemptOutcome, ClaimFilter, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody,
     Task,
 };
+use reqwest::header::HeaderValue;
 use serde::Serialize;
 use serde_json::Value;
 use std::time::Duration;
 
 /// The HTTP transport: calls the REST API of a leasekeeper instance.
-/// Plain `http://` only (no TLS), as workers talk to an instance nearby.
+///
+/// Its `Debug` never shows the token: the header value is marked
+/// sensitive, which prints as `Sensitive`.
+///
+/// ```
+/// use leasekeeper_core::worker::http::Http;
+///
+/// let mut transport = Http::new("https://queue.internal:3000")?;
+/// if let Ok(token) = std::env::var("LEASEKEEPER_WORKER_TOKEN") {
+///     transport = transport.with_token(&token)?;
+/// }
+/// // Then `Worker::new(id, transport, handlers, config, chaos).run()`,
+/// // which answers `Exit::Unauthorized(why)` when the server refuses it.
+/// # Ok::<(), String>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Http {
     client: reqwest::Client,
     base: reqwest::Url,
     filter: ClaimFilter,
+    /// `Bearer <token>`, sent with every request, when set.
+    authorization: Option<HeaderValue>,
 }
 
 impl Http {
-    /// A client for the instance at `server`, e.g. `http://127.0.0.1:3000`.
+    /// A client for the instance at `server`, an `http://` or `https://`
+    /// URL such as `http://127.0.0.1:3000` (a path is kept as a prefix).
     pub fn new(server: &str) -> Result<Self, String> {
         let base = reqwest::Url::parse(server)
             .map_err(|e| format!("--server {server:?} is not a URL: {e}"))?;
-        if base.scheme() != "http" {
+        if !matches!(base.scheme(), "http" | "https") {
             return Err(format!(
-                "--server {server:?} must be an http:// URL (workers speak plain HTTP to an instance nearby)"
+                "--server {server:?} must be an http:// or https:// URL"
             ));
         }
         let client = reqwest::Client::builder()
@@ -40,7 +68,31 @@ impl Http {
             client,
             base,
             filter: ClaimFilter::default(),
+            authorization: None,
         })
+    }
+
+    /// Sends `token` as `Authorization: Bearer <token>` with every request:
+    /// the instance's worker token (`LEASEKEEPER_WORKER_TOKEN`), or its
+    /// admin token, which passes the worker's routes too. The error never
+    /// repeats the token.
+    ///
+    /// Over plain `http://` the token crosses the network in clear text:
+    /// beyond a trusted network, serve the instance behind TLS and give an
+    /// `https://` URL.
+    pub fn with_token(mut self, token: &str) -> Result<Self, String> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            "the worker token cannot be sent in an HTTP header (printable ASCII only)".to_string()
+        })?;
+        // Kept out of `Debug` (and of HTTP/2's header compression tables).
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
+    }
+
+    /// Whether the instance is reached over TLS (`https://`).
+    pub fn is_tls(&self) -> bool {
+        self.base.scheme() == "https"
     }
 
     /// Claims only what `filter` lets through (every kind in the default
@@ -67,10 +119,11 @@ impl Http {
         body: &(impl Serialize + ?Sized),
     ) -> Result<(reqwest::StatusCode, Value), TransportError> {
         let url = self.url(segments);
-        let response = self
-            .client
-            .request(method.clone(), url.clone())
-            .json(body)
+        let mut request = self.client.request(method.clone(), url.clone()).json(body);
+        if let Some(authorization) = &self.authorization {
+            request = request.header(reqwest::header::AUTHORIZATION, authorization.clone());
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| TransportError::Transient(format!("{method} {url}: {e}")))?;
@@ -98,12 +151,17 @@ impl Http {
         }
     }
 
-    /// Maps a non-success answer: 409 and 404 mean the claim is lost.
+    /// Maps a non-success answer: 409 and 404 mean the claim is lost, 401
+    /// and 403 that the credential was refused (this worker can do nothing
+    /// more), anything else is worth retrying.
     fn refusal(status: reqwest::StatusCode, body: &Value) -> TransportError {
         let why = body["error"].as_str().unwrap_or("no error message");
         match status {
             reqwest::StatusCode::CONFLICT | reqwest::StatusCode::NOT_FOUND => {
                 TransportError::Lost(format!("{status}: {why}"))
+            }
+            reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
+                TransportError::Unauthorized(format!("{status}: {why}"))
             }
             _ => TransportError::Transient(format!("{status}: {why}")),
         }
@@ -139,10 +197,11 @@ impl Transport for Http {
                 }))
             }
             reqwest::StatusCode::OK => Ok(None),
-            // Nothing about a claim can be "lost" before it exists.
-            other => Err(TransportError::Transient(
-                Self::refusal(other, &body).to_string(),
-            )),
+            other => Err(match Self::refusal(other, &body) {
+                refused @ TransportError::Unauthorized(_) => refused,
+                // Nothing about a claim can be "lost" before it exists.
+                other => TransportError::Transient(other.to_string()),
+            }),
         }
     }
 
@@ -249,9 +308,165 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_urls_are_accepted() {
-        assert!(Http::new("https://example.org").is_err());
+    fn http_and_https_urls_are_accepted_and_nothing_else() {
+        assert!(!Http::new("http://127.0.0.1:3000").unwrap().is_tls());
+        assert!(Http::new("https://example.org").unwrap().is_tls());
+        assert!(Http::new("ftp://example.org").is_err());
         assert!(Http::new("not a url").is_err());
+    }
+
+    #[test]
+    fn the_token_stays_out_of_debug_and_out_of_errors() {
+        let token = "s3cret-worker-token-0123456789";
+        let http = Http::new("http://127.0.0.1:3000")
+            .unwrap()
+            .with_token(token)
+            .unwrap();
+        let debug = format!("{http:?}");
+        assert!(!debug.contains(token), "{debug}");
+        assert!(debug.contains("Sensitive"), "{debug}");
+        let err = Http::new("http://127.0.0.1:3000")
+            .unwrap()
+            .with_token("bad\ntoken-0123456789")
+            .unwrap_err();
+        assert!(!err.contains("token-0123456789"), "{err}");
+    }
+
+    /// A one-request HTTP server on a free port: answers `status` with
+    /// `{"error": …}` and hands back the request it read (head and body).
+    async fn stub(status: &'static str) -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let served = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The head, then as much body as it announced.
+            let body_end = loop {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed before a whole request");
+                seen.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+                if let Some(head) = text.find("\r\n\r\n") {
+                    let length = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if seen.len() >= head + 4 + length {
+                        break head + 4 + length;
+                    }
+                }
+            };
+            let body = r#"{"error":"a worker token is required"}"#;
+            let answer = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(answer.as_bytes()).await.unwrap();
+            conn.shutdown().await.unwrap();
+            String::from_utf8_lossy(&seen[..body_end]).into_owned()
+        });
+        (url, served)
+    }
+
+    fn claim_ref(worker: &Holder) -> ClaimRef<'_> {
+        ClaimRef {
+            worker,
+            task_id: 7,
+            token: 3,
+            kind: "sleep",
+        }
+    }
+
+    #[tokio::test]
+    async fn every_call_sends_the_bearer_token_and_401_is_a_refused_credential() {
+        let token = "worker-token-0123456789abcdef";
+        let worker = Holder::parse("w1").unwrap();
+        let (url, served) = stub("401 Unauthorized").await;
+        let http = Http::new(&url).unwrap().with_token(token).unwrap();
+        let claimed = http.claim(&worker).await;
+        let request = served.await.unwrap();
+        assert!(request.starts_with("POST /api/tasks/next "), "{request}");
+        assert!(
+            request
+                .lines()
+                .any(|l| l.eq_ignore_ascii_case(&format!("authorization: Bearer {token}"))),
+            "{request}"
+        );
+        assert_eq!(
+            claimed,
+            Err(TransportError::Unauthorized(
+                "401 Unauthorized: a worker token is required".into()
+            ))
+        );
+
+        // A write to a claimed task, and a 403: the same.
+        let (url, served) = stub("403 Forbidden").await;
+        let http = Http::new(&url).unwrap().with_token(token).unwrap();
+        let beat = http.heartbeat(claim_ref(&worker)).await;
+        let request = served.await.unwrap();
+        assert!(
+            request.starts_with("PUT /api/tasks/7/heartbeat "),
+            "{request}"
+        );
+        assert!(
+            request
+                .to_ascii_lowercase()
+                .contains("authorization: bearer")
+        );
+        assert!(matches!(beat, Err(TransportError::Unauthorized(why)) if why.starts_with("403")));
+    }
+
+    #[tokio::test]
+    async fn without_a_token_no_authorization_header_is_sent() {
+        let worker = Holder::parse("w1").unwrap();
+        let (url, served) = stub("401 Unauthorized").await;
+        let http = Http::new(&url).unwrap();
+        let done = http
+            .complete(claim_ref(&worker), &json!({"ok": true}))
+            .await;
+        let request = served.await.unwrap();
+        assert!(
+            request.starts_with("PUT /api/tasks/7/complete "),
+            "{request}"
+        );
+        assert!(
+            !request.to_ascii_lowercase().contains("authorization"),
+            "{request}"
+        );
+        assert!(matches!(done, Err(TransportError::Unauthorized(_))));
+    }
+
+    #[tokio::test]
+    async fn an_https_server_is_spoken_to_in_tls() {
+        use tokio::io::AsyncReadExt;
+        // Not a TLS server: what matters is that the client opens with a
+        // TLS handshake (a ClientHello record, type 0x16) instead of
+        // refusing the scheme or speaking plain HTTP.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let first = tokio::spawn(tokio::time::timeout(Duration::from_secs(5), async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut byte = [0u8; 1];
+            conn.read_exact(&mut byte).await.unwrap();
+            byte[0]
+        }));
+        let http = Http::new(&format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .with_token("worker-token-0123456789abcdef")
+            .unwrap();
+        let worker = Holder::parse("w1").unwrap();
+        let claimed = tokio::time::timeout(Duration::from_secs(5), http.claim(&worker));
+        let (claimed, first) = tokio::join!(claimed, first);
+        let first = first.unwrap().expect("the client connected");
+        assert_eq!(first, 0x16, "a TLS handshake record");
+        // The handshake then fails: a transient failure, worth retrying.
+        assert!(
+            matches!(claimed, Ok(Err(TransportError::Transient(_)))),
+            "{claimed:?}"
+        );
     }
 
     #[test]
@@ -269,5 +484,14 @@ mod tests {
             Http::refusal(reqwest::StatusCode::INTERNAL_SERVER_ERROR, &body),
             TransportError::Transient(_)
         ));
+        for status in [
+            reqwest::StatusCode::UNAUTHORIZED,
+            reqwest::StatusCode::FORBIDDEN,
+        ] {
+            assert!(matches!(
+                Http::refusal(status, &body),
+                TransportError::Unauthorized(_)
+            ));
+        }
     }
 }

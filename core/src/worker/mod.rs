@@ -14,8 +14,8 @@
 //!   transport ([`in_process::InProcess`]), managed by the dashboard's fleet,
 //!   which can spawn, pause and kill them; and
 //! - as a separate `leasekeeper worker --server URL` process over the REST
-//!   API (`http::Http`, feature `http-client`), where `kill -9` is the
-//!   real crash.
+//!   API (`http::Http`, feature `http-client`; `http://` or `https://`,
+//!   presenting the worker token), where `kill -9` is the real crash.
 //!
 //! This module holds the types the server and the browser share (a row of
 //! the `workers` table); the loop itself is server-only.

@@ -4,9 +4,11 @@
 //!
 //! Every call answers `Ok`, [`TransportError::Lost`] (the queue refused the
 //! write because the claim is no longer this worker's: HTTP 409/404, the
-//! store's `Stale`/`NotFound`), or [`TransportError::Transient`] (the queue
+//! store's `Stale`/`NotFound`), [`TransportError::Transient`] (the queue
 //! could not be asked: network, database or server trouble; worth retrying
-//! while the local deadline allows).
+//! while the local deadline allows), or [`TransportError::Unauthorized`]
+//! (the queue refused this worker's credential: HTTP 401/403; no retry can
+//! help, and the worker stops).
 
 use super::Report;
 use super::handler::{HostDatabase, Job};
@@ -30,6 +32,12 @@ pub enum TransportError {
     /// The queue could not be reached or failed; the claim may still be held.
     #[error("transient failure: {0}")]
     Transient(String),
+    /// The queue refused this worker's credential (HTTP 401 or 403: no
+    /// token, or not the one the server expects); it acted on nothing.
+    /// Retrying cannot help, so the worker loop stops with
+    /// [`Exit::Unauthorized`](super::run::Exit::Unauthorized).
+    #[error("credential refused: {0}")]
+    Unauthorized(String),
 }
 
 /// A claimed task, as much of it as a worker needs.

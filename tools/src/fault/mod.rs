@@ -34,6 +34,12 @@
 //! 10. `SIGSTOP` of the instance holding `singleton:scheduler` for the TTL +
 //!     1.5 s, then `SIGCONT`.
 //!
+//! Every run is locked: the instances get an admin token and a worker
+//! token drawn for the run, every worker presents the worker token, and
+//! each round two workers without it (none, and a made-up one) must be
+//! refused and stop by themselves, leaving nothing behind
+//! ([`check::intruders`]).
+//!
 //! Then the round drains (faults stop, the schedule is paused once it has
 //! caught up, the generator is stopped, the queue runs empty), the
 //! processes stop, [`check::check`] compares the database with the
@@ -76,7 +82,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use report::{late, measure, print_report, report};
-use rig::{Instance, Rig, free_port, reap};
+use rig::{Instance, Intruder, Rig, Tokens, free_port, reap};
 use serde_json::json;
 use sqlx::PgPool;
 use std::collections::BTreeSet;
@@ -240,11 +246,16 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
         );
     }
     let ttl = args.ttl_secs.map_or(TTL, Duration::from_secs);
+    let work = PathBuf::from("target/leasekeeper-chaos-run");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let work = work.canonicalize()?;
     let setup = Setup {
         timing: Timing::from_ttl(ttl),
         kinds: kinds.clone(),
         skew_ms: args.skew_ms,
         gaps,
+        tokens: Tokens::draw(&work)?,
     };
     eprintln!(
         "chaos: {rounds} round(s) of {seconds} s, a fault every {}-{} s, seed {seed}; faults: {}; database: {}",
@@ -257,10 +268,6 @@ pub async fn run(settings: Settings, args: ChaosArgs) -> Result<()> {
             "single server".to_string()
         }
     );
-    let work = PathBuf::from("target/leasekeeper-chaos-run");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let work = work.canonicalize()?;
     let config = work.join("settings.toml");
     std::fs::write(&config, "")?;
     let mut cluster =
@@ -325,6 +332,8 @@ pub(super) struct Setup {
     kinds: Vec<FaultKind>,
     skew_ms: i64,
     gaps: (u64, u64),
+    /// The run's credentials.
+    tokens: Tokens,
 }
 
 async fn fresh_database(cluster: &Database, name: &str, schema: &Schema) -> Result<PgPool> {
@@ -365,7 +374,8 @@ async fn one_round(
         all_workers: Vec::new(),
         ttl: setup.timing.ttl,
         instance_starts: 0,
-        http: reqwest::Client::new(),
+        http: setup.tokens.client()?,
+        tokens: setup.tokens.clone(),
     };
     for _ in 0..INSTANCES {
         let port = free_port()?;
@@ -394,6 +404,7 @@ async fn one_round(
         )
         .await?;
         let declared = schedule::declare(&pool, schema).await?;
+        let intruders = intrude(&mut rig).await?;
         let (enqueued, faults) = faults_phase(cluster, &mut rig, &pool, length, setup, rng).await?;
         let paused = drain(&mut rig, &pool, &setup.timing).await;
         rig.shutdown().await;
@@ -405,6 +416,7 @@ async fn one_round(
             .map(|(id, _)| id.clone())
             .collect();
         let mut checks = check::check(&pool, &history, torn, setup.timing.ttl, &trusting).await?;
+        check::intruders::intruders(&pool, &intruders, &mut checks).await?;
         let known: BTreeSet<i64> = sqlx::query_scalar("SELECT id FROM tasks")
             .fetch_all(&pool)
             .await?
@@ -428,6 +440,42 @@ async fn one_round(
     rig.shutdown().await;
     pool.close().await;
     result
+}
+
+/// Starts two workers without the run's token, one presenting none and one
+/// a made-up token, while tasks wait to be claimed; gives each 15 s to be
+/// refused and stop by itself (killed otherwise), and answers what they
+/// did, for [`check::intruders`].
+async fn intrude(rig: &mut Rig) -> Result<Vec<check::intruders::Intruder>> {
+    let made_up = format!("chaos-worker-{}", "x".repeat(32));
+    let mut started: Vec<Intruder> = vec![
+        rig.spawn_intruder(0, "chaos-intruder-none", None)?,
+        rig.spawn_intruder(INSTANCES - 1, "chaos-intruder-forged", Some(&made_up))?,
+    ];
+    let mut seen = Vec::new();
+    for intruder in &mut started {
+        let exit = match tokio::time::timeout(Duration::from_secs(15), intruder.child.wait()).await
+        {
+            Ok(status) => Some(status?),
+            Err(_) => {
+                let _ = intruder.child.start_kill();
+                let _ = intruder.child.wait().await;
+                None
+            }
+        };
+        let ops = std::fs::read_to_string(&intruder.history)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        seen.push(check::intruders::Intruder {
+            id: intruder.id.clone(),
+            exit,
+            log: std::fs::read_to_string(&intruder.log).unwrap_or_default(),
+            ops,
+        });
+    }
+    Ok(seen)
 }
 
 /// Enqueues and injects faults for `length`; answers the ids of the tasks

@@ -2,6 +2,11 @@
 //! answer-losing proxies and in front of their database links (which a
 //! partition cuts), and `leasekeeper worker` processes writing their
 //! history, started, signalled, replaced and stopped by the harness.
+//!
+//! Every run is locked, as a deployment on a network is: the instances get
+//! an admin token and a worker token drawn for the run ([`Tokens`]), the
+//! workers present the worker token (half of them from the environment,
+//! half from `--token-file`), and the harness's own reads carry it too.
 
 use super::{cut, proxy};
 use anyhow::{Context, Result, bail};
@@ -13,6 +18,65 @@ use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+
+/// The credentials of a run, drawn at random for it (never printed).
+#[derive(Clone)]
+pub(super) struct Tokens {
+    pub(super) admin: String,
+    pub(super) worker: String,
+    /// A file holding `worker`, for `leasekeeper worker --token-file`.
+    pub(super) worker_file: PathBuf,
+}
+
+impl Tokens {
+    /// Two fresh tokens; the worker's also written to a file in `dir`,
+    /// readable by its owner only.
+    pub(super) fn draw(dir: &std::path::Path) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let draw = |prefix: &str| {
+            let tail: String = rand::Rng::sample_iter(rand::rng(), rand::distr::Alphanumeric)
+                .take(32)
+                .map(char::from)
+                .collect();
+            format!("{prefix}-{tail}")
+        };
+        let worker = draw("chaos-worker");
+        let worker_file = dir.join("worker-token");
+        std::fs::write(&worker_file, format!("{worker}\n"))?;
+        std::fs::set_permissions(&worker_file, std::fs::Permissions::from_mode(0o600))?;
+        Ok(Tokens {
+            admin: draw("chaos-admin"),
+            worker,
+            worker_file,
+        })
+    }
+
+    /// `Authorization: Bearer <worker token>`, for the harness's own requests.
+    fn header(&self) -> Result<reqwest::header::HeaderMap> {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", self.worker))?;
+        value.set_sensitive(true);
+        Ok([(reqwest::header::AUTHORIZATION, value)]
+            .into_iter()
+            .collect())
+    }
+
+    /// A client whose every request carries the worker token.
+    pub(super) fn client(&self) -> Result<reqwest::Client> {
+        Ok(reqwest::Client::builder()
+            .default_headers(self.header()?)
+            .build()?)
+    }
+}
+
+/// A worker without the run's token (`leasekeeper worker` with none, or a
+/// made-up one): the server must refuse it before touching the database,
+/// and it must exit on its own, naming the 401.
+pub(super) struct Intruder {
+    pub(super) id: String,
+    pub(super) child: Child,
+    pub(super) history: PathBuf,
+    pub(super) log: PathBuf,
+}
 
 /// Simulated workers in each `leasekeeper serve` instance.
 const INSTANCE_WORKERS: u32 = 1;
@@ -58,7 +122,10 @@ pub(super) struct Rig {
     /// The lease TTL of every process.
     pub(super) ttl: Duration,
     pub(super) instance_starts: usize,
+    /// Sends the worker token with every request.
     pub(super) http: reqwest::Client,
+    /// The run's credentials.
+    pub(super) tokens: Tokens,
 }
 
 fn pid(child: &Child) -> Option<Pid> {
@@ -93,7 +160,9 @@ impl Rig {
             .env("LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS", "1")
             .env_remove("LEASEKEEPER_RENEW_INTERVAL_SECS")
             .env_remove("LEASEKEEPER_HEARTBEAT_INTERVAL_SECS")
+            // Each kind of process gets its credentials below, and no other.
             .env_remove("LEASEKEEPER_ADMIN_TOKEN")
+            .env_remove("LEASEKEEPER_WORKER_TOKEN")
             .env("RUST_LOG", "warn,sqlx=error")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -124,6 +193,8 @@ impl Rig {
             // deep as its worker starts within half the wait, so a wait of
             // 5 s keeps both claims ahead (with 1 s, none).
             .env("LEASEKEEPER_PREFETCH_WAIT_SECS", "5")
+            .env("LEASEKEEPER_ADMIN_TOKEN", &self.tokens.admin)
+            .env("LEASEKEEPER_WORKER_TOKEN", &self.tokens.worker)
             .spawn()
             .context("starting leasekeeper serve")
     }
@@ -141,6 +212,12 @@ impl Rig {
         if trust {
             cmd.arg("--trust-claims");
         }
+        // Both ways a worker is given its token.
+        if n % 4 < 2 {
+            cmd.env("LEASEKEEPER_WORKER_TOKEN", &self.tokens.worker);
+        } else {
+            cmd.arg("--token-file").arg(&self.tokens.worker_file);
+        }
         let child = cmd.spawn().context("starting leasekeeper worker")?;
         self.all_workers.push((id.clone(), trust));
         self.workers.push(WorkerProc {
@@ -151,6 +228,35 @@ impl Rig {
             resume_at: None,
         });
         Ok(())
+    }
+
+    /// Starts a worker named `id` for instance `slot` presenting `token`
+    /// (none when `None`), which the server must refuse: its history and
+    /// log are kept apart from the round's workers'.
+    pub(super) fn spawn_intruder(
+        &self,
+        slot: usize,
+        id: &str,
+        token: Option<&str>,
+    ) -> Result<Intruder> {
+        let server = format!("http://127.0.0.1:{}", self.instances[slot].port);
+        let history = self.dir.join(format!("{id}.history"));
+        let log = self.dir.join(format!("{id}.log"));
+        let mut cmd = self.base_command(&format!("{id}.log"))?;
+        cmd.args(["worker", "--server", &server, "--id", id, "--history"])
+            .arg(&history);
+        if let Some(token) = token {
+            cmd.env("LEASEKEEPER_WORKER_TOKEN", token);
+        }
+        let child = cmd
+            .spawn()
+            .context("starting an intruding leasekeeper worker")?;
+        Ok(Intruder {
+            id: id.to_string(),
+            child,
+            history,
+            log,
+        })
     }
 
     /// Whether instance `port` answers a database-backed request.

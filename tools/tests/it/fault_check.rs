@@ -141,3 +141,110 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
         .unwrap();
     assert_eq!(c.stale_accepted.len(), 1, "{c:?}");
 }
+
+/// The check of the workers without the token fails one that got in (it
+/// exited 0, a call of its was answered, rows of its are in the database),
+/// one that never stopped, and one whose last line does not name the 401;
+/// it passes one that was refused and left nothing.
+#[tokio::test]
+async fn the_intruder_check_fails_a_worker_let_in_and_passes_one_refused() {
+    use leasekeeper_tools::fault::check::intruders::{Intruder, intruders};
+    use std::os::unix::process::ExitStatusExt;
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    store::enqueue(
+        &mut conn,
+        &Default::default(),
+        &leasekeeper_core::queue::NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
+            json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    let got_in = store::claim_next(&mut conn, &Default::default(), &holder("in"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let refused_claim = Op {
+        worker: "out".into(),
+        op: OpKind::Claim,
+        task: None,
+        token: None,
+        outcome: Outcome::Unauthorized,
+        sent_ms: 0,
+        returned_ms: 0,
+    };
+    let refused_line = "leasekeeper: the server at http://127.0.0.1:1 requires a worker token \
+                        (401 Unauthorized: a worker token is required): set LEASEKEEPER_WORKER_TOKEN";
+    let seen = [
+        Intruder {
+            id: "in".into(),
+            exit: Some(std::process::ExitStatus::from_raw(0)),
+            log: String::new(),
+            ops: vec![op(
+                "in",
+                OpKind::Claim,
+                got_in.id,
+                got_in.fencing_token.unwrap(),
+                Outcome::Ok,
+            )],
+        },
+        Intruder {
+            id: "stuck".into(),
+            exit: None,
+            log: String::new(),
+            ops: vec![Op {
+                worker: "stuck".into(),
+                ..refused_claim.clone()
+            }],
+        },
+        Intruder {
+            id: "mute".into(),
+            exit: Some(std::process::ExitStatus::from_raw(256)),
+            log: "leasekeeper: something else".into(),
+            ops: vec![Op {
+                worker: "mute".into(),
+                ..refused_claim.clone()
+            }],
+        },
+        Intruder {
+            id: "out".into(),
+            exit: Some(std::process::ExitStatus::from_raw(256)),
+            log: format!("WARN a line before\n{refused_line}\n"),
+            ops: vec![refused_claim],
+        },
+    ];
+    let mut c = leasekeeper_tools::fault::check::Checks::default();
+    intruders(&db.pool, &seen, &mut c).await.unwrap();
+    let about = |id: &str| {
+        c.intrusions
+            .iter()
+            .filter(|v| v.starts_with(&format!("{id}: ")))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let got_in = about("in");
+    assert!(
+        got_in.iter().any(|v| v.contains("not refused")),
+        "{got_in:?}"
+    );
+    assert!(got_in.iter().any(|v| v.contains("1 call(s)")), "{got_in:?}");
+    assert!(
+        got_in.iter().any(|v| v.contains("row(s) of its")),
+        "{got_in:?}"
+    );
+    assert_eq!(about("stuck"), vec!["stuck: did not stop by itself"]);
+    assert!(
+        about("mute")[0].contains("does not name the 401"),
+        "{:?}",
+        c.intrusions
+    );
+    assert_eq!(about("out"), Vec::<String>::new());
+    assert_eq!(c.intruders_refused, 1);
+    assert!(
+        c.violations()
+            .iter()
+            .any(|v| v.starts_with("workers without the token let in: "))
+    );
+}

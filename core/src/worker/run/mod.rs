@@ -22,6 +22,12 @@
 //! - A graceful stop fails the attempt at once, as `interrupted` (the task
 //!   is retried after a short backoff), instead of making it wait out the
 //!   lease.
+//! - A refused credential ([`TransportError::Unauthorized`], HTTP 401/403)
+//!   stops the worker with [`Exit::Unauthorized`] instead of retrying
+//!   forever. The queue acted on nothing it refused: a refused claim
+//!   claimed nothing, and a claim whose heartbeat or completion was refused
+//!   is abandoned like a lost one, its lease left to run out so that
+//!   another worker takes the task over.
 //!
 //! The demo's faults (chaos stalls, pauses, trusting claims, a simulated
 //! crash) reach the loop through one seam, `chaos::Faults`: in production each
@@ -152,12 +158,16 @@ impl Controls {
 }
 
 /// Why [`Worker::run`] returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Exit {
     /// Stopped gracefully.
     Stopped,
     /// Crashed (chaos): stopped dead, nothing completed or released.
     Crashed,
+    /// The queue refused the worker's credential (HTTP 401 or 403, with the
+    /// server's reason): no retry could succeed. A claim in hand was
+    /// abandoned; its lease runs out and another worker takes it over.
+    Unauthorized(String),
 }
 
 /// What to do after working on one claim.
@@ -190,6 +200,9 @@ pub struct Worker<T> {
     drain: CancellationToken,
     tally: Arc<Tally>,
     last_report: Instant,
+    /// Set when any call was answered [`TransportError::Unauthorized`]: the
+    /// loop stops at the next turn, with this reason.
+    refused: Option<String>,
 }
 
 impl<T: Transport> Worker<T> {
@@ -218,6 +231,7 @@ impl<T: Transport> Worker<T> {
             drain: drain.clone(),
             tally: Arc::new(Tally::default()),
             last_report: Instant::now(),
+            refused: None,
         };
         (
             worker,
@@ -246,12 +260,15 @@ impl<T: Transport> Worker<T> {
         self
     }
 
-    /// Runs until stopped or crashed.
+    /// Runs until stopped, crashed, or refused its credential.
     pub async fn run(mut self) -> Exit {
         tracing::info!(worker = %self.id, "worker started");
         self.report(Status::idle().first_of_run()).await;
         let mut failures: u32 = 0;
         loop {
+            if let Some(why) = self.refused.take() {
+                return self.unauthorized(why);
+            }
             if self.stop.is_cancelled() || self.drain.is_cancelled() {
                 return self.stopped().await;
             }
@@ -272,6 +289,7 @@ impl<T: Transport> Worker<T> {
                     failures = 0;
                     self.faults.poll_wait(self.config.poll.clone())
                 }
+                Err(TransportError::Unauthorized(why)) => return self.unauthorized(why),
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     tracing::warn!(worker = %self.id, error = %e, "cannot claim a task; retrying");
@@ -386,6 +404,11 @@ impl<T: Transport> Worker<T> {
                             next_beat = beat_sent + interval;
                             self.report(Status::working(&claim).just_accepted()).await;
                         }
+                        Err(TransportError::Unauthorized(why)) => {
+                            let lost_because = format!("heartbeat refused the credential: {why}");
+                            self.refused = Some(why);
+                            return self.lose(&claim, &lost, running, &lost_because).await;
+                        }
                         Err(TransportError::Lost(why)) if !self.faults.works_on_when_refused() => {
                             return self.lose(&claim, &lost, running,
                                 &format!("heartbeat refused: {why}")).await;
@@ -449,6 +472,12 @@ impl<T: Transport> Worker<T> {
                     Err(TransportError::Lost(why)) => {
                         self.abandon(&claim, &format!("snooze refused: {why}"))
                             .await;
+                        return Flow::Claim;
+                    }
+                    Err(TransportError::Unauthorized(why)) => {
+                        self.abandon(&claim, &format!("snooze refused the credential: {why}"))
+                            .await;
+                        self.refused = Some(why);
                         return Flow::Claim;
                     }
                     Err(TransportError::Transient(why)) => {
@@ -579,6 +608,12 @@ impl<T: Transport> Worker<T> {
                         .await;
                     return Flow::Claim;
                 }
+                Err(TransportError::Unauthorized(why)) => {
+                    self.abandon(claim, &format!("completion refused the credential: {why}"))
+                        .await;
+                    self.refused = Some(why);
+                    return Flow::Claim;
+                }
                 Err(TransportError::Transient(why)) => {
                     let retry = Duration::from_millis(250);
                     let gives_up_at = self.faults.gives_up_at(deadline);
@@ -627,9 +662,21 @@ impl<T: Transport> Worker<T> {
             Err(e) => {
                 tracing::warn!(worker = %self.id, task_id = claim.task_id, error = %e,
                     "could not fail the attempt; its lease will run out");
+                if let TransportError::Unauthorized(why) = e {
+                    self.refused = Some(why);
+                }
             }
         }
         self.report(Status::idle()).await;
+    }
+
+    /// The queue refused this worker's credential: it stops (claims taken
+    /// ahead go back; nothing else is written, as it would be refused too).
+    fn unauthorized(&mut self, why: String) -> Exit {
+        self.transport.forget(&self.id);
+        tracing::error!(worker = %self.id, error = %why,
+            "the queue refused this worker's credential; stopping");
+        Exit::Unauthorized(why)
     }
 
     async fn stopped(&mut self) -> Exit {

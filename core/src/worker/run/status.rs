@@ -65,7 +65,8 @@ impl<'c> Status<'c> {
 }
 
 impl<T: Transport> Worker<T> {
-    /// Records what the worker does; a failure is logged, never fatal.
+    /// Records what the worker does; a failure is logged, never fatal but
+    /// for a refused credential, which stops the loop at its next turn.
     pub(super) async fn report(&mut self, status: Status<'_>) {
         self.last_report = Instant::now();
         let report = Report {
@@ -84,6 +85,10 @@ impl<T: Transport> Worker<T> {
         .await;
         match sent {
             Ok(Ok(())) => {}
+            Ok(Err(super::TransportError::Unauthorized(why))) => {
+                tracing::debug!(worker = %self.id, error = %why, "the report's credential was refused");
+                self.refused = Some(why);
+            }
             Ok(Err(e)) => {
                 tracing::debug!(worker = %self.id, error = %e, "could not record the worker's state");
             }

@@ -33,10 +33,14 @@ enum Beats {
     RefuseFrom(Duration, Duration),
     /// Never answered.
     Hang,
+    /// The credential is refused (HTTP 401).
+    Unauthorized,
 }
 
 struct Script {
     queue: Mutex<VecDeque<Claim>>,
+    /// Every claim answers that the credential is refused (HTTP 401).
+    refuse_claims: bool,
     beats: Beats,
     calls: Mutex<Vec<(Duration, Call)>>,
     start: Instant,
@@ -49,7 +53,19 @@ impl Fake {
     fn new(claims: Vec<Claim>, beats: Beats) -> Self {
         Fake(Arc::new(Script {
             queue: Mutex::new(claims.into()),
+            refuse_claims: false,
             beats,
+            calls: Mutex::new(Vec::new()),
+            start: Instant::now(),
+        }))
+    }
+
+    /// A queue that refuses this worker's credential on every claim.
+    fn refusing_claims() -> Self {
+        Fake(Arc::new(Script {
+            queue: Mutex::new(VecDeque::new()),
+            refuse_claims: true,
+            beats: Beats::Unauthorized,
             calls: Mutex::new(Vec::new()),
             start: Instant::now(),
         }))
@@ -99,6 +115,11 @@ impl Fake {
 impl Transport for Fake {
     async fn claim(&self, _: &Holder) -> Result<Option<Claim>, TransportError> {
         self.log(Call::Claim);
+        if self.0.refuse_claims {
+            return Err(TransportError::Unauthorized(
+                "401 Unauthorized: a worker token is required".into(),
+            ));
+        }
         Ok(self.0.queue.lock().unwrap().pop_front())
     }
 
@@ -115,6 +136,9 @@ impl Transport for Fake {
                 }
             }
             Beats::Hang => std::future::pending().await,
+            Beats::Unauthorized => Err(TransportError::Unauthorized(
+                "401 Unauthorized: the worker token is not the server's".into(),
+            )),
         }
     }
 
@@ -644,4 +668,51 @@ async fn an_attempt_past_its_time_limit_is_cancelled_and_failed() {
     );
     controls.stop();
     worker.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_credential_on_claiming_stops_the_worker_instead_of_retrying() {
+    let fake = Fake::refusing_claims();
+    let (worker, _controls) = start(&fake, ChaosSettings::off());
+    let exit = tokio::time::timeout(secs(60.0), worker)
+        .await
+        .expect("the worker stopped by itself")
+        .unwrap();
+    assert_eq!(
+        exit,
+        Exit::Unauthorized("401 Unauthorized: a worker token is required".into())
+    );
+    assert_eq!(fake.claims(), vec![Duration::ZERO], "one claim, no retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_refused_its_credential_abandons_the_task_and_stops() {
+    // A 10 s task; the heartbeat at 1 s is refused 401 (the token was
+    // rotated under it): the handler stops, nothing is written for the
+    // claim (its lease runs out for a takeover), and the worker exits.
+    let fake = Fake::new(
+        vec![claim(
+            1,
+            7,
+            json!({"sleep_duration_seconds": 10}),
+            secs(3.0),
+        )],
+        Beats::Unauthorized,
+    );
+    let (worker, _controls) = start(&fake, ChaosSettings::off());
+    let exit = tokio::time::timeout(secs(5.0), worker)
+        .await
+        .expect("the worker stopped by itself")
+        .unwrap();
+    assert!(
+        matches!(&exit, Exit::Unauthorized(why) if why.contains("401")),
+        "{exit:?}"
+    );
+    assert_eq!(fake.heartbeats(), vec![secs(1.0)]);
+    assert_eq!(fake.completions(), vec![], "nothing written for the claim");
+    assert_eq!(
+        fake.claims(),
+        vec![Duration::ZERO],
+        "no claim after the refusal"
+    );
 }

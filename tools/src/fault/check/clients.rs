@@ -79,9 +79,12 @@ pub(super) fn holders_believed_at_once(
                     b.1 = b.1.max(op.sent_ms + trusted_ms);
                 }
             }
-            // A refusal, or its own completion or failure report, ends the
-            // belief when its answer arrives (if before the deadline).
-            (_, Outcome::Refused) | (OpKind::Complete | OpKind::Fail, Outcome::Ok) => {
+            // A refusal (of the claim, or of the credential: the worker
+            // abandons the task and stops), or its own completion or
+            // failure report, ends the belief when its answer arrives (if
+            // before the deadline).
+            (_, Outcome::Refused | Outcome::Unauthorized)
+            | (OpKind::Complete | OpKind::Fail, Outcome::Ok) => {
                 if let Some(b) = beliefs.get_mut(&key) {
                     b.1 = b.1.min(op.returned_ms);
                 }

@@ -17,6 +17,11 @@
 //!   as `acquired`/`taken_over` with its token; a term that began while the
 //!   previous one was unreleased is recorded as `taken_over`; every write a
 //!   worker saw refused is there as `stale_write_refused`.
+//! - Nobody in without the token: every worker holding the run's token was
+//!   answered (never refused its credential); every worker without it (none,
+//!   or a made-up one) was refused 401 on every call, stopped by itself
+//!   naming the 401, and left nothing in `lease_events`, `workers` or
+//!   `tasks`.
 //! - The harness's every-second schedule: every tick from the first to the
 //!   last fired exactly once (no gap, no tick twice, no two tasks of one
 //!   tick), fencing tokens never going backwards along the ticks, each
@@ -24,10 +29,12 @@
 //!   caught up within its allowance.
 //!
 //! `terms.rs` walks `lease_events` into terms and checks them; `clients.rs`
-//! checks what the workers themselves saw; `schedule.rs` checks the
-//! schedule's ticks (the harness reads them, as only it knows the faults).
+//! checks what the workers themselves saw; `intruders.rs` the workers
+//! without the token; `schedule.rs` checks the schedule's ticks (the
+//! harness reads them, as only it knows the faults).
 
 mod clients;
+pub mod intruders;
 pub mod schedule;
 mod terms;
 
@@ -70,6 +77,13 @@ pub struct Checks {
     pub refusals_unrecorded: usize,
     /// Writes whose answer never arrived.
     pub unknown_outcomes: usize,
+    /// Calls of the workers holding the run's token whose credential was
+    /// refused (401/403): must be none.
+    pub credential_refused: usize,
+    /// Workers without the token that were refused and left nothing behind.
+    pub intruders_refused: usize,
+    /// What an intruding worker got or left that it must not, described.
+    pub intrusions: Vec<String>,
     /// Grants (claims) a worker saw that `lease_events` lacks.
     pub claims_unrecorded: usize,
     pub takeovers: usize,
@@ -120,6 +134,13 @@ impl Checks {
             "generated outside their term",
             &ids(&self.generated_outside_term),
         );
+        list("workers without the token let in", &self.intrusions);
+        if self.credential_refused > 0 {
+            out.push(format!(
+                "calls of workers holding the token refused their credential: {}",
+                self.credential_refused
+            ));
+        }
         if self.refusals_unrecorded > 0 {
             out.push(format!(
                 "refusals missing from lease_events: {}",
@@ -211,8 +232,10 @@ pub async fn check(
     let mut completions: HashMap<i64, Vec<&Op>> = HashMap::new();
     for op in history {
         let (Some(task), Some(token)) = (op.task, op.token) else {
-            if op.outcome == Outcome::Unknown {
-                c.unknown_outcomes += 1;
+            match op.outcome {
+                Outcome::Unknown => c.unknown_outcomes += 1,
+                Outcome::Unauthorized => c.credential_refused += 1,
+                _ => {}
             }
             continue;
         };
@@ -240,6 +263,7 @@ pub async fn check(
                 }
             }
             (_, Outcome::Unknown) => c.unknown_outcomes += 1,
+            (_, Outcome::Unauthorized) => c.credential_refused += 1,
             _ => {}
         }
     }
