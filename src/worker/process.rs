@@ -68,6 +68,12 @@ impl Credential {
     /// answer (status and reason). A 403 may not be about the token (the
     /// server's reason says what), so its line only says what was shown.
     fn refused(&self, server: &str, why: &str) -> String {
+        if why.starts_with("421") {
+            return format!(
+                "the server at {server} does not answer to that host name ({why}): use its IP \
+                 address, or add the name to the server's LEASEKEEPER_ALLOWED_HOSTS"
+            );
+        }
         if why.starts_with("403") {
             return format!(
                 "the server at {server} forbids this worker ({why}); it presented {}",
@@ -266,6 +272,12 @@ mod tests {
         assert_eq!(
             line,
             "the server at http://h:3000 forbids this worker (403 Forbidden: no); it presented the token in /run/t"
+        );
+        let line = Credential::WorkerToken
+            .refused("http://jobs.example:3000", "421 Misdirected Request: no");
+        assert!(
+            line.contains("LEASEKEEPER_ALLOWED_HOSTS") && !line.contains("token"),
+            "{line}"
         );
     }
 

@@ -152,15 +152,19 @@ impl Http {
     }
 
     /// Maps a non-success answer: 409 and 404 mean the claim is lost, 401
-    /// and 403 that the credential was refused (this worker can do nothing
-    /// more), anything else is worth retrying.
+    /// and 403 that the credential was refused, 421 that the server does
+    /// not answer to the host name in the URL (its allowed hosts): this
+    /// worker can do nothing more, retrying would never help. Anything else
+    /// is worth retrying.
     fn refusal(status: reqwest::StatusCode, body: &Value) -> TransportError {
         let why = body["error"].as_str().unwrap_or("no error message");
         match status {
             reqwest::StatusCode::CONFLICT | reqwest::StatusCode::NOT_FOUND => {
                 TransportError::Lost(format!("{status}: {why}"))
             }
-            reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
+            reqwest::StatusCode::UNAUTHORIZED
+            | reqwest::StatusCode::FORBIDDEN
+            | reqwest::StatusCode::MISDIRECTED_REQUEST => {
                 TransportError::Unauthorized(format!("{status}: {why}"))
             }
             _ => TransportError::Transient(format!("{status}: {why}")),
@@ -417,6 +421,16 @@ mod tests {
                 .contains("authorization: bearer")
         );
         assert!(matches!(beat, Err(TransportError::Unauthorized(why)) if why.starts_with("403")));
+
+        // A host name the server does not answer to: retrying never helps.
+        let (url, served) = stub("421 Misdirected Request").await;
+        let http = Http::new(&url).unwrap();
+        let claimed = http.claim(&worker).await;
+        served.await.unwrap();
+        assert!(
+            matches!(claimed, Err(TransportError::Unauthorized(ref why)) if why.starts_with("421")),
+            "{claimed:?}"
+        );
     }
 
     #[tokio::test]
