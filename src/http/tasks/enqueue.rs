@@ -5,7 +5,7 @@
 
 use crate::error::{AppError, ErrorBody};
 use crate::http::extract::JsonBody;
-use crate::http::responses::TooLarge;
+use crate::http::responses::{NeedsCredential, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -33,15 +33,18 @@ fn task_of(body: EnqueueBody, s: &AppState) -> Result<NewTask, String> {
     tag = "tasks",
     summary = "Enqueue a task",
     request_body = EnqueueBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 201, description = "The new task, pending", body = Task),
         (status = 200, description = "A task of its kind already holds its `unique_key`: that task (nothing added)", body = Task),
         (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind, queue or unique key", body = ErrorBody),
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn enqueue(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
     let task = task_of(body, &s).map_err(AppError::BadRequest)?;
@@ -60,14 +63,17 @@ pub(super) async fn enqueue(
     summary = "Enqueue many tasks at once",
     description = "Each body as for `POST /api/tasks`, at most 10,000 (and 16 MiB), all in one transaction and one statement: one bad body answers 400 naming its index, and nothing is added. The answer lists one task per body, in order; a body whose `unique_key` a task of its kind already holds (or an earlier body of the batch) answers that task.",
     request_body(content = Vec<EnqueueBody>, description = "The tasks"),
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 201, description = "The tasks, in the order of the bodies", body = Vec<Task>),
         (status = 400, description = "Bad JSON, not an array, more than 10,000 bodies, or a bad body (its index named: `tasks[3]: …`)", body = ErrorBody),
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn enqueue_batch(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Vec<Task>>), AppError> {
     let items: Vec<Value> = serde_json::from_slice(&body).map_err(|e| {
