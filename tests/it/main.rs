@@ -8,6 +8,7 @@ mod audit;
 mod bad_input;
 mod big_ids;
 mod common;
+mod credentials;
 mod generator;
 mod health;
 mod length_checks;
