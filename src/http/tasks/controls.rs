@@ -146,12 +146,14 @@ pub struct FilterBody<S> {
 
 /// The schema of [`FilterBody`]'s `data`: an object whose keys hold no NUL
 /// and whose values are the stored-JSON component, so the ±1e300 limit and
-/// the NUL rule are in the document as they are for task data.
+/// the NUL rule are in the document as they are for task data; `null`
+/// (no filter) as before.
 fn data_filter() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, SchemaType, Type};
     use utoipa::openapi::{Ref, RefOr};
+    // `null` is no filter, as leaving it out is.
     ObjectBuilder::new()
-        .schema_type(Type::Object)
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
         .description(Some(
             "Only tasks whose data contains this object: keys without NUL, values as stored task data (no NUL, numbers within ±1e300)",
         ))
