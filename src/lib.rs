@@ -15,6 +15,8 @@ pub mod overview;
 pub mod worker;
 
 #[cfg(feature = "ssr")]
+pub mod auth;
+#[cfg(feature = "ssr")]
 pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod http;

@@ -1,93 +1,16 @@
-//! Operator actions and who may take them.
-//!
-//! Controls (start/stop the generator, spawn/pause/kill workers, kill an
-//! instance, force-release a lease) are open when no admin token is set.
-//! With `LEASEKEEPER_ADMIN_TOKEN` set they need it, as
-//! `Authorization: Bearer <token>` (programs) or the `leasekeeper_admin`
-//! cookie the dashboard's sign-in form sets (browsers; `HttpOnly`,
-//! `SameSite=Strict`); everything stays readable without it. Every action
-//! taken is written to `lease_events` as an `operator` row, in the
-//! transaction of the action itself.
+//! Operator actions: force-release, a simulated worker's spawn, pause and
+//! kill, an instance's kill. Who may take them is [`crate::auth`]'s
+//! question ([`Operator`](crate::auth::Operator) on every route and
+//! server function that reaches here). Every action taken is written to
+//! `lease_events` as an `operator` row, in the transaction of the action
+//! itself.
 
 use crate::error::AppError;
-use crate::settings::Settings;
 use crate::state::AppState;
-use axum::extract::FromRequestParts;
-use axum::http::HeaderMap;
-use axum::http::request::Parts;
 use leasekeeper_core::lease::store::record_operator_action;
 use leasekeeper_core::lease::{Holder, Lease};
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
-
-/// The cookie that carries the admin token from the dashboard's sign-in.
-pub const ADMIN_COOKIE: &str = "leasekeeper_admin";
-
-/// The token a request presents: a bearer token, else the admin cookie.
-fn presented_token(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    bearer.or_else(|| {
-        headers
-            .get_all(axum::http::header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|pair| pair.trim().split_once('='))
-            .find(|(name, _)| *name == ADMIN_COOKIE)
-            .map(|(_, value)| value)
-    })
-}
-
-/// Compares in time independent of where the strings differ.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
-
-/// Whether `candidate` is the configured admin token (false when none is set).
-pub fn is_admin_token(settings: &Settings, candidate: &str) -> bool {
-    settings
-        .admin_token
-        .as_ref()
-        .is_some_and(|want| same_secret(candidate, want.expose()))
-}
-
-/// Whether a request with `headers` may take operator actions.
-pub fn is_operator(settings: &Settings, headers: &HeaderMap) -> bool {
-    settings.admin_token.is_none()
-        || presented_token(headers).is_some_and(|got| is_admin_token(settings, got))
-}
-
-/// 401 unless a request with `headers` may take operator actions.
-pub fn authorize(settings: &Settings, headers: &HeaderMap) -> Result<(), AppError> {
-    if is_operator(settings, headers) {
-        Ok(())
-    } else {
-        Err(AppError::Unauthorized(
-            "this control needs the admin token (LEASEKEEPER_ADMIN_TOKEN): sign in on the dashboard, \
-             or send Authorization: Bearer <token>"
-                .into(),
-        ))
-    }
-}
-
-/// A REST extractor: the request may take operator actions.
-pub struct Operator;
-
-impl FromRequestParts<AppState> for Operator {
-    type Rejection = AppError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
-        authorize(&state.settings, &parts.headers).map(|()| Operator)
-    }
-}
 
 /// [`control::force_release`](leasekeeper_core::queue::control::force_release),
 /// with a term that is not live any more answered as a conflict.
@@ -375,69 +298,5 @@ async fn forward(state: &AppState, owner: &str, segments: &[&str]) -> Result<Str
             404 => AppError::NotFound(msg),
             _ => AppError::Conflict(msg),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::http::HeaderValue;
-
-    fn settings(token: Option<&str>) -> Settings {
-        let mut s = Settings::resolve(
-            None,
-            std::path::Path::new("none"),
-            &crate::settings::SettingArgs::default(),
-        )
-        .unwrap();
-        s.admin_token = token.map(Into::into);
-        s
-    }
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    const TOKEN: &str = "correct-horse-battery-staple";
-
-    #[test]
-    fn without_a_token_everyone_is_an_operator() {
-        assert!(is_operator(&settings(None), &headers(&[])));
-    }
-
-    #[test]
-    fn with_a_token_only_its_bearer_or_cookie_is() {
-        let s = settings(Some(TOKEN));
-        assert!(!is_operator(&s, &headers(&[])));
-        assert!(is_operator(
-            &s,
-            &headers(&[("authorization", &format!("Bearer {TOKEN}"))])
-        ));
-        assert!(!is_operator(
-            &s,
-            &headers(&[("authorization", "Bearer correct-horse-battery-stapl")])
-        ));
-        assert!(!is_operator(&s, &headers(&[("authorization", TOKEN)])));
-        assert!(is_operator(
-            &s,
-            &headers(&[("cookie", &format!("a=1; {ADMIN_COOKIE}={TOKEN}; b=2"))])
-        ));
-        assert!(!is_operator(
-            &s,
-            &headers(&[("cookie", &format!("x{ADMIN_COOKIE}={TOKEN}"))])
-        ));
-        assert!(authorize(&s, &headers(&[])).is_err());
-    }
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret("abc", "abc"));
-        assert!(!same_secret("abc", "abd"));
-        assert!(!same_secret("abc", "abcd"));
-        assert!(!same_secret("", "a"));
     }
 }

@@ -74,6 +74,10 @@ pub fn router(state: AppState) -> Router {
             http::server_fns::answer_like_the_api,
         ))
         .layer(axum::middleware::from_fn(http::run_to_completion))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::reads_need_a_credential,
+        ))
         .layer(axum::middleware::from_fn(http::origin::same_origin_only))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)

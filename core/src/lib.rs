@@ -105,6 +105,8 @@ pub mod db;
 pub mod maintenance;
 #[cfg(feature = "postgres")]
 pub mod metrics;
+#[cfg(feature = "postgres")]
+pub mod session;
 
 // The items a service uses most, at the crate's root.
 #[cfg(feature = "postgres")]

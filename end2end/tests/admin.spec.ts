@@ -3,7 +3,8 @@ import { startInstance, type Instance } from "../support/instances";
 
 // An instance with LEASEKEEPER_ADMIN_TOKEN set: everything is readable,
 // every control needs the token, and the sign-in form (a plain form that
-// works without JavaScript) stores it in an HttpOnly cookie.
+// works without JavaScript) opens a server-side session whose id (never
+// the token) an HttpOnly cookie keeps; signing out ends it.
 
 const TOKEN = "e2e-admin-token-0123456789";
 test.describe.configure({ mode: "serial" });
@@ -61,6 +62,26 @@ test("a wrong token is refused; the right one unlocks the controls", async ({ pa
   expect(await desired(request)).toBe("running");
   await page.getByTestId("generator-stop").click();
   await expect(page.getByTestId("generator-desired")).toHaveText("stopped");
+
+  // The cookie holds a session id, not the token.
+  const session = (await page.context().cookies()).find((c) => c.name === "leasekeeper_session");
+  expect(session?.httpOnly).toBe(true);
+  expect(session?.value).not.toContain(TOKEN);
+  expect((await page.context().cookies()).some((c) => c.value.includes(TOKEN))).toBe(false);
+
+  // Signing out ends the session: read-only again, the controls refused,
+  // and the old cookie value opens nothing any more.
+  await page.getByTestId("sign-out").click();
+  await page.waitForURL((url) => url.pathname === "/");
+  await page.goto(`${d.url}/instances`);
+  await expect(page.getByTestId("access-state")).toHaveAttribute("data-access", "read-only");
+  await page.getByTestId("generator-start").click();
+  await expect(page.getByTestId("generator-action-error")).toContainText("admin token");
+  expect(await desired(request)).toBe("stopped");
+  const replayed = await request.post(`${d.url}/api/generator/start`, {
+    headers: { cookie: `leasekeeper_session=${session?.value}` },
+  });
+  expect(replayed.status()).toBe(401);
 });
 
 test.describe("without JavaScript", () => {

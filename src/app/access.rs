@@ -1,6 +1,9 @@
-//! Who may use the controls: with an admin token set, the header says
-//! "read-only" and links to a sign-in form that stores the token in an
-//! `HttpOnly`, `SameSite=Strict` cookie. The form works without JavaScript.
+//! Who may use the controls: with a token set, the header says
+//! "read-only" and links to a sign-in form. Signing in with the admin token
+//! opens a server-side session ([`crate::auth`]): the `HttpOnly`,
+//! `SameSite=Strict` cookie holds only the session's random id, never the
+//! token; signing out deletes the session for every instance at once. The
+//! form works without JavaScript.
 
 use crate::error::AppError;
 use leptos::prelude::*;
@@ -9,7 +12,8 @@ use serde::{Deserialize, Serialize};
 /// Whether controls need a token, and whether this browser presented it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Access {
-    /// An admin token is configured.
+    /// A token is configured: controls (and, beyond loopback, reads) need a
+    /// credential.
     pub token_required: bool,
     /// This request may use the controls.
     pub operator: bool,
@@ -22,44 +26,54 @@ pub async fn get_access() -> Result<Access, AppError> {
     let headers: axum::http::HeaderMap =
         leptos_axum::extract().await.map_err(AppError::internal)?;
     Ok(Access {
-        token_required: state.settings.admin_token.is_some(),
-        operator: crate::ops::is_operator(&state.settings, &headers),
+        token_required: crate::auth::is_locked(&state.settings),
+        operator: crate::auth::is_operator(&state, &headers).await?,
     })
 }
 
-/// Checks `token` and, when right, keeps it in this browser's cookie.
+/// Checks `token` and, when it is the admin token, opens a session whose
+/// id this browser keeps in its cookie.
 #[server(prefix = "/sfn")]
 pub async fn sign_in(token: String) -> Result<(), AppError> {
-    check_and_remember(token).map_err(super::context::refused)
+    check_and_open(token).await.map_err(super::context::refused)
 }
 
 #[cfg(feature = "ssr")]
-fn check_and_remember(token: String) -> Result<(), AppError> {
+async fn check_and_open(token: String) -> Result<(), AppError> {
     let state = super::context::state()?;
     if state.settings.admin_token.is_none() {
-        return Err(AppError::BadRequest(
-            "no admin token is set on this server: the controls are open".into(),
-        ));
+        return Err(if state.settings.worker_token.is_some() {
+            AppError::Forbidden(
+                "no admin token is set on this server (LEASEKEEPER_ADMIN_TOKEN): the controls are locked"
+                    .into(),
+            )
+        } else {
+            AppError::BadRequest(
+                "no admin token is set on this server: the controls are open".into(),
+            )
+        });
     }
-    if !crate::ops::is_admin_token(&state.settings, token.trim()) {
+    if !crate::auth::is_admin_token(&state.settings, token.trim()) {
         return Err(AppError::Unauthorized("that is not the admin token".into()));
     }
-    set_cookie(&format!(
-        "{}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=86400",
-        crate::ops::ADMIN_COOKIE,
-        token.trim()
-    ));
+    let headers: axum::http::HeaderMap =
+        leptos_axum::extract().await.map_err(AppError::internal)?;
+    let cookie = crate::auth::open_session(&state, crate::auth::came_over_https(&headers)).await?;
+    set_cookie(&cookie);
     leptos_axum::redirect("/");
     Ok(())
 }
 
-/// Forgets the token in this browser.
+/// Ends this browser's session (everywhere) and forgets its cookie.
 #[server(prefix = "/sfn")]
 pub async fn sign_out() -> Result<(), AppError> {
-    set_cookie(&format!(
-        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
-        crate::ops::ADMIN_COOKIE
-    ));
+    let state = super::context::state()?;
+    let headers: axum::http::HeaderMap =
+        leptos_axum::extract().await.map_err(AppError::internal)?;
+    let cookie = crate::auth::close_session(&state, &headers)
+        .await
+        .map_err(super::context::refused)?;
+    set_cookie(&cookie);
     leptos_axum::redirect("/");
     Ok(())
 }
@@ -111,7 +125,7 @@ pub fn SignInPage() -> impl IntoView {
         <section class="mx-auto max-w-md rounded border border-slate-200 bg-white p-6" data-testid="sign-in">
             <h1 class="text-xl font-semibold">"Sign in"</h1>
             <p class="mt-1 text-sm text-slate-600">
-                "This server's controls need its admin token (LEASEKEEPER_ADMIN_TOKEN). Everything stays readable without it."
+                "This server's controls need its admin token (LEASEKEEPER_ADMIN_TOKEN). The token stays on the server: this browser keeps only a session, for a day or until you sign out."
             </p>
             <ActionForm action=action attr:class="mt-4 flex flex-col gap-2">
                 <label for="admin-token" class="text-sm font-medium">"Admin token"</label>

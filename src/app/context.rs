@@ -26,13 +26,15 @@ pub fn schema() -> Result<leasekeeper_core::db::Schema, AppError> {
 }
 
 /// The server's state, inside a server function that changes something:
-/// 401 unless the request may take operator actions (see [`crate::ops`]).
+/// 401 unless the request may take operator actions (see [`crate::auth`]).
 #[cfg(feature = "ssr")]
 pub async fn operator_state() -> Result<crate::state::AppState, AppError> {
     let state = state()?;
     let headers: axum::http::HeaderMap =
         leptos_axum::extract().await.map_err(AppError::internal)?;
-    crate::ops::authorize(&state.settings, &headers).map_err(refused)?;
+    crate::auth::require_operator(&state, &headers)
+        .await
+        .map_err(refused)?;
     Ok(state)
 }
 

@@ -16,7 +16,7 @@ pub mod time;
 pub mod widgets;
 mod workers;
 
-pub use access::{Access, get_access, sign_in, sign_out};
+pub use access::{Access, GetAccess, SignIn, SignOut, get_access, sign_in, sign_out};
 pub use audit::{AuditPage, GetAudit, get_audit};
 pub use failover::{
     OwnershipTimeline, Stopwatch, StopwatchView, TimelineOf, TimelineView, get_failovers,

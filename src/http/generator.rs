@@ -2,8 +2,8 @@
 //! instance (operator actions: the admin token when one is set).
 
 use super::responses::Unauthorized;
+use crate::auth::Operator;
 use crate::error::AppError;
-use crate::ops::Operator;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::routing::{delete, get, post};

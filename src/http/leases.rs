@@ -3,7 +3,10 @@
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
 use super::params::LeaseIdPath;
-use super::responses::{BadId, BadLeaseQuery, LeaseNotFound, LeasePage, TooLarge, Unauthorized};
+use super::responses::{
+    BadId, BadLeaseQuery, LeaseNotFound, LeasePage, NeedsCredential, ReservedResource, TooLarge,
+    Unauthorized,
+};
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
 use axum::extract::State;
@@ -117,6 +120,22 @@ pub struct HolderBody {
     ttl_seconds: Option<f64>,
 }
 
+/// 403 for a resource under one of the library's
+/// [`RESERVED_PREFIXES`](leasekeeper_core::lease::RESERVED_PREFIXES):
+/// asked before the database is touched, of every caller, the operator
+/// included (whose way to end such a term is force-release).
+fn not_reserved(resource: &Resource) -> Result<(), AppError> {
+    match resource.reserved_prefix() {
+        None => Ok(()),
+        Some(prefix) => Err(AppError::Forbidden(format!(
+            "resource {:?} is under the reserved prefix {prefix:?}: the library's own leases cannot be \
+             acquired, renewed, released or deleted through /api/leases (an operator ends a term with \
+             POST /api/leases/{{id}}/force-release)",
+            resource.as_str()
+        ))),
+    }
+}
+
 /// A TTL in seconds from a request, checked against the store's limit.
 fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
     let Some(secs) = seconds else {
@@ -139,18 +158,23 @@ fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
     tag = "leases",
     summary = "Acquire a lease",
     request_body = AcquireBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 201, description = "A new term, with its fencing token", body = Lease),
         (status = 200, description = "The same holder already holds it: its live term", body = Lease),
         (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
         (status = 409, description = "Another holder holds it", body = ErrorBody),
+        NeedsCredential,
+        ReservedResource,
         TooLarge,
     )
 )]
 async fn acquire(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Lease>), AppError> {
+    not_reserved(&body.resource)?;
     let ttl = ttl(body.ttl_seconds, s.settings.lease_ttl)?;
     match store::acquire(
         &mut *s.pool.acquire().await?,
@@ -172,17 +196,22 @@ async fn acquire(
     tag = "leases",
     summary = "Renew a lease",
     request_body = HolderBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "Extended", body = Lease),
         (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
         (status = 404, description = "That holder has no live lease (in that term)", body = ErrorBody),
+        NeedsCredential,
+        ReservedResource,
         TooLarge,
     )
 )]
 async fn renew(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     JsonBody(body): JsonBody<HolderBody>,
 ) -> Result<Json<Lease>, AppError> {
+    not_reserved(&body.resource)?;
     let ttl = body
         .ttl_seconds
         .map(|secs| ttl(Some(secs), s.settings.lease_ttl))
@@ -206,17 +235,22 @@ async fn renew(
     summary = "Release a lease",
     description = "The resource is free at once. `ttl_seconds` is ignored.",
     request_body = HolderBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "Released", body = Lease),
         (status = 400, description = "Bad JSON or a bad name", body = ErrorBody),
         (status = 404, description = "No live lease of that holder (in that term)", body = ErrorBody),
+        NeedsCredential,
+        ReservedResource,
         TooLarge,
     )
 )]
 async fn release(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     JsonBody(body): JsonBody<HolderBody>,
 ) -> Result<Json<Lease>, AppError> {
+    not_reserved(&body.resource)?;
     let lease = store::release(
         &mut *s.pool.acquire().await?,
         s.schema(),
@@ -254,18 +288,23 @@ async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, A
     description = "The resource's fencing-token counter survives the row. `ttl_seconds` is ignored.",
     params(LeaseIdPath),
     request_body = HolderBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "Deleted: the row as it was", body = Lease),
         (status = 400, description = "Bad JSON, a bad id or name", body = ErrorBody),
         (status = 404, description = "No such lease of that holder, or `fencing_token` names another term", body = ErrorBody),
+        NeedsCredential,
+        ReservedResource,
         TooLarge,
     )
 )]
 async fn delete_one(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     Id(id): Id,
     JsonBody(body): JsonBody<HolderBody>,
 ) -> Result<Json<Lease>, AppError> {
+    not_reserved(&body.resource)?;
     let lease = store::delete(
         &mut *s.pool.acquire().await?,
         s.schema(),
@@ -308,7 +347,7 @@ pub struct ForceReleaseBody {
 )]
 async fn force_release(
     State(s): State<AppState>,
-    _: crate::ops::Operator,
+    _: crate::auth::Operator,
     Id(id): Id,
     JsonBody(body): JsonBody<ForceReleaseBody>,
 ) -> Result<Json<Lease>, AppError> {

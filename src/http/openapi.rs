@@ -49,12 +49,30 @@ workers and instances), so a page does not shift while new rows arrive. \
 Lease and task lists also take `after=ID` instead, oldest first, without a \
 `Link` header; `before` and `after` together are refused.
 
+**Credentials** travel as `Authorization: Bearer <token>`. The admin \
+token (`LEASEKEEPER_ADMIN_TOKEN`, scheme `admin_token`) opens everything; \
+the worker token (`LEASEKEEPER_WORKER_TOKEN`, scheme `worker_token`) opens \
+the worker and producer routes: enqueue (one and batch), claim, heartbeat, \
+complete, snooze, fail, a worker's report, and the application lease \
+routes. With either token set, those answer 401 without a credential, \
+before anything is read or recorded. With neither set (possible only on \
+loopback) everything is open.
+
 **Operator routes** (generator start/stop, worker spawn/pause/kill, \
 instance kill, force-release, task cancel/retry, queue pause/resume, every schedule change) need the admin token when \
-the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
-<token>`, else 401. Without one set they are open. Each writes an \
+the server has one, else 401; the worker token gets 403, and so does \
+everyone when only a worker token is set. Each writes an \
 `operator` row to `lease_events` in the action's own transaction \
-(`GET /api/audit`).";
+(`GET /api/audit`).
+
+**Reads** (every other `GET /api/...` and `/api/events`) need either token \
+when one is set and the server listens beyond loopback (401 otherwise). \
+`/healthz`, `/readyz`, `/metrics` and this document are always public.
+
+**Reserved resources.** `/api/leases` acquire, renew, release and delete \
+refuse resources under `task:`, `singleton:`, `queue:`, `schedule:`, \
+`worker:` and `instance:` with 403, for every caller: those are the \
+library's own leases and audit trails.";
 
 /// The OpenAPI document of the REST API.
 #[derive(OpenApi)]
@@ -143,7 +161,8 @@ the server has one (`LEASEKEEPER_ADMIN_TOKEN`): `Authorization: Bearer \
 )]
 pub struct ApiDoc;
 
-/// Adds the `admin_token` bearer scheme the operator routes name, and the
+/// Adds the `admin_token` and `worker_token` bearer schemes the routes
+/// name, and the
 /// [`STORABLE_JSON`] component.
 struct AdminToken;
 
@@ -156,6 +175,12 @@ impl Modify for AdminToken {
                 .into(),
         );
         components.add_security_scheme("admin_token", SecurityScheme::Http(bearer));
+        let mut worker = Http::new(HttpAuthScheme::Bearer);
+        worker.description = Some(
+            "The server's `LEASEKEEPER_WORKER_TOKEN`: the worker and producer routes (the admin token opens them too), needed when either token is set"
+                .into(),
+        );
+        components.add_security_scheme("worker_token", SecurityScheme::Http(worker));
         components
             .schemas
             .insert(STORABLE_JSON.to_string(), storable_json(true));

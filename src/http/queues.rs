@@ -4,8 +4,8 @@
 //! recorded in `lease_events` on resource `queue:<name>`.
 
 use super::responses::Unauthorized;
+use crate::auth::Operator;
 use crate::error::{AppError, ErrorBody};
-use crate::ops::Operator;
 use crate::state::AppState;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;

@@ -81,6 +81,23 @@ pub struct StaleWrite(pub ErrorBody);
 )]
 pub struct Unauthorized(pub ErrorBody);
 
+/// `401` of a worker or producer route (enqueue, claim, a claim's writes,
+/// a worker's report, application leases).
+#[derive(IntoResponses)]
+#[response(
+    status = 401,
+    description = "A token is set on the server (LEASEKEEPER_WORKER_TOKEN or LEASEKEEPER_ADMIN_TOKEN) and the request carries neither; nothing was read or recorded"
+)]
+pub struct NeedsCredential(pub ErrorBody);
+
+/// `403` of a lease route given a name the library keeps for itself.
+#[derive(IntoResponses)]
+#[response(
+    status = 403,
+    description = "The resource starts with a reserved prefix (`task:`, `singleton:`, `queue:`, `schedule:`, `worker:`, `instance:`): the library's own leases are not reachable here, for any caller; an operator ends one with force-release"
+)]
+pub struct ReservedResource(pub ErrorBody);
+
 /// `413` of a route that reads a body.
 #[derive(IntoResponses)]
 #[response(status = 413, description = "The body is over 64 KiB")]

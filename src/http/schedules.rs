@@ -7,8 +7,8 @@
 use super::extract::{ApiQuery, JsonBody};
 use super::paging::{CursorQuery, answer_to};
 use super::responses::{TooLarge, Unauthorized};
+use crate::auth::Operator;
 use crate::error::{AppError, ErrorBody};
-use crate::ops::Operator;
 use crate::state::AppState;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;

@@ -5,9 +5,10 @@
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
 use super::params::WorkerIdPath;
-use super::responses::{BadId, BadQuery, TooLarge, Unauthorized, WorkerNotFound};
+use super::responses::{BadId, BadQuery, NeedsCredential, TooLarge, Unauthorized, WorkerNotFound};
+use crate::auth::Operator;
 use crate::error::{AppError, ErrorBody};
-use crate::ops::{self, Operator, WorkerAction};
+use crate::ops::{self, WorkerAction};
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -181,15 +182,18 @@ async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json
     summary = "A worker process reports itself",
     params(WorkerIdPath),
     request_body = Report,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "Recorded", body = WorkerInfo),
         (status = 400, description = "Bad JSON, a bad id, negative counts", body = ErrorBody),
         (status = 409, description = "A simulated worker's id, or a stale report after the worker stopped (a new run sends `fresh: true` first)", body = ErrorBody),
+        NeedsCredential,
         TooLarge,
     )
 )]
 async fn report(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     WorkerId(id): WorkerId,
     JsonBody(body): JsonBody<Report>,
 ) -> Result<Json<WorkerInfo>, AppError> {

@@ -151,11 +151,12 @@ async fn tasks_and_leases_cross_the_int4_limit_everywhere() {
     let (rows, _) = api.walk("/api/leases?limit=2").await;
     assert!(rows.iter().any(|l| l["id"] == json!(lease)));
 
-    // A plain lease (what a singleton acquires) past the limit.
+    // A plain lease past the limit (an application's own name: the
+    // library's `singleton:` prefix is reserved on the REST API).
     let (s, single) = api
         .post(
             "/api/leases",
-            json!({"resource": "singleton:nightly", "holder": "replica-a", "ttl_ms": 30000}),
+            json!({"resource": "app:nightly", "holder": "replica-a", "ttl_ms": 30000}),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{single}");

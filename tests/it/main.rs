@@ -9,6 +9,7 @@ mod bad_input;
 mod big_ids;
 mod bounded;
 mod common;
+mod credentials;
 mod generator;
 mod health;
 mod length_checks;

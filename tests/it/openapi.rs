@@ -11,10 +11,10 @@
 //!   the 405 of a path that lacks that method.
 //!
 //! The probes are side-effect free: the server has an admin token and the
-//! probes carry none, so every operator route stops at its 401 (which also
-//! checks that exactly the operator routes declare the admin token), and
-//! every other route that changes something is sent no body, so it stops
-//! at its 400.
+//! probes carry none, so every operator, worker and producer route stops
+//! at its 401 (which also checks that exactly those routes declare a
+//! token), and every other route that changes something is sent no body,
+//! so it stops at its 400.
 
 use crate::api::Api;
 use axum::body::Body;
@@ -530,4 +530,64 @@ fn the_documents_limits_are_cores_constants() {
     let kinds = &schemas["ClaimRequest"]["properties"]["kinds"];
     assert_eq!(kinds["maxItems"], MAX_CLAIM_KINDS, "{kinds}");
     assert_eq!(kinds["items"]["maxLength"], MAX_NAME_CHARS, "{kinds}");
+}
+
+/// Every operation that changes something names its credential and its
+/// 401; the worker and producer routes name both tokens, and answer the
+/// worker token past their 401 (a bodiless probe stops at its 400); the
+/// operator routes name only the admin token, and refuse the worker one.
+#[tokio::test]
+async fn every_write_declares_its_credential_and_its_401() {
+    const ADMIN: &str = "an-admin-token-for-tests";
+    const WORKER: &str = "a-worker-token-for-tests";
+    let api = Api::with_settings(|s| {
+        s.admin_token = Some(ADMIN.into());
+        s.worker_token = Some(WORKER.into());
+    })
+    .await;
+    let doc = served(&api).await;
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["worker_token"]["scheme"], "bearer");
+    let mut problems = Vec::new();
+    let mut worker_routes = 0;
+    for (method, path) in documented(&doc) {
+        if method == "get" {
+            continue;
+        }
+        let operation = &doc["paths"][&path][&method];
+        let names = |scheme: &str| {
+            operation["security"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|r| r.get(scheme).is_some()))
+        };
+        if !names("admin_token") || operation["responses"].get("401").is_none() {
+            problems.push(format!(
+                "{method} {path}: no security requirement with a 401"
+            ));
+            continue;
+        }
+        let req = Request::builder()
+            .method(Method::from_bytes(method.to_uppercase().as_bytes()).unwrap())
+            .uri(concrete(&path))
+            .header(header::AUTHORIZATION, format!("Bearer {WORKER}"))
+            .body(Body::empty())
+            .unwrap();
+        let status = api.app().oneshot(req).await.unwrap().status();
+        if names("worker_token") {
+            worker_routes += 1;
+            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                problems.push(format!(
+                    "{method} {path} declares the worker token but refused it ({status})"
+                ));
+            }
+        } else if status != StatusCode::FORBIDDEN {
+            problems.push(format!(
+                "{method} {path} is an operator route but answered the worker token {status}"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Enqueue (2), claim, heartbeat, complete, snooze, fail, report, and
+    // the four application lease routes.
+    assert_eq!(worker_routes, 12, "the worker and producer routes");
 }

@@ -91,7 +91,8 @@ async fn with_a_token_set_controls_need_it_and_reads_do_not() {
     ] {
         assert_eq!(api.get(uri).await.0, StatusCode::OK, "{uri}");
     }
-    // With the token (header or cookie) the controls work.
+    // With the token (header, or the session its sign-in opens) the
+    // controls work.
     let (s, _) = api
         .send_with(
             Method::POST,
@@ -102,7 +103,19 @@ async fn with_a_token_set_controls_need_it_and_reads_do_not() {
         .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(desired(&api).await, "running");
-    let cookie = format!("leasekeeper_admin={TOKEN}");
+    // The old cookie that held the token itself opens nothing now.
+    let raw = format!("leasekeeper_admin={TOKEN}");
+    let (s, _) = api
+        .send_with(
+            Method::POST,
+            <SetGenerator as ServerFn>::PATH,
+            &[form[0], ("cookie", &raw)],
+            Body::from("action=stop"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (_, set) = crate::credentials::sign_in(&api, TOKEN, &[]).await;
+    let cookie = crate::credentials::cookie_pair(&set.expect("a session cookie"));
     let (s, err) = api
         .send_with(
             Method::POST,

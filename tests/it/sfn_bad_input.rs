@@ -613,8 +613,25 @@ async fn bad_input_to_every_server_function_is_refused_cleanly_and_changes_nothi
             }
         })
         .await;
-        // Something real to aim at: a held lease (id 1, token 1) and a task.
-        api.held_lease_and_task().await;
+        // Something real to aim at: a held lease (id 1, token 1) and a task
+        // (made with the token when one is set: enqueueing needs it then).
+        if open {
+            api.held_lease_and_task().await;
+        } else {
+            let auth = [("authorization", "Bearer an-admin-token-for-tests")];
+            for (uri, body) in [
+                (
+                    "/api/leases",
+                    r#"{"resource": "fuzz:held", "holder": "owner", "ttl_seconds": 300}"#,
+                ),
+                ("/api/tasks", r#"{"task_data": {"n": 1}}"#),
+            ] {
+                let (s, made) = api
+                    .send_with(Method::POST, uri, &auth, Body::from(body))
+                    .await;
+                assert_eq!(s, StatusCode::CREATED, "{uri}: {made}");
+            }
+        }
         let before = snapshot(&api).await;
         let (sent, failures) = run_pass(&api, open, &mut rng).await;
         let controls = if open { "open" } else { "token set" };

@@ -263,7 +263,17 @@ async fn bulk_cancel_and_retry_take_every_matching_task_in_batches() {
 async fn with_a_token_set_task_controls_need_it() {
     const TOKEN: &str = "an-admin-token-for-tests";
     let api = Api::with_settings(|s| s.admin_token = Some(TOKEN.into())).await;
-    let id = enqueue(&api).await;
+    // Enqueueing needs a credential too once a token is set.
+    let (s, task) = api
+        .send_with(
+            Method::POST,
+            "/api/tasks",
+            &[("authorization", &format!("Bearer {TOKEN}"))],
+            Body::from(r#"{"task_data": {"n": 1}, "max_attempts": 1}"#),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{task}");
+    let id = task["id"].as_i64().unwrap();
     for uri in [
         format!("/api/tasks/{id}/cancel"),
         format!("/api/tasks/{id}/retry"),

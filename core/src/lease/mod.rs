@@ -24,7 +24,7 @@ use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use names::{Holder, NAME_PATTERN, NameError, Resource};
+pub use names::{Holder, NAME_PATTERN, NameError, RESERVED_PREFIXES, Resource};
 
 text_enum! {
     stored;

@@ -114,9 +114,89 @@ name_type!(
     "holder"
 );
 
+/// The resource prefixes the library itself names leases and history
+/// with, kept out of reach of a public lease API (the dashboard's
+/// `/api/leases` refuses them for every caller, its operator included):
+///
+/// - `task:` — every claim is a lease on `task:<id>`; holding one by hand
+///   would stall the task or let a stranger's term fence out its worker.
+/// - `singleton:` — the generator, maintenance and scheduler jobs (and a
+///   service's own [`Singleton`](crate::lease::singleton)s) lead by
+///   holding `singleton:<name>`.
+/// - `queue:`, `schedule:`, `worker:`, `instance:` — the history an
+///   operator's change is audited under; a lease there would write rows
+///   into that audit trail.
+///
+/// The operator's force-release ends a term of any of them; that is the
+/// one public way to touch them.
+pub const RESERVED_PREFIXES: &[&str] = &[
+    "task:",
+    "singleton:",
+    "queue:",
+    "schedule:",
+    "worker:",
+    "instance:",
+];
+
+impl Resource {
+    /// The reserved prefix this name starts with, if any (see
+    /// [`RESERVED_PREFIXES`]). Compared as written: `Task:1` is an
+    /// application's own name, since the library only writes lower case.
+    pub fn reserved_prefix(&self) -> Option<&'static str> {
+        RESERVED_PREFIXES
+            .iter()
+            .copied()
+            .find(|prefix| self.0.starts_with(prefix))
+    }
+
+    /// Whether the library itself uses this name (see [`RESERVED_PREFIXES`]).
+    pub fn is_reserved(&self) -> bool {
+        self.reserved_prefix().is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_library_s_own_names_are_reserved() {
+        for name in [
+            "task:2",
+            "singleton:generator",
+            "singleton:maintenance",
+            "singleton:scheduler",
+            "queue:default",
+            "schedule:nightly",
+            "worker:w-1",
+            "instance:i-1",
+        ] {
+            assert!(Resource::parse(name).unwrap().is_reserved(), "{name}");
+        }
+        assert_eq!(
+            Resource::parse("task:7").unwrap().reserved_prefix(),
+            Some("task:")
+        );
+        for name in ["app:x", "tasks", "my-task:1", "Task:1", "singleton"] {
+            assert!(!Resource::parse(name).unwrap().is_reserved(), "{name}");
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "postgres")]
+    fn every_name_the_library_builds_is_reserved() {
+        let built = [
+            crate::queue::Task::resource_name(1),
+            crate::generator::RESOURCE.to_string(),
+            crate::maintenance::RESOURCE.to_string(),
+            crate::schedule::RESOURCE.to_string(),
+            crate::queue::queues::resource("q"),
+            crate::schedule::store::resource("s"),
+        ];
+        for name in built {
+            assert!(Resource::parse(&name).unwrap().is_reserved(), "{name}");
+        }
+    }
 
     #[test]
     fn accepts_ordinary_names_up_to_the_limit() {

@@ -35,7 +35,7 @@ use serde_json::Value;
 )]
 pub(super) async fn cancel_one(
     State(s): State<AppState>,
-    _: crate::ops::Operator,
+    _: crate::auth::Operator,
     Id(id): Id,
 ) -> Result<Json<Task>, AppError> {
     Ok(Json(
@@ -69,7 +69,7 @@ pub(super) async fn cancel_one(
 )]
 pub(super) async fn retry_one(
     State(s): State<AppState>,
-    _: crate::ops::Operator,
+    _: crate::auth::Operator,
     Id(id): Id,
 ) -> Result<Json<Task>, AppError> {
     Ok(Json(
@@ -137,9 +137,35 @@ pub struct FilterBody<S> {
     /// Only tasks in this queue.
     #[schema(value_type = Option<TaskName>)]
     queue: Option<String>,
-    /// Only tasks whose data contains this object (as the list's `data`).
-    #[schema(value_type = Option<Object>)]
+    /// Only tasks whose data contains this object (as the list's `data`):
+    /// what `jsonb` stores, so no NUL character in a key or a string and
+    /// numbers within ±1e300 (refused with 400 naming `data` otherwise).
+    #[schema(schema_with = data_filter)]
     data: Option<serde_json::Map<String, Value>>,
+}
+
+/// The schema of [`FilterBody`]'s `data`: an object whose keys hold no NUL
+/// and whose values are the stored-JSON component, so the ±1e300 limit and
+/// the NUL rule are in the document as they are for task data; `null`
+/// (no filter) as before.
+fn data_filter() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, SchemaType, Type};
+    use utoipa::openapi::{Ref, RefOr};
+    // `null` is no filter, as leaving it out is.
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .description(Some(
+            "Only tasks whose data contains this object: keys without NUL, values as stored task data (no NUL, numbers within ±1e300)",
+        ))
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[^\\x00]*$")),
+        ))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::Ref(
+            Ref::from_schema_name(leasekeeper_core::json::STORABLE_JSON),
+        ))))
+        .into()
 }
 
 impl<S: Into<TaskStatus>> FilterBody<S> {
@@ -177,7 +203,7 @@ pub struct Count {
 )]
 pub(super) async fn cancel_matching(
     State(s): State<AppState>,
-    _: crate::ops::Operator,
+    _: crate::auth::Operator,
     JsonBody(body): JsonBody<FilterBody<CancelStatus>>,
 ) -> Result<Json<Count>, AppError> {
     let count =
@@ -202,7 +228,7 @@ pub(super) async fn cancel_matching(
 )]
 pub(super) async fn retry_matching(
     State(s): State<AppState>,
-    _: crate::ops::Operator,
+    _: crate::auth::Operator,
     JsonBody(body): JsonBody<FilterBody<RetryStatus>>,
 ) -> Result<Json<Count>, AppError> {
     let count =

@@ -5,7 +5,7 @@
 
 use crate::error::{AppError, ErrorBody};
 use crate::http::extract::JsonBody;
-use crate::http::responses::TooLarge;
+use crate::http::responses::{NeedsCredential, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -53,16 +53,19 @@ async fn enqueue_capped(s: &AppState, tasks: &[NewTask]) -> Result<Vec<Enqueued>
     tag = "tasks",
     summary = "Enqueue a task",
     request_body = EnqueueBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 201, description = "The new task, pending", body = Task),
         (status = 200, description = "A task of its kind already holds its `unique_key`: that task (nothing added)", body = Task),
         (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind, queue or unique key", body = ErrorBody),
         (status = 409, description = "The task names a queue not seen before and the queues are at their cap (`LEASEKEEPER_MAX_QUEUES`, default 1,000): nothing added", body = ErrorBody),
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn enqueue(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
     let task = task_of(body, &s).map_err(AppError::BadRequest)?;
@@ -81,15 +84,18 @@ pub(super) async fn enqueue(
     summary = "Enqueue many tasks at once",
     description = "Each body as for `POST /api/tasks`, at most 10,000 (and 16 MiB), all in one transaction and one statement: one bad body answers 400 naming its index, and nothing is added. The answer lists one task per body, in order; a body whose `unique_key` a task of its kind already holds (or an earlier body of the batch) answers that task.",
     request_body(content = Vec<EnqueueBody>, description = "The tasks"),
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 201, description = "The tasks, in the order of the bodies", body = Vec<Task>),
         (status = 400, description = "Bad JSON, not an array, more than 10,000 bodies, or a bad body (its index named: `tasks[3]: …`)", body = ErrorBody),
         (status = 409, description = "The bodies name queues not seen before, past the cap on queues (`LEASEKEEPER_MAX_QUEUES`, default 1,000): nothing added", body = ErrorBody),
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn enqueue_batch(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Vec<Task>>), AppError> {
     // Read element by element: an array past the cap is refused while it

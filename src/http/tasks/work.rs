@@ -7,7 +7,7 @@ use crate::error::{AppError, ErrorBody};
 use crate::http::Message;
 use crate::http::extract::{Id, JsonBody};
 use crate::http::params::TaskIdPath;
-use crate::http::responses::{StaleWrite, TaskNotFound, TooLarge};
+use crate::http::responses::{NeedsCredential, StaleWrite, TaskNotFound, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -25,15 +25,18 @@ use leasekeeper_core::queue::{
     summary = "Claim the next task",
     description = "Late tasks (started, lease expired) first, then pending ones by `priority` and `scheduled_at`, within one queue; nothing from a paused queue. The claim is a lease on `task:<id>`; its `fencing_token` must accompany every heartbeat, completion and failure.",
     request_body = ClaimRequest,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 202, description = "The claimed task, with its fencing token", body = Task),
         (status = 200, description = "Nothing claimable: `{\"message\": \"no task available\"}`", body = Message),
         (status = 400, description = "Bad JSON, a bad processor, queue or kinds", body = ErrorBody),
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn claim_next(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     JsonBody(body): JsonBody<ClaimRequest>,
 ) -> Result<Response, AppError> {
     let filter = body.filter().map_err(AppError::BadRequest)?;
@@ -64,16 +67,19 @@ pub(super) async fn claim_next(
     summary = "Extend a claim",
     params(TaskIdPath),
     request_body = HeartbeatBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 202, description = "Extended: the task with its new `must_heartbeat_before`", body = Task),
         (status = 400, description = "Bad JSON, a bad id or processor", body = ErrorBody),
         TaskNotFound,
         StaleWrite,
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn heartbeat(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     Id(id): Id,
     JsonBody(body): JsonBody<HeartbeatBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
@@ -96,16 +102,19 @@ pub(super) async fn heartbeat(
     summary = "Complete a claimed task",
     params(TaskIdPath),
     request_body = CompleteBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 202, description = "Processed: the task", body = Task),
         (status = 400, description = "Bad JSON, a bad id or processor", body = ErrorBody),
         TaskNotFound,
         StaleWrite,
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn complete(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     Id(id): Id,
     JsonBody(body): JsonBody<CompleteBody>,
 ) -> Result<(StatusCode, Json<Task>), AppError> {
@@ -134,16 +143,19 @@ pub(super) async fn complete(
     description = "Back to pending, due in `seconds`, without using up an attempt; the claim's lease is released and the task's history records `snoozed`. Only from the claim's holder with its token, as complete and fail.",
     params(TaskIdPath),
     request_body = SnoozeBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "The task, pending again", body = Task),
         (status = 400, description = "Bad JSON, a bad id, processor or delay", body = ErrorBody),
         TaskNotFound,
         StaleWrite,
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn snooze(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     Id(id): Id,
     JsonBody(body): JsonBody<SnoozeBody>,
 ) -> Result<Json<Task>, AppError> {
@@ -170,16 +182,19 @@ pub(super) async fn snooze(
     description = "Back to pending after an exponential backoff (1 s, 2 s, 4 s ... up to 60 s), or failed after `max_attempts`.",
     params(TaskIdPath),
     request_body = FailBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "The task, pending again or failed", body = Task),
         (status = 400, description = "Bad JSON, a bad id, processor or error", body = ErrorBody),
         TaskNotFound,
         StaleWrite,
+        NeedsCredential,
         TooLarge,
     )
 )]
 pub(super) async fn fail(
     State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
     Id(id): Id,
     JsonBody(body): JsonBody<FailBody>,
 ) -> Result<Json<Task>, AppError> {
