@@ -29,6 +29,13 @@ pub enum AppError {
     /// The request is not allowed (wrong origin).
     #[error("{0}")]
     Forbidden(String),
+    /// The request's `Host` names a server this one does not answer for
+    /// (what a DNS-rebinding page sends).
+    #[error("{0}")]
+    MisdirectedRequest(String),
+    /// The body's `Content-Type` is not JSON.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// Something failed on the server; the details are in its log only.
     #[error("internal server error")]
     Internal,
@@ -104,6 +111,8 @@ mod server {
                 AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
                 AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+                AppError::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
+                AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 AppError::Internal | AppError::ServerFn(_) => StatusCode::INTERNAL_SERVER_ERROR,
             }
         }
