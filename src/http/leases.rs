@@ -3,7 +3,9 @@
 use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
 use super::params::LeaseIdPath;
-use super::responses::{BadId, BadLeaseQuery, LeaseNotFound, LeasePage, TooLarge, Unauthorized};
+use super::responses::{
+    BadId, BadLeaseQuery, LeaseNotFound, LeasePage, NotJson, TooLarge, Unauthorized,
+};
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
 use axum::extract::State;
@@ -138,6 +140,7 @@ fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
         (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
         (status = 409, description = "Another holder holds it", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn acquire(
@@ -170,6 +173,7 @@ async fn acquire(
         (status = 400, description = "Bad JSON, a bad name or TTL", body = ErrorBody),
         (status = 404, description = "That holder has no live lease (in that term)", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn renew(
@@ -204,6 +208,7 @@ async fn renew(
         (status = 400, description = "Bad JSON or a bad name", body = ErrorBody),
         (status = 404, description = "No live lease of that holder (in that term)", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn release(
@@ -253,6 +258,7 @@ async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, A
         (status = 400, description = "Bad JSON, a bad id or name", body = ErrorBody),
         (status = 404, description = "No such lease of that holder, or `fencing_token` names another term", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn delete_one(
@@ -298,6 +304,7 @@ pub struct ForceReleaseBody {
         Unauthorized,
         (status = 409, description = "That term already ended, or another began", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn force_release(

@@ -5,7 +5,7 @@
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
 use super::params::WorkerIdPath;
-use super::responses::{BadId, BadQuery, TooLarge, Unauthorized, WorkerNotFound};
+use super::responses::{BadId, BadQuery, NotJson, TooLarge, Unauthorized, WorkerNotFound};
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, Operator, WorkerAction};
 use crate::state::AppState;
@@ -186,6 +186,7 @@ async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json
         (status = 400, description = "Bad JSON, a bad id, negative counts", body = ErrorBody),
         (status = 409, description = "A simulated worker's id, or a stale report after the worker stopped (a new run sends `fresh: true` first)", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn report(

@@ -5,7 +5,7 @@
 
 use crate::error::{AppError, ErrorBody};
 use crate::http::extract::JsonBody;
-use crate::http::responses::TooLarge;
+use crate::http::responses::{NotJson, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -38,6 +38,7 @@ fn task_of(body: EnqueueBody, s: &AppState) -> Result<NewTask, String> {
         (status = 200, description = "A task of its kind already holds its `unique_key`: that task (nothing added)", body = Task),
         (status = 400, description = "Bad JSON, null `task_data`, a bad delay, kind, queue or unique key", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn enqueue(
@@ -64,10 +65,12 @@ pub(super) async fn enqueue(
         (status = 201, description = "The tasks, in the order of the bodies", body = Vec<Task>),
         (status = 400, description = "Bad JSON, not an array, more than 10,000 bodies, or a bad body (its index named: `tasks[3]: …`)", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn enqueue_batch(
     State(s): State<AppState>,
+    _json: crate::http::extract::JsonContentType,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Vec<Task>>), AppError> {
     let items: Vec<Value> = serde_json::from_slice(&body).map_err(|e| {

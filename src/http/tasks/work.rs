@@ -7,7 +7,7 @@ use crate::error::{AppError, ErrorBody};
 use crate::http::Message;
 use crate::http::extract::{Id, JsonBody};
 use crate::http::params::TaskIdPath;
-use crate::http::responses::{StaleWrite, TaskNotFound, TooLarge};
+use crate::http::responses::{NotJson, StaleWrite, TaskNotFound, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -30,6 +30,7 @@ use leasekeeper_core::queue::{
         (status = 200, description = "Nothing claimable: `{\"message\": \"no task available\"}`", body = Message),
         (status = 400, description = "Bad JSON, a bad processor, queue or kinds", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn claim_next(
@@ -70,6 +71,7 @@ pub(super) async fn claim_next(
         TaskNotFound,
         StaleWrite,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn heartbeat(
@@ -102,6 +104,7 @@ pub(super) async fn heartbeat(
         TaskNotFound,
         StaleWrite,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn complete(
@@ -140,6 +143,7 @@ pub(super) async fn complete(
         TaskNotFound,
         StaleWrite,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn snooze(
@@ -176,6 +180,7 @@ pub(super) async fn snooze(
         TaskNotFound,
         StaleWrite,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn fail(
