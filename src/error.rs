@@ -34,6 +34,13 @@ pub enum AppError {
     /// a narrower read) may succeed.
     #[error("{0}")]
     Unavailable(String),
+    /// The request's `Host` names a server this one does not answer for
+    /// (what a DNS-rebinding page sends).
+    #[error("{0}")]
+    MisdirectedRequest(String),
+    /// The body's `Content-Type` is not JSON.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// Something failed on the server; the details are in its log only.
     #[error("internal server error")]
     Internal,
@@ -110,6 +117,8 @@ mod server {
                 AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
                 AppError::Forbidden(_) => StatusCode::FORBIDDEN,
                 AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                AppError::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
+                AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 AppError::Internal | AppError::ServerFn(_) => StatusCode::INTERNAL_SERVER_ERROR,
             }
         }

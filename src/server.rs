@@ -79,6 +79,13 @@ pub fn router(state: AppState) -> Router {
             crate::auth::reads_need_a_credential,
         ))
         .layer(axum::middleware::from_fn(http::origin::same_origin_only))
+        // Outside the cross-site check: a rebinding page's Host is refused
+        // before its matching Origin is believed.
+        .layer(axum::middleware::from_fn_with_state(
+            state.settings.clone(),
+            http::perimeter::known_hosts_only,
+        ))
+        .layer(axum::middleware::from_fn(http::headers::security_headers))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -86,6 +93,14 @@ pub fn router(state: AppState) -> Router {
 /// `leasekeeper serve`: open the database, serve until Ctrl-C or SIGTERM,
 /// then stop the embedded cluster if this process started it.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // First, before a folder or a database is touched: nothing open to a
+    // network by accident.
+    if settings.check_exposure()? == crate::settings::Exposure::OpenByChoice {
+        tracing::warn!(
+            addr = %settings.site_addr,
+            "SERVING BEYOND LOOPBACK WITH NO TOKEN (LEASEKEEPER_OPEN_NETWORK): anyone who can reach this address can enqueue, claim, complete, cancel and read every task and run every control"
+        );
+    }
     // Before anything is counted: a counter touched before the recorder
     // exists is lost.
     http::metrics::install();

@@ -47,6 +47,8 @@ use leptos_router::{SsrMode, StaticSegment};
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    content_security_policy(&options);
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -65,6 +67,22 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <App/>
             </body>
         </html>
+    }
+}
+
+/// Puts the page's Content-Security-Policy on the answer, with the nonce
+/// Leptos gives this answer's inline scripts (see `crate::http::headers`).
+#[cfg(feature = "ssr")]
+fn content_security_policy(options: &LeptosOptions) {
+    use axum::http::{HeaderValue, header};
+    let Some(resp) = use_context::<leptos_axum::ResponseOptions>() else {
+        return;
+    };
+    let nonce = leptos::nonce::use_nonce();
+    let dev_reload = options.env == leptos::config::Env::DEV;
+    let policy = crate::http::headers::content_security_policy(nonce.as_deref(), dev_reload);
+    if let Ok(value) = HeaderValue::from_str(&policy) {
+        resp.insert_header(header::CONTENT_SECURITY_POLICY, value);
     }
 }
 

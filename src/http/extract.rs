@@ -1,19 +1,70 @@
 //! Request extractors whose every failure is an [`AppError`]: bad JSON, a
 //! bad query string or a bad id answer 400 with `{error}`, an oversized body
-//! 413, never axum's plain-text rejections.
+//! 413, a body that is not said to be JSON 415, never axum's plain-text
+//! rejections.
 
 use crate::error::{AppError, parse_id};
 use crate::http::MAX_BODY_BYTES;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
 use leasekeeper_core::lease::Holder;
 use serde::de::DeserializeOwned;
 
-/// A JSON body, parsed whatever its content type says (clients of the
-/// original design often omit it).
+/// A JSON body, sent as `Content-Type: application/json` (or another
+/// `application/*+json`; parameters such as `charset` allowed): anything
+/// else answers 415 before the body is read. A cross-site HTML form can
+/// only send `text/plain`, `multipart/form-data` or form encoding, so the
+/// type alone keeps a simple form post away from every JSON route.
 pub struct JsonBody<T>(pub T);
+
+/// Checks that a request says its body is JSON (see [`JsonBody`]); for a
+/// route that reads the body itself.
+pub struct JsonContentType;
+
+impl<S> FromRequestParts<S> for JsonContentType
+where
+    S: Send + Sync,
+{
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        require_json(&parts.headers).map(|()| JsonContentType)
+    }
+}
+
+/// 415 unless `Content-Type` names JSON: `application/json` or
+/// `application/<anything>+json`, any parameters, any case.
+pub fn require_json(headers: &HeaderMap) -> Result<(), AppError> {
+    let sent = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let is_json = sent.as_deref().is_some_and(|v| {
+        let essence = v
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub == "json" || (sub.ends_with("+json") && sub.len() > 5))
+    });
+    if is_json {
+        return Ok(());
+    }
+    Err(AppError::UnsupportedMediaType(match sent {
+        Some(v) => format!(
+            "the body must be JSON sent with Content-Type: application/json, not {:?}",
+            v
+        ),
+        None => {
+            "the body must be JSON sent with Content-Type: application/json (the header is missing)"
+                .into()
+        }
+    }))
+}
 
 impl<S, T> FromRequest<S> for JsonBody<T>
 where
@@ -23,6 +74,7 @@ where
     type Rejection = AppError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        require_json(req.headers())?;
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 AppError::PayloadTooLarge(MAX_BODY_BYTES)
@@ -93,5 +145,48 @@ where
         Holder::parse(path_segment(parts, state).await?)
             .map(WorkerId)
             .map_err(|e| AppError::BadRequest(format!("worker id: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::require_json;
+    use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+
+    fn with(content_type: Option<&str>) -> Result<(), StatusCode> {
+        let mut headers = HeaderMap::new();
+        if let Some(v) = content_type {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(v).unwrap());
+        }
+        require_json(&headers).map_err(|e| e.status())
+    }
+
+    #[test]
+    fn json_types_pass_and_others_answer_415() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON;charset=UTF-8",
+            "application/merge-patch+json",
+        ] {
+            assert_eq!(with(Some(ok)), Ok(()), "{ok}");
+        }
+        for bad in [
+            None,
+            Some("text/plain"),
+            Some("text/plain; charset=utf-8"),
+            Some("application/x-www-form-urlencoded"),
+            Some("multipart/form-data; boundary=x"),
+            Some("application/jsonx"),
+            Some("application/+json"),
+            Some("text/json"),
+            Some(""),
+        ] {
+            assert_eq!(
+                with(bad),
+                Err(StatusCode::UNSUPPORTED_MEDIA_TYPE),
+                "{bad:?}"
+            );
+        }
     }
 }

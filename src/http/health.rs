@@ -2,7 +2,8 @@
 //! `GET /healthz` answers 200 while the process serves requests (it reads
 //! nothing); `GET /readyz` answers 200 when the database answers within
 //! [`READY_TIMEOUT`] and its migrations are exactly this build's, and 503
-//! with a JSON reason otherwise.
+//! with a JSON reason otherwise. The reason says what is wrong, never an
+//! address, a user name or the driver's own error (those go to the log).
 
 use crate::state::AppState;
 use axum::Json;
@@ -76,7 +77,7 @@ async fn healthz(State(s): State<AppState>) -> Json<Health> {
     path = "/readyz",
     tag = "health",
     summary = "Readiness",
-    description = "200 when the database answers within 2 s and its migrations are exactly this build's; 503 otherwise, with the reason.",
+    description = "200 when the database answers within 2 s and its migrations are exactly this build's; 503 otherwise, with the reason (what is wrong, never an address, a user name or a driver error: those are in the server's log).",
     responses(
         (status = 200, description = "Ready", body = Readiness),
         (status = 503, description = "Not ready: the database did not answer, a migration is missing or failed, or a newer build migrated it", body = Readiness),
@@ -102,9 +103,14 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, Json<Readiness>) {
     match tokio::time::timeout(READY_TIMEOUT, check).await {
         Ok(Ok(MigrationState::Current { applied })) => answer(StatusCode::OK, Some(applied), None),
         Ok(Ok(MigrationState::Behind(why))) => not_ready(format!("migrations not current: {why}")),
-        Ok(Err(e)) => not_ready(format!("the database did not answer: {e}")),
+        // The driver's words can hold the host, the user and the database
+        // name: they go to the log, the caller learns only what is wrong.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: the database does not answer");
+            not_ready("the database does not answer".into())
+        }
         Err(_) => not_ready(format!(
-            "the database did not answer within {} s",
+            "the database does not answer within {} s",
             READY_TIMEOUT.as_secs_f64()
         )),
     }

@@ -4,8 +4,8 @@ use super::extract::{ApiQuery, Id, JsonBody};
 use super::paging::{CursorQuery, Direction, answer_to};
 use super::params::LeaseIdPath;
 use super::responses::{
-    BadId, BadLeaseQuery, LeaseNotFound, LeasePage, NeedsCredential, ReservedResource, TooLarge,
-    Unauthorized,
+    BadId, BadLeaseQuery, LeaseNotFound, LeasePage, NeedsCredential, NotJson, ReservedResource,
+    TooLarge, Unauthorized,
 };
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
@@ -167,6 +167,7 @@ fn ttl(seconds: Option<f64>, default: Duration) -> Result<Duration, AppError> {
         NeedsCredential,
         ReservedResource,
         TooLarge,
+        NotJson,
     )
 )]
 async fn acquire(
@@ -204,6 +205,7 @@ async fn acquire(
         NeedsCredential,
         ReservedResource,
         TooLarge,
+        NotJson,
     )
 )]
 async fn renew(
@@ -243,6 +245,7 @@ async fn renew(
         NeedsCredential,
         ReservedResource,
         TooLarge,
+        NotJson,
     )
 )]
 async fn release(
@@ -296,6 +299,7 @@ async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Json<Lease>, A
         NeedsCredential,
         ReservedResource,
         TooLarge,
+        NotJson,
     )
 )]
 async fn delete_one(
@@ -343,6 +347,7 @@ pub struct ForceReleaseBody {
         Unauthorized,
         (status = 409, description = "That term already ended, or another began", body = ErrorBody),
         TooLarge,
+        NotJson,
     )
 )]
 async fn force_release(

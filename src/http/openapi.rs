@@ -41,6 +41,15 @@ PATCH, DELETE) and carries an `Origin` other than the server's own, or \
 `Sec-Fetch-Site: cross-site`, gets 403. Clients that send no `Origin` are \
 unaffected.
 
+**Host.** Every route, reads included, answers 421 to a request whose \
+`Host` is a DNS name the server was not told about: IP addresses, \
+`localhost` and `*.localhost` are always answered, other names only when \
+listed in `LEASEKEEPER_ALLOWED_HOSTS`. A DNS-rebinding page cannot pass it.
+
+**JSON bodies** must be sent with `Content-Type: application/json` \
+(parameters such as `charset` allowed, or another `application/*+json`), \
+else 415: a cross-site HTML form cannot send that type.
+
 **Paging.** Every list answers a JSON array, newest first, at most `limit` \
 rows (default 100, up to 1000), and, when older rows remain, a header \
 `Link: </api/tasks?status=failed&before=812&limit=100>; rel=\"next\"` naming \
@@ -233,12 +242,36 @@ fn json_query_parameters(mut doc: serde_json::Value) -> serde_json::Value {
     doc
 }
 
+/// `doc` with the 421 of [`super::perimeter`] on every operation: any
+/// route answers it to a `Host` the server does not answer for.
+fn misdirected_everywhere(mut doc: serde_json::Value) -> serde_json::Value {
+    let answer = serde_json::json!({
+        "description": "The `Host` is a DNS name this server does not answer for (not an IP address, not `localhost`, not in `LEASEKEEPER_ALLOWED_HOSTS`): the DNS-rebinding fence",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    });
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return doc;
+    };
+    for item in paths.values_mut().filter_map(|p| p.as_object_mut()) {
+        for op in item.values_mut() {
+            if let Some(responses) = op
+                .get_mut("responses")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                responses.insert("421".into(), answer.clone());
+            }
+        }
+    }
+    doc
+}
+
 /// The document as JSON, built once.
 pub fn document() -> &'static str {
     static JSON: LazyLock<String> = LazyLock::new(|| {
         // Serialising a tree of strings, maps and numbers cannot fail.
         serde_json::to_value(ApiDoc::openapi())
             .map(json_query_parameters)
+            .map(misdirected_everywhere)
             .and_then(|doc| serde_json::to_string_pretty(&doc))
             .unwrap_or_else(|e| {
                 format!("{{\"error\": \"cannot render the OpenAPI document: {e}\"}}")

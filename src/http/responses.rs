@@ -107,3 +107,11 @@ pub struct TooLarge(pub ErrorBody);
 #[derive(IntoResponses)]
 #[response(status = 400, description = "A bad query")]
 pub struct BadQuery(pub ErrorBody);
+
+/// `415` of a route that reads a JSON body.
+#[derive(IntoResponses)]
+#[response(
+    status = 415,
+    description = "The body is not said to be JSON: `Content-Type` must be `application/json` (parameters allowed) or `application/*+json`"
+)]
+pub struct NotJson(pub ErrorBody);

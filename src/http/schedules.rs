@@ -6,7 +6,7 @@
 
 use super::extract::{ApiQuery, JsonBody};
 use super::paging::{CursorQuery, answer_to};
-use super::responses::{TooLarge, Unauthorized};
+use super::responses::{NotJson, TooLarge, Unauthorized};
 use crate::auth::Operator;
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
@@ -159,6 +159,7 @@ async fn get_one(State(s): State<AppState>, Name(name): Name) -> Result<Json<Sch
         (status = 400, description = "Bad JSON, a bad name, cron, time zone, policy, kind, queue or data", body = ErrorBody),
         Unauthorized,
         TooLarge,
+        NotJson,
     )
 )]
 async fn declare(

@@ -5,7 +5,9 @@
 use super::extract::{ApiQuery, JsonBody, WorkerId};
 use super::paging::CursorQuery;
 use super::params::WorkerIdPath;
-use super::responses::{BadId, BadQuery, NeedsCredential, TooLarge, Unauthorized, WorkerNotFound};
+use super::responses::{
+    BadId, BadQuery, NeedsCredential, NotJson, TooLarge, Unauthorized, WorkerNotFound,
+};
 use crate::auth::Operator;
 use crate::error::{AppError, ErrorBody};
 use crate::ops::{self, WorkerAction};
@@ -189,6 +191,7 @@ async fn control(s: &AppState, id: &Holder, action: WorkerAction) -> Result<Json
         (status = 409, description = "A simulated worker's id, or a stale report after the worker stopped (a new run sends `fresh: true` first)", body = ErrorBody),
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 async fn report(

@@ -7,12 +7,14 @@
 //! `keys.rs` names every setting; `sources.rs` reads the file, the
 //! environment and the flags, and parses values.
 
+mod exposure;
 mod keys;
 mod secret;
 mod sources;
 #[cfg(test)]
 mod tests;
 
+pub use exposure::Exposure;
 pub use secret::Secret;
 pub use sources::{DEFAULT_FILE, FILE_SECTION};
 

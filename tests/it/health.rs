@@ -18,7 +18,40 @@ async fn healthz_answers_while_the_process_runs_even_without_a_database() {
         StatusCode::OK,
         "liveness does not depend on the database"
     );
-    not_ready_because(&api, "did not answer").await;
+    not_ready_because(&api, "the database does not answer").await;
+}
+
+#[tokio::test]
+async fn readyz_says_what_is_wrong_without_the_drivers_words() {
+    use leasekeeper::settings::{SettingArgs, Settings};
+    use leasekeeper_core::db::testing::TestDb;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    // Nothing listens on port 1: the driver's error names the address,
+    // and the user and database are in the options.
+    let options = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(1)
+        .username("secret_user_name")
+        .password("secret-password")
+        .database("secret_database");
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(1))
+        .connect_lazy_with(options.clone());
+    let db = TestDb {
+        options: options.clone(),
+        pool,
+        plain: options,
+    };
+    let settings =
+        Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
+    let api = Api::over(db, settings, |_| {});
+    let (s, body) = api.get("/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let reason = body["reason"].as_str().unwrap();
+    assert!(reason.starts_with("the database does not answer"), "{body}");
+    for secret in ["127.0.0.1", ":1", "secret", "refused", "error", "io"] {
+        assert!(!reason.contains(secret), "{secret} in {reason}");
+    }
 }
 
 /// `/readyz` answers 503 with a reason containing `why`.

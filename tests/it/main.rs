@@ -19,6 +19,7 @@ mod openapi;
 mod operator;
 mod overview;
 mod paging;
+mod perimeter;
 mod rest_leases;
 mod rest_origin;
 mod rest_queues;

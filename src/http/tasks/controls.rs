@@ -5,7 +5,7 @@
 use crate::error::{AppError, ErrorBody};
 use crate::http::extract::{Id, JsonBody};
 use crate::http::params::TaskIdPath;
-use crate::http::responses::{BadId, TaskNotFound, TooLarge, Unauthorized};
+use crate::http::responses::{BadId, NotJson, TaskNotFound, TooLarge, Unauthorized};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -199,6 +199,7 @@ pub struct Count {
         (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
         Unauthorized,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn cancel_matching(
@@ -224,6 +225,7 @@ pub(super) async fn cancel_matching(
         (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
         Unauthorized,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn retry_matching(

@@ -5,7 +5,7 @@
 
 use crate::error::{AppError, ErrorBody};
 use crate::http::extract::JsonBody;
-use crate::http::responses::{NeedsCredential, TooLarge};
+use crate::http::responses::{NeedsCredential, NotJson, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -61,6 +61,7 @@ async fn enqueue_capped(s: &AppState, tasks: &[NewTask]) -> Result<Vec<Enqueued>
         (status = 409, description = "The task names a queue not seen before and the queues are at their cap (`LEASEKEEPER_MAX_QUEUES`, default 1,000): nothing added", body = ErrorBody),
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn enqueue(
@@ -91,11 +92,13 @@ pub(super) async fn enqueue(
         (status = 409, description = "The bodies name queues not seen before, past the cap on queues (`LEASEKEEPER_MAX_QUEUES`, default 1,000): nothing added", body = ErrorBody),
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn enqueue_batch(
     State(s): State<AppState>,
     _: crate::auth::WorkerCredential,
+    _json: crate::http::extract::JsonContentType,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Vec<Task>>), AppError> {
     // Read element by element: an array past the cap is refused while it

@@ -7,7 +7,7 @@ use crate::error::{AppError, ErrorBody};
 use crate::http::Message;
 use crate::http::extract::{Id, JsonBody};
 use crate::http::params::TaskIdPath;
-use crate::http::responses::{NeedsCredential, StaleWrite, TaskNotFound, TooLarge};
+use crate::http::responses::{NeedsCredential, NotJson, StaleWrite, TaskNotFound, TooLarge};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
@@ -32,6 +32,7 @@ use leasekeeper_core::queue::{
         (status = 400, description = "Bad JSON, a bad processor, queue or kinds", body = ErrorBody),
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn claim_next(
@@ -75,6 +76,7 @@ pub(super) async fn claim_next(
         StaleWrite,
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn heartbeat(
@@ -110,6 +112,7 @@ pub(super) async fn heartbeat(
         StaleWrite,
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn complete(
@@ -151,6 +154,7 @@ pub(super) async fn complete(
         StaleWrite,
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn snooze(
@@ -190,6 +194,7 @@ pub(super) async fn snooze(
         StaleWrite,
         NeedsCredential,
         TooLarge,
+        NotJson,
     )
 )]
 pub(super) async fn fail(

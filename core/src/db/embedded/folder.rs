@@ -9,9 +9,9 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Creates the data folder (mode 0700) if needed, hands it to the server
-/// user when root, and checks that user can reach it. Returns its canonical
-/// path.
+/// Creates the data folder (mode 0700) if needed, makes an existing one
+/// 0700 too, hands it to the server user when root, and checks that user
+/// can reach it. Returns its canonical path.
 pub(super) async fn prepare_data_dir(data_dir: &Path, runner: &Runner) -> Result<PathBuf> {
     if !tokio::fs::try_exists(data_dir).await.unwrap_or(false) {
         // Parents get the default mode: a 0700 root-owned parent would lock
@@ -36,6 +36,7 @@ pub(super) async fn prepare_data_dir(data_dir: &Path, runner: &Runner) -> Result
     let data_dir = tokio::fs::canonicalize(data_dir)
         .await
         .with_context(|| format!("resolving data folder {}", data_dir.display()))?;
+    restrict_to_owner(&data_dir)?;
 
     if let Some((uid, gid)) = runner.owner() {
         let meta = tokio::fs::metadata(&data_dir)
@@ -53,6 +54,39 @@ pub(super) async fn prepare_data_dir(data_dir: &Path, runner: &Runner) -> Result
         check_server_user_access(&data_dir, runner).await?;
     }
     Ok(data_dir)
+}
+
+/// Makes the data folder 0700 if other users could enter or list it.
+///
+/// The cluster's unix socket lives in it and trusts every connection that
+/// reaches it (no password: the folder's mode is the only lock), so a
+/// folder left 0755, made by hand or by an older version, would let every
+/// local user in as the superuser. Checked whenever the folder is used,
+/// not only when created.
+fn restrict_to_owner(data_dir: &Path) -> Result<()> {
+    let mode = std::fs::metadata(data_dir)
+        .with_context(|| format!("reading data folder {}", data_dir.display()))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700)).with_context(
+        || {
+            format!(
+                "data folder {} is open to other users (mode {mode:o}) and cannot be made 0700 (chmod); \
+                 make it private or set LEASEKEEPER_DATA_DIR to a folder of this user's",
+                data_dir.display()
+            )
+        },
+    )?;
+    tracing::warn!(
+        data_dir = %data_dir.display(),
+        was = %format!("{mode:o}"),
+        "the data folder was open to other users (its socket admits anyone who can reach it); made it 0700"
+    );
+    Ok(())
 }
 
 /// Fails with a clear message if the server user cannot enter and write the
@@ -212,6 +246,34 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_existing_open_data_folder_is_made_0700_and_a_new_one_is_0700() {
+        let base = std::env::temp_dir().join(format!(
+            "leasekeeper-folder-mode-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let open = base.join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mode = |dir: &Path| std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&open), 0o755);
+
+        let prepared = prepare_data_dir(&open, &Runner::CurrentUser).await.unwrap();
+        assert_eq!(mode(&prepared), 0o700, "an existing 0755 folder is closed");
+
+        let fresh = base.join("fresh");
+        let prepared = prepare_data_dir(&fresh, &Runner::CurrentUser)
+            .await
+            .unwrap();
+        assert_eq!(mode(&prepared), 0o700, "a new folder is 0700");
+
+        // Already private: left as it is (0700 stays, nothing else changes).
+        let prepared = prepare_data_dir(&open, &Runner::CurrentUser).await.unwrap();
+        assert_eq!(mode(&prepared), 0o700);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn fnv_is_stable() {
