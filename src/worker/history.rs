@@ -4,8 +4,9 @@
 //! (`leasekeeper-tools chaos`) reads back to check against the database.
 //!
 //! [`Recorded`] wraps a worker's [`Transport`] and appends one JSON line per
-//! call to a file once the call returns (claims that found nothing are left
-//! out: they change nothing). Each line is one `write` on a file opened for
+//! call to a file once the call returns (a claim that found nothing too, as
+//! proof the worker reaches the queue; a report of itself only when its
+//! credential was refused). Each line is one `write` on a file opened for
 //! appending, so a `kill -9` loses at most the call in flight, which the
 //! history then simply does not show; the checker never needs it, because
 //! it takes the database's word for what happened and uses the history as
@@ -35,6 +36,10 @@ pub enum OpKind {
     Heartbeat,
     Complete,
     Fail,
+    /// A worker's report of itself (`PUT /api/workers/{id}`), recorded
+    /// only when its credential was refused: a worker's first call is its
+    /// report, so a refused worker's history would otherwise be empty.
+    Report,
 }
 
 /// What came back.
@@ -207,7 +212,12 @@ impl<T: Transport> Transport for Recorded<T> {
     }
 
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {
-        self.inner.report(worker, report).await
+        let sent = now_ms();
+        let result = self.inner.report(worker, report).await;
+        if matches!(result, Err(TransportError::Unauthorized(_))) {
+            self.record(worker, OpKind::Report, None, None, sent, &result);
+        }
+        result
     }
 }
 
