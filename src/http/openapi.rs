@@ -265,6 +265,45 @@ fn misdirected_everywhere(mut doc: serde_json::Value) -> serde_json::Value {
     doc
 }
 
+/// Adds to every read (a `GET` but this document's own) what every read
+/// may answer whatever its route: 401 when the server is locked and
+/// listens beyond loopback (`crate::auth::reads_need_a_credential`), 503
+/// past the read timeout (`crate::reads`), and the credentials it then
+/// takes (none on loopback, either token beyond).
+fn reads_everywhere(mut doc: serde_json::Value) -> serde_json::Value {
+    let unauthorized = serde_json::json!({
+        "description": "The server is locked (a token is set) and listens beyond loopback: reads need either token (or a dashboard session)",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    });
+    let unavailable = serde_json::json!({
+        "description": "The read ran past the read timeout (`LEASEKEEPER_READ_TIMEOUT_SECS`), or every read connection is busy: try again, or read less",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    });
+    let security = serde_json::json!([{}, {"worker_token": []}, {"admin_token": []}]);
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return doc;
+    };
+    for (path, item) in paths.iter_mut() {
+        if path == "/api/openapi.json" {
+            continue;
+        }
+        let Some(read) = item.get_mut("get").and_then(serde_json::Value::as_object_mut) else {
+            continue;
+        };
+        read.entry("security").or_insert_with(|| security.clone());
+        if let Some(responses) = read
+            .get_mut("responses")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            responses
+                .entry("401")
+                .or_insert_with(|| unauthorized.clone());
+            responses.entry("503").or_insert_with(|| unavailable.clone());
+        }
+    }
+    doc
+}
+
 /// The document as JSON, built once.
 pub fn document() -> &'static str {
     static JSON: LazyLock<String> = LazyLock::new(|| {
@@ -272,6 +311,7 @@ pub fn document() -> &'static str {
         serde_json::to_value(ApiDoc::openapi())
             .map(json_query_parameters)
             .map(misdirected_everywhere)
+            .map(reads_everywhere)
             .and_then(|doc| serde_json::to_string_pretty(&doc))
             .unwrap_or_else(|e| {
                 format!("{{\"error\": \"cannot render the OpenAPI document: {e}\"}}")

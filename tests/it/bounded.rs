@@ -305,36 +305,9 @@ fn peak_kib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_16_mib_batch_of_zeros_is_refused_with_little_memory() {
     let db = crate::common::TestDb::new().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_leasekeeper"))
-        .arg("serve")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("DATABASE_URL", db.url())
-        .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
-        .env("LEASEKEEPER_WORKERS", "0")
-        .env("LEASEKEEPER_CHAOS", "0")
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("starting leasekeeper serve");
-    let base = format!("http://127.0.0.1:{port}");
+    let server = crate::common::Served::start(&db, &[]).await;
+    let base = server.base.clone();
     let client = reqwest::Client::new();
-    let started = Instant::now();
-    loop {
-        match client.get(format!("{base}/healthz")).send().await {
-            Ok(res) if res.status().is_success() => break,
-            _ if started.elapsed() < Duration::from_secs(60) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => {
-                let _ = server.kill();
-                panic!("no /healthz within 60 s: {other:?}");
-            }
-        }
-    }
     // Just under the 16 MiB body limit.
     let limit = 16 * 1024 * 1024;
     let mut body = Vec::with_capacity(limit);
@@ -343,7 +316,7 @@ async fn a_16_mib_batch_of_zeros_is_refused_with_little_memory() {
         body.extend_from_slice(b"0,");
     }
     body.extend_from_slice(b"0]");
-    let before = peak_kib(server.id());
+    let before = peak_kib(server.pid());
     let res = client
         .post(format!("{base}/api/tasks/batch"))
         .header("content-type", "application/json")
@@ -353,9 +326,8 @@ async fn a_16_mib_batch_of_zeros_is_refused_with_little_memory() {
         .unwrap();
     let status = res.status();
     let answer: Value = res.json().await.unwrap();
-    let after = peak_kib(server.id());
-    let _ = server.kill();
-    let _ = server.wait();
+    let after = peak_kib(server.pid());
+    drop(server);
     assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{answer}");
     assert!(
         error_of(&answer).starts_with("at most 10000 tasks at once, got "),

@@ -290,38 +290,13 @@ async fn a_fresh_instance_exports_every_family_from_its_first_scrape() {
     )
     .await
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_leasekeeper"))
-        .arg("serve")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("DATABASE_URL", db.url())
-        .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
-        .env("LEASEKEEPER_WORKERS", "0")
-        .env("LEASEKEEPER_CHAOS", "0")
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("starting leasekeeper serve");
-    let url = format!("http://127.0.0.1:{port}/metrics");
-    let client = reqwest::Client::new();
-    let started = std::time::Instant::now();
-    let text = loop {
-        match client.get(&url).send().await {
-            Ok(res) if res.status().is_success() => break res.text().await.unwrap(),
-            _ if started.elapsed() < Duration::from_secs(60) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => {
-                let _ = server.kill();
-                panic!("no /metrics within 60 s: {other:?}");
-            }
-        }
-    };
-    let _ = server.kill();
-    let _ = server.wait();
+    let server = crate::common::Served::start(&db, &[]).await;
+    let res = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "/metrics: {}", res.status());
+    let text = res.text().await.unwrap();
+    drop(server);
 
     for (family, kind) in [
         ("leasekeeper_tasks", "gauge"),

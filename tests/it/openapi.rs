@@ -591,3 +591,59 @@ async fn every_write_declares_its_credential_and_its_401() {
     // the four application lease routes.
     assert_eq!(worker_routes, 12, "the worker and producer routes");
 }
+
+/// Every read (but the document itself) declares the 401 it answers when
+/// the server is locked beyond loopback, the 503 of the read timeout, and
+/// that either token opens it; and on such a server an anonymous read does
+/// answer 401, while one with the worker token gets past it.
+#[tokio::test]
+async fn every_read_declares_its_credential_its_401_and_its_503() {
+    const ADMIN: &str = "an-admin-token-for-tests";
+    const WORKER: &str = "a-worker-token-for-tests";
+    let api = Api::with_settings(|s| {
+        s.admin_token = Some(ADMIN.into());
+        s.worker_token = Some(WORKER.into());
+        s.site_addr = "0.0.0.0:3000".parse().unwrap();
+    })
+    .await;
+    let doc = served(&api).await;
+    let mut problems = Vec::new();
+    let mut reads = 0;
+    for (method, path) in documented(&doc) {
+        if method != "get" || path == "/api/openapi.json" {
+            continue;
+        }
+        reads += 1;
+        let operation = &doc["paths"][&path]["get"];
+        let security = operation["security"].as_array();
+        for scheme in ["worker_token", "admin_token"] {
+            if !security.is_some_and(|s| s.iter().any(|r| r.get(scheme).is_some())) {
+                problems.push(format!("GET {path}: does not name {scheme}"));
+            }
+        }
+        for status in ["401", "503"] {
+            if operation["responses"].get(status).is_none() {
+                problems.push(format!("GET {path}: no {status} answer"));
+            }
+        }
+        let status_with = |token: Option<&str>| {
+            let mut req = Request::builder().uri(concrete(&path));
+            if let Some(token) = token {
+                req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+            }
+            let req = req.body(Body::empty()).unwrap();
+            let app = api.app();
+            async move { app.oneshot(req).await.unwrap().status() }
+        };
+        let anonymous = status_with(None).await;
+        if anonymous != StatusCode::UNAUTHORIZED {
+            problems.push(format!("GET {path}: {anonymous} to an anonymous read beyond loopback"));
+        }
+        let worker = status_with(Some(WORKER)).await;
+        if worker == StatusCode::UNAUTHORIZED || worker == StatusCode::FORBIDDEN {
+            problems.push(format!("GET {path}: {worker} with the worker token"));
+        }
+    }
+    assert!(reads > 20, "only {reads} reads documented");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

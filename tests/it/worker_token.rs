@@ -188,35 +188,19 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
     )
     .await
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let mut server: Child = command()
-        .arg("serve")
-        .env("DATABASE_URL", db.url())
-        .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
-        .env("LEASEKEEPER_WORKER_TOKEN", WORKER_TOKEN)
-        .env("LEASEKEEPER_ADMIN_TOKEN", ADMIN_TOKEN)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting leasekeeper serve");
-    let url = format!("http://127.0.0.1:{port}");
+    let server = crate::common::Served::start(
+        &db,
+        &[
+            ("LEASEKEEPER_WORKER_TOKEN", WORKER_TOKEN),
+            ("LEASEKEEPER_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("LEASEKEEPER_LEASE_TTL_SECS", "2"),
+            ("LEASEKEEPER_RENEW_INTERVAL_SECS", "0.6"),
+            ("LEASEKEEPER_HEARTBEAT_INTERVAL_SECS", "0.5"),
+        ],
+    )
+    .await;
+    let url = server.base.clone();
     let http = reqwest::Client::new();
-    let started = std::time::Instant::now();
-    while !http
-        .get(format!("{url}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
     // No token, then a made-up one: refused, and out within seconds.
     for (id, env) in [
@@ -298,6 +282,6 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
         "the worker is still at work"
     );
     let _ = worker.kill().await;
-    let _ = server.kill().await;
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
