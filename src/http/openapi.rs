@@ -265,7 +265,7 @@ fn misdirected_everywhere(mut doc: serde_json::Value) -> serde_json::Value {
     doc
 }
 
-/// Adds to every read (a `GET` but this document's own) what every read
+/// Adds to every read (a `GET /api/…` but this document's own) what every read
 /// may answer whatever its route: 401 when the server is locked and
 /// listens beyond loopback (`crate::auth::reads_need_a_credential`), 503
 /// past the read timeout (`crate::reads`), and the credentials it then
@@ -284,10 +284,14 @@ fn reads_everywhere(mut doc: serde_json::Value) -> serde_json::Value {
         return doc;
     };
     for (path, item) in paths.iter_mut() {
-        if path == "/api/openapi.json" {
+        // Health, readiness and metrics stay public, as does this document.
+        if !path.starts_with("/api/") || path == "/api/openapi.json" {
             continue;
         }
-        let Some(read) = item.get_mut("get").and_then(serde_json::Value::as_object_mut) else {
+        let Some(read) = item
+            .get_mut("get")
+            .and_then(serde_json::Value::as_object_mut)
+        else {
             continue;
         };
         read.entry("security").or_insert_with(|| security.clone());
@@ -298,7 +302,9 @@ fn reads_everywhere(mut doc: serde_json::Value) -> serde_json::Value {
             responses
                 .entry("401")
                 .or_insert_with(|| unauthorized.clone());
-            responses.entry("503").or_insert_with(|| unavailable.clone());
+            responses
+                .entry("503")
+                .or_insert_with(|| unavailable.clone());
         }
     }
     doc

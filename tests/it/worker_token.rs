@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasekeeper");
 const WORKER_TOKEN: &str = "it-worker-token-5f2c9a7e1b";
@@ -200,7 +200,6 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
     )
     .await;
     let url = server.base.clone();
-    let http = reqwest::Client::new();
 
     // No token, then a made-up one: refused, and out within seconds.
     for (id, env) in [
