@@ -425,12 +425,15 @@ impl Settings {
                     d => Ok(d),
                 },
             )?,
-            max_queues: src.parse(&MAX_QUEUES, &args.max_queues, 1000, |raw| {
-                match count(100_000)(raw)? {
+            max_queues: src.parse(
+                &MAX_QUEUES,
+                &args.max_queues,
+                leasekeeper_core::queue::queues::DEFAULT_MAX_QUEUES,
+                |raw| match count(100_000)(raw)? {
                     0 => Err("must be at least 1".into()),
                     n => Ok(n),
-                }
-            })?,
+                },
+            )?,
         })
     }
 }
