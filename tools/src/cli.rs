@@ -70,6 +70,16 @@ pub enum Command {
         /// The runtime's instance id.
         #[arg(long, default_value = "bench-runtime")]
         id: String,
+        /// Claims waiting per worker at most (the runtime's default if not
+        /// given; not the dashboard's --prefetch setting).
+        #[arg(long)]
+        runtime_prefetch: Option<usize>,
+        /// The completer's linger, in microseconds (the runtime's default if not given).
+        #[arg(long)]
+        runtime_linger_us: Option<u64>,
+        /// The most completions one statement writes (the runtime's default if not given).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        runtime_batch_max: Option<u64>,
     },
 }
 
@@ -102,6 +112,22 @@ pub enum BenchWhat {
         #[arg(long)]
         pixel_only: bool,
         /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+    /// The tuning pass: each contestant (the worker runtime, graphile-worker,
+    /// Awa) through its sweep of settings, one short round each by the
+    /// race's protocol; prints every candidate's rate and each
+    /// contestant's winner (the settings `bench` then runs as its
+    /// `*_best_w16`).
+    Tune {
+        /// Shorter rounds.
+        #[arg(long)]
+        quick: bool,
+        /// Only this contestant's sweep: ours, graphile or awa.
+        #[arg(long, value_parser = ["ours", "graphile", "awa"])]
+        only: Option<String>,
+        /// Also write the results to this file as JSON.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },

@@ -83,6 +83,18 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
+            Some(BenchWhat::Tune { quick, only, json }) => {
+                bench::queue::tune::tune(
+                    settings,
+                    bench::Options {
+                        quick,
+                        json,
+                        charts: None,
+                    },
+                    only.as_deref(),
+                )
+                .await
+            }
             Some(BenchWhat::Fleet { quick, json }) => {
                 bench::queue::fleet_only(
                     settings,
@@ -115,7 +127,24 @@ async fn main() -> ExitCode {
             concurrency,
             seconds,
             id,
-        } => bench::queue::runtime_process(&settings, usize::from(concurrency), seconds, &id).await,
+            runtime_prefetch,
+            runtime_linger_us,
+            runtime_batch_max,
+        } => {
+            let runtime = bench::queue::RuntimeSettings::with(
+                runtime_prefetch,
+                runtime_linger_us,
+                runtime_batch_max,
+            );
+            bench::queue::runtime_process(
+                &settings,
+                usize::from(concurrency),
+                runtime,
+                seconds,
+                &id,
+            )
+            .await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

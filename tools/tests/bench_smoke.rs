@@ -19,12 +19,13 @@ const KEYS: &[&str] = &[
     "raw_ceiling_w16",
     "minimal_ceiling_w16",
     "original_design_w16",
-    "graphile_worker_w16",
     "graphile_default_w16",
     "graphile_best_w16",
+    "graphile_best_w16_rows_per_task",
     "fleet_w16",
+    "fleet_w16_rows_per_task",
     "fleet_best_w16",
-    "fleet_best_prefetch",
+    "fleet_best_w16_rows_per_task",
     "fleet_w16_vs_graphile_default",
     "fleet_best_vs_fastest_peer",
     "lease_events_per_task",
@@ -32,6 +33,7 @@ const KEYS: &[&str] = &[
     "rows_per_task",
     "rows_per_task_tasks",
     "rows_per_task_lease_events",
+    "rows_per_task_attempts",
     "fleet_latency_no_linger_p50_ms",
     "pickup_p50_ms",
     "pickup_p99_ms",
@@ -55,6 +57,7 @@ const KEYS: &[&str] = &[
     "throughput_w16_vs_graphile_default",
     "awa_default_w16",
     "awa_best_w16",
+    "awa_best_w16_rows_per_task",
     "enqueue_many_per_s",
     "graphile_add_jobs_per_s",
     "awa_insert_many_per_s",
@@ -66,8 +69,8 @@ const KEYS: &[&str] = &[
 /// Keys that are `null` when graphile-worker could not run (no npm or
 /// node), which the bench then says on stderr.
 const GRAPHILE_KEYS: &[&str] = &[
-    "graphile_worker_w16",
     "graphile_add_jobs_per_s",
+    "graphile_best_w16_rows_per_task",
     "graphile_default_w16",
     "graphile_best_w16",
     "fleet_w16_vs_graphile_best",
@@ -107,6 +110,44 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
         assert!(svg.contains(series), "{file} lacks {series}");
     }
     let _ = std::fs::remove_dir_all(&charts);
+    // The race's protocol and every contestant's rounds and settings are
+    // written beside the figures: at least three rounds, alternated.
+    let protocol = &results["protocol"];
+    assert!(protocol["rounds"].as_u64() >= Some(3), "{protocol}");
+    for key in [
+        "fleet_w16",
+        "fleet_best_w16",
+        "awa_default_w16",
+        "awa_best_w16",
+    ] {
+        let rounds = results[format!("{key}_rounds")]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}_rounds: {results}"));
+        assert_eq!(
+            rounds.len() as u64,
+            protocol["rounds"].as_u64().unwrap(),
+            "{key}"
+        );
+        assert!(
+            rounds.iter().all(|v| v.as_f64() > Some(0.0)),
+            "{key}: {rounds:?}"
+        );
+        assert!(
+            results[format!("{key}_settings")].is_object(),
+            "{key}_settings"
+        );
+    }
+    assert_eq!(
+        results["fleet_best_w16_settings"]["workers"], 16,
+        "{results}"
+    );
+    assert!(
+        results["enqueue_many_per_s_rounds"]
+            .as_array()
+            .map(Vec::len)
+            >= Some(5),
+        "five bulk rounds at least"
+    );
     assert_eq!(results["failover_tasks_lost"], 0.0, "{results}");
     assert_eq!(results["failover_tasks_completed_twice"], 0.0, "{results}");
     // The table went to stdout, the phases to stderr.

@@ -62,6 +62,11 @@ pub struct Options {
 /// written as JSON `null`.
 pub(crate) type Results = Vec<(&'static str, f64)>;
 
+/// What is not one number, written to the JSON beside [`Results`]: every
+/// round's figure (`<key>_rounds`), a contestant's settings
+/// (`<key>_settings`), the protocol the figures were taken by.
+pub(crate) type Details = Vec<(String, Value)>;
+
 /// A fresh benchmark database and the cluster it lives in.
 pub(crate) struct BenchDb {
     pub pool: PgPool,
@@ -290,6 +295,12 @@ impl Samples {
 
 /// Prints the results as a table and writes them as flat JSON when asked.
 pub(crate) fn report(results: &Results, options: &Options) -> Result<()> {
+    report_with(results, &Details::new(), options)
+}
+
+/// [`report`], with `details` printed after the table and written to the
+/// JSON beside the figures.
+pub(crate) fn report_with(results: &Results, details: &Details, options: &Options) -> Result<()> {
     println!("{:<32} {:>14}", "measure", "value");
     for (k, v) in results {
         if v.is_nan() {
@@ -298,10 +309,14 @@ pub(crate) fn report(results: &Results, options: &Options) -> Result<()> {
             println!("{k:<32} {v:>14}");
         }
     }
+    for (k, v) in details {
+        println!("{k}: {v}");
+    }
     if let Some(path) = &options.json {
         let flat: serde_json::Map<String, Value> = results
             .iter()
             .map(|(k, v)| (k.to_string(), json!(v)))
+            .chain(details.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect();
         std::fs::write(path, serde_json::to_string_pretty(&Value::Object(flat))?)
             .with_context(|| format!("writing {}", path.display()))?;

@@ -12,23 +12,30 @@
 //! storage lives too) is dropped and Awa's own migrations install it anew,
 //! as a new deployment would have it.
 //!
-//! - `run`: queue `JOBS` no-op jobs (COPY, untimed), then time one `Client`
-//!   with `CONCURRENCY` workers on one queue from its start until every job
-//!   is durably terminal (Awa's own measure: completed, not handler
-//!   returns). `SETTINGS=default` is `QueueConfig::default()` with only
-//!   `max_workers` set; `SETTINGS=best` adds the settings Awa's docs
+//! - `prepare`: a fresh schema, the queue's enqueue shards set, then `JOBS`
+//!   no-op jobs queued (COPY, in chunks of 10,000). Untimed: the bench then
+//!   vacuums, analyzes and checkpoints, as it does for every contestant.
+//! - `serve`: one `Client` with `MAX_WORKERS` permits on the queue, on the
+//!   jobs queued; prints `ready` once started. The bench measures it by its
+//!   protocol (`tools/src/bench/queue/race.rs`): for each `count` line on
+//!   stdin it answers with one line, the queue's durably terminal jobs
+//!   (the terminal part of `QueueStorage::queue_counts`, see [`terminal`],
+//!   on a connection of its own so it never waits behind the workers). At
+//!   the end of stdin it shuts down gracefully and checks that count
+//!   against Awa's own exact one. `SETTINGS=default` is `QueueConfig::default()` with only
+//!   `max_workers` set; `SETTINGS=best` starts from the settings Awa's docs
 //!   recommend for one hot queue (see [`Settings::best`]).
-//! - `insert`: time `QueueStorage::enqueue_params_copy` of `JOBS` jobs in one
+//! - `insert`: `QueueStorage::enqueue_params_copy` of `JOBS` jobs in one
 //!   call, the bulk path Awa's docs name as the fastest for queue storage
 //!   ("for high-volume queue-storage producers, prefer
-//!   `QueueStorage::enqueue_params_copy`").
+//!   `QueueStorage::enqueue_params_copy`"): once untimed (the warm-up), then
+//!   on a fresh schema after a CHECKPOINT, timed.
 //!
-//! Environment: `DATABASE_URL`, `JOBS`, `CONCURRENCY`, `SETTINGS`; for
-//! exploring other settings, `AWA_BENCH_POLL_MS`, `AWA_BENCH_CLAIMERS`,
-//! `AWA_BENCH_CLAIM_BATCH`, `AWA_BENCH_ENQUEUE_SHARDS` and
-//! `AWA_BENCH_DEADLINE_MS` override the chosen set (and Awa itself reads
-//! `AWA_COMPLETION_BATCH_SIZE`, `AWA_COMPLETION_FLUSH_MS`,
-//! `AWA_COMPLETION_SHARDS`).
+//! Environment: `DATABASE_URL`, `JOBS`, `MAX_WORKERS`, `SETTINGS`;
+//! `AWA_BENCH_POLL_MS`, `AWA_BENCH_CLAIMERS`, `AWA_BENCH_CLAIM_BATCH`,
+//! `AWA_BENCH_ENQUEUE_SHARDS` and `AWA_BENCH_DEADLINE_MS` override the
+//! chosen set (and Awa itself reads `AWA_COMPLETION_BATCH_SIZE`,
+//! `AWA_COMPLETION_FLUSH_MS`, `AWA_COMPLETION_SHARDS`).
 
 use awa::{
     Client, InsertOpts, InsertParams, JobArgs, JobContext, JobError, JobResult, QueueConfig,
@@ -39,10 +46,8 @@ use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::error::Error;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -62,6 +67,9 @@ impl JobArgs for Noop {
 #[derive(Serialize)]
 struct Settings {
     name: &'static str,
+    /// Jobs in flight at most (`QueueConfig::max_workers`): a permit is
+    /// held from the claim until the completion's batch commits.
+    max_workers: u32,
     poll_interval_ms: u64,
     claimers: u16,
     claim_batch_size: usize,
@@ -78,6 +86,7 @@ impl Settings {
         let d = QueueConfig::default();
         Settings {
             name: "default",
+            max_workers: d.max_workers,
             poll_interval_ms: d.poll_interval.as_millis() as u64,
             claimers: d.claimers,
             claim_batch_size: d.claim_batch_size,
@@ -105,6 +114,7 @@ impl Settings {
     fn best() -> Self {
         Settings {
             name: "best",
+            max_workers: 16,
             poll_interval_ms: 10,
             claimers: 1,
             claim_batch_size: 512,
@@ -119,6 +129,9 @@ impl Settings {
             "best" => Settings::best(),
             other => return Err(format!("SETTINGS must be default or best, not {other}").into()),
         };
+        if let Some(v) = env_opt("MAX_WORKERS")? {
+            s.max_workers = v as u32;
+        }
         if let Some(v) = env_opt("AWA_BENCH_POLL_MS")? {
             s.poll_interval_ms = v;
         }
@@ -137,9 +150,9 @@ impl Settings {
         Ok(s)
     }
 
-    fn queue_config(&self, workers: u32) -> QueueConfig {
+    fn queue_config(&self) -> QueueConfig {
         QueueConfig {
-            max_workers: workers,
+            max_workers: self.max_workers,
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             claimers: self.claimers,
             claim_batch_size: self.claim_batch_size,
@@ -164,27 +177,25 @@ fn env_num(name: &str) -> Result<u64> {
 async fn main() -> Result<()> {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
-    let jobs = env_num("JOBS")? as i64;
-    let workers = match mode.as_str() {
-        "run" => env_num("CONCURRENCY")? as u32,
-        _ => 1,
+    let settings = match std::env::var("SETTINGS") {
+        Ok(name) => Settings::from_env(&name)?,
+        Err(_) => Settings::from_env("default")?,
     };
     // The workers' claims, completions and heartbeats share it with Awa's
     // maintenance and LISTEN: room for all, as Awa's own benchmarks give.
     let pool = PgPoolOptions::new()
-        .max_connections(workers + 8)
+        .max_connections(settings.max_workers.min(64) + 8)
         .acquire_timeout(Duration::from_secs(60))
         .connect(&url)
         .await?;
-    fresh_schema(&pool).await?;
     let out = match mode.as_str() {
-        "run" => {
-            let name = std::env::var("SETTINGS").unwrap_or_else(|_| "default".into());
-            run(&pool, jobs, workers, Settings::from_env(&name)?).await?
-        }
-        "insert" => insert(&pool, jobs).await?,
+        "prepare" => prepare(&pool, env_num("JOBS")? as i64, &settings).await?,
+        "serve" => serve(&pool, &url, settings).await?,
+        "insert" => insert(&pool, env_num("JOBS")? as i64).await?,
         other => {
-            return Err(format!("usage: leasekeeper-bench-awa run|insert, not {other:?}").into())
+            return Err(
+                format!("usage: leasekeeper-bench-awa prepare|serve|insert, not {other:?}").into(),
+            )
         }
     };
     pool.close().await;
@@ -223,6 +234,11 @@ fn store() -> Result<QueueStorage> {
 
 async fn insert(pool: &PgPool, jobs: i64) -> Result<serde_json::Value> {
     let store = store()?;
+    // The warm-up: this process's connection, statements and code paths.
+    fresh_schema(pool).await?;
+    store.enqueue_params_copy(pool, &params(jobs)?).await?;
+    fresh_schema(pool).await?;
+    sqlx::query("CHECKPOINT").execute(pool).await?;
     let batch = params(jobs)?;
     let started = Instant::now();
     let n = store.enqueue_params_copy(pool, &batch).await?;
@@ -243,12 +259,10 @@ async fn insert(pool: &PgPool, jobs: i64) -> Result<serde_json::Value> {
     }))
 }
 
-async fn run(
-    pool: &PgPool,
-    jobs: i64,
-    workers: u32,
-    settings: Settings,
-) -> Result<serde_json::Value> {
+/// A fresh schema with `jobs` no-op jobs queued on it, the queue's enqueue
+/// shards set first.
+async fn prepare(pool: &PgPool, jobs: i64, settings: &Settings) -> Result<serde_json::Value> {
+    fresh_schema(pool).await?;
     let store = store()?;
     if settings.enqueue_shards != 1 {
         sqlx::query(
@@ -260,75 +274,118 @@ async fn run(
         .execute(pool)
         .await?;
     }
-    // Queued before the clock starts, in chunks so no one COPY is huge.
+    // In chunks, so no one COPY is huge.
     for chunk in params(jobs)?.chunks(10_000) {
         store.enqueue_params_copy(pool, chunk).await?;
     }
-    sqlx::query("CHECKPOINT").execute(pool).await?;
-
-    let handled = Arc::new(AtomicI64::new(0));
-    let all_handled = Arc::new(Notify::new());
-    let client = {
-        let (handled, all_handled) = (handled.clone(), all_handled.clone());
-        Client::builder(pool.clone())
-            .queue(QUEUE, settings.queue_config(workers))
-            .register::<Noop, _, _>(move |_args, _ctx: &JobContext| {
-                let (handled, all_handled) = (handled.clone(), all_handled.clone());
-                async move {
-                    if handled.fetch_add(1, Ordering::Relaxed) + 1 == jobs {
-                        all_handled.notify_one();
-                    }
-                    Ok::<_, JobError>(JobResult::Completed)
-                }
-            })
-            .build()?
-    };
-    let started = Instant::now();
-    client.start().await?;
-    let deadline = Duration::from_secs(600);
-    tokio::time::timeout(deadline, all_handled.notified())
-        .await
-        .map_err(|_| {
-            format!(
-                "{} of {jobs} jobs handled in 10 minutes",
-                handled.load(Ordering::Relaxed)
-            )
-        })?;
-    let to_last_handler = started.elapsed().as_secs_f64();
-    // Completions are committed in batches after the handler returns: the
-    // run ends when every job is durably terminal (polled only now, so the
-    // polling costs the run nothing before its end). The end is the start
-    // of the count that first saw them all: its snapshot is taken then, and
-    // the count itself takes a while on a busy machine.
-    let seconds = loop {
-        let asked = started.elapsed();
-        let counts = store.queue_counts(pool, QUEUE).await?;
-        if counts.terminal >= jobs {
-            break asked.as_secs_f64();
-        }
-        if asked > deadline {
-            return Err(
-                format!("{} of {jobs} jobs terminal in 10 minutes", counts.terminal).into(),
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
-    client.shutdown(Duration::from_secs(10)).await;
     let counts = store.queue_counts(pool, QUEUE).await?;
-    if counts.terminal != jobs || counts.available != 0 || counts.running != 0 {
+    if counts.available != jobs {
+        return Err(format!("{} jobs available after queuing {jobs}", counts.available).into());
+    }
+    Ok(json!({"mode": "prepare", "jobs": jobs, "settings": settings}))
+}
+
+/// One client on the queued jobs until stdin ends, answering `count`.
+async fn serve(pool: &PgPool, url: &str, settings: Settings) -> Result<serde_json::Value> {
+    let store = store()?;
+    // The counts' own connection: never behind the workers' pool.
+    let counter = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await?;
+    let client = Client::builder(pool.clone())
+        .queue(QUEUE, settings.queue_config())
+        .register::<Noop, _, _>(move |_args, _ctx: &JobContext| async move {
+            Ok::<_, JobError>(JobResult::Completed)
+        })
+        .build()?;
+    client.start().await?;
+    // stdin is read on a thread of its own (std's blocking reader): one
+    // message per line, `None` at its end.
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(Some(line)).is_err() {
+                return;
+            }
+        }
+        let _ = lines_tx.send(None);
+    });
+    say("ready")?;
+    while let Some(Some(line)) = lines.recv().await {
+        match line.trim() {
+            "count" => say(&terminal(&counter).await?.to_string())?,
+            other => return Err(format!("unknown request {other:?}").into()),
+        }
+    }
+    client.shutdown(Duration::from_secs(10)).await;
+    let counts = store.queue_counts(&counter, QUEUE).await?;
+    let ours = terminal(&counter).await?;
+    counter.close().await;
+    if ours != counts.terminal {
         return Err(format!(
-            "after the run: {} terminal, {} available, {} running of {jobs}",
-            counts.terminal, counts.available, counts.running
+            "the bench's terminal count {ours} is not Awa's exact count {}",
+            counts.terminal
         )
         .into());
     }
     Ok(json!({
-        "mode": "run",
+        "mode": "serve",
         "settings": settings,
-        "workers": workers,
-        "jobs": jobs,
-        "seconds": seconds,
-        "seconds_to_last_handler": to_last_handler,
-        "jobs_per_s": jobs as f64 / seconds,
+        "terminal": counts.terminal,
+        "available": counts.available,
+        "running": counts.running,
     }))
+}
+
+/// The queue's durably terminal jobs: the terminal part of
+/// `QueueStorage::queue_counts` alone. That exact count also counts the
+/// available and running jobs, by scans and anti-joins that took seconds a
+/// call with 100,000 jobs queued, long enough to slow the client it
+/// measures and to stretch the window; this part reads only counters and
+/// one row per completion batch. `serve` checks it against
+/// `queue_counts` at the end of every run, and fails if they differ.
+///
+/// Terminal jobs are those pruned from the live segment (the lanes' and
+/// the rollups' counts, the larger of the two for completed ones, as Awa
+/// deduplicates them) plus the live ones: while Awa trusts its terminal
+/// counter, the folded live counts, the deltas not yet folded and the
+/// compact completion batches less their tombstones; otherwise a count of
+/// `terminal_jobs`.
+async fn terminal(pool: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT ((
+           SELECT COALESCE(sum(GREATEST(COALESCE(l.pruned_completed_count, 0),
+                                        COALESCE(r.pruned_completed_count, 0))
+                               + COALESCE(r.pruned_failed_count, 0)), 0)
+             FROM (SELECT queue, priority, pruned_completed_count
+                     FROM awa.queue_lanes WHERE queue = $1) l
+             FULL JOIN (SELECT queue, priority, pruned_completed_count, pruned_failed_count
+                          FROM awa.queue_terminal_rollups WHERE queue = $1) r
+             USING (queue, priority)
+         ) + CASE WHEN COALESCE((SELECT terminal_counter_trusted_at IS NOT NULL
+                                   FROM awa.queue_ring_state WHERE singleton), false)
+           THEN GREATEST(0,
+                  COALESCE((SELECT sum(live_terminal_count)
+                              FROM awa.queue_terminal_live_counts WHERE queue = $1), 0)
+                + COALESCE((SELECT sum(terminal_delta)
+                              FROM awa.queue_terminal_count_deltas WHERE queue = $1), 0)
+                + COALESCE((SELECT sum(completed_count)
+                              FROM awa.receipt_completion_batches WHERE queue = $1), 0)
+                - (SELECT count(*) FROM awa.receipt_completion_tombstones WHERE queue = $1))
+           ELSE (SELECT count(*) FROM awa.terminal_jobs WHERE queue = $1)
+         END)::int8",
+    )
+    .bind(QUEUE)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// One line on stdout, flushed at once (the bench is waiting for it).
+fn say(line: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
 }

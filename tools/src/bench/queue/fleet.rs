@@ -9,8 +9,8 @@
 //! their own ([`super::scale_out`]), and the run over a long history
 //! ([`seed_history`]).
 
-use super::{BenchDb, Plan, Progress, Samples, ratio};
-use anyhow::{Result, ensure};
+use super::{BenchDb, Plan, Progress, Samples};
+use anyhow::{Context, Result, ensure};
 use leasekeeper_core::queue::{DEFAULT_QUEUE, NewTask};
 use leasekeeper_core::worker::batch::{Batching, Prefetch};
 use leasekeeper_core::{Done, HandlerResult, Job, Runtime, TaskContext};
@@ -21,47 +21,6 @@ use std::time::{Duration, Instant};
 pub(crate) const NOOP: &str = "noop";
 /// Workers per runtime instance.
 pub(crate) const CONCURRENCY: usize = 16;
-
-/// One runtime measured in this process.
-pub(super) struct FleetRun {
-    /// Tasks completed (committed) per second over the window.
-    pub(super) per_s: f64,
-    /// Rows written to `lease_events` from the runtime's start to its
-    /// shutdown, per task it completed.
-    pub(super) events_per_task: f64,
-    /// Rows inserted, updated or deleted per task completed, by table
-    /// (PostgreSQL's own counters), the profile of what a task costs.
-    pub(super) rows_per_task: Vec<(String, f64)>,
-}
-
-/// The tables whose writes [`FleetRun::rows_per_task`] reports.
-pub(super) const PROFILED: [&str; 7] = [
-    "tasks",
-    "leases",
-    "lease_fencing",
-    "lease_events",
-    "task_counts",
-    "workers",
-    "instances",
-];
-
-/// Rows inserted, updated and deleted so far in each of [`PROFILED`], as
-/// PostgreSQL's statistics count them (flushed when a backend ends, or
-/// within a second).
-async fn table_writes(pool: &PgPool) -> Result<Vec<i64>> {
-    let mut writes = Vec::new();
-    for table in PROFILED {
-        let n: Option<i64> = sqlx::query_scalar(
-            "SELECT (n_tup_ins + n_tup_upd + n_tup_del)::int8 FROM pg_stat_user_tables
-              WHERE schemaname = current_schema() AND relname = $1",
-        )
-        .bind(table)
-        .fetch_optional(pool)
-        .await?;
-        writes.push(n.unwrap_or(0));
-    }
-    Ok(writes)
-}
 
 /// A runtime named `id` on `pool`, serving the default queue with
 /// `concurrency` workers, whose one handler ([`NOOP`]) completes at once;
@@ -86,18 +45,18 @@ async fn noop_runtime_batching(
     .await
 }
 
-/// The runtime settings a fleet run uses: the defaults, or what
-/// `fleet_best_w16` tries.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Settings {
+/// The runtime settings a runtime run uses: the defaults, or a tuning
+/// pass's candidate (see [`super::tune`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
     /// Claims waiting per worker at most ([`Prefetch::per_worker`]).
-    pub(super) prefetch: usize,
-    pub(super) batching: Batching,
+    pub prefetch: usize,
+    pub batching: Batching,
 }
 
 impl Settings {
     /// The runtime's defaults.
-    pub(super) fn defaults() -> Self {
+    pub fn defaults() -> Self {
         Settings {
             prefetch: Prefetch::default().per_worker,
             batching: Batching::default(),
@@ -107,47 +66,85 @@ impl Settings {
     fn batching(self, batching: Batching) -> Self {
         Settings { batching, ..self }
     }
+
+    /// The defaults with what is given instead (`bench-runtime`'s flags).
+    pub fn with(prefetch: Option<usize>, linger_us: Option<u64>, batch_max: Option<u64>) -> Self {
+        let d = Settings::defaults();
+        Settings {
+            prefetch: prefetch.unwrap_or(d.prefetch),
+            batching: Batching {
+                linger: linger_us.map_or(d.batching.linger, Duration::from_micros),
+                max: batch_max.map_or(d.batching.max, |n| n as usize),
+                ..d.batching
+            },
+        }
+    }
+
+    /// A short name for progress lines.
+    pub(super) fn label(&self) -> String {
+        format!(
+            "leasekeeper runtime 1×{CONCURRENCY}, prefetch {}, linger {:?}, batches of {}",
+            self.prefetch, self.batching.linger, self.batching.max
+        )
+    }
+
+    /// The `bench-runtime` flags that give a process these settings.
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--runtime-prefetch".into(),
+            self.prefetch.to_string(),
+            "--runtime-linger-us".into(),
+            self.batching.linger.as_micros().to_string(),
+            "--runtime-batch-max".into(),
+            self.batching.max.to_string(),
+        ]
+    }
 }
 
-/// What `fleet_best_w16` tries, fastest kept: the defaults, prefetch depths, and the
-/// completer's batches (a longer linger and bigger batches: fewer
-/// commits, more delay per task).
-pub(super) fn best_candidates() -> Vec<Settings> {
-    let big = Batching {
-        linger: Duration::from_millis(5),
-        max: 500,
-        ..Batching::default()
-    };
-    vec![
-        // The defaults too: the fastest the runtime offers may be them.
-        Settings::defaults(),
-        Settings {
-            prefetch: 8,
-            batching: Batching::default(),
-        },
-        Settings {
-            prefetch: 32,
-            batching: Batching::default(),
-        },
-        Settings {
-            prefetch: 8,
-            batching: big,
-        },
-        Settings {
-            prefetch: 32,
-            batching: big,
-        },
-        // The deepest the runtime takes: with 16 workers one claim
-        // statement asks for up to 1,000 (its most) while the queue is deep.
-        Settings {
-            prefetch: 100,
-            batching: big,
-        },
-    ]
+/// Written to the JSON as `<key>_settings`: everything a reader needs to
+/// build the same runtime (`RuntimeBuilder::prefetch`, `::batching`).
+impl serde::Serialize for Settings {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde_json::json!({
+            "processes": 1,
+            "workers": CONCURRENCY,
+            "prefetch_per_worker": self.prefetch,
+            "linger_ms": self.batching.linger.as_secs_f64() * 1000.0,
+            "batch_max": self.batching.max,
+            "report_every_ms": self.batching.report_every.as_secs_f64() * 1000.0,
+        })
+        .serialize(s)
+    }
+}
+
+/// One `leasekeeper-tools bench-runtime` process (a runtime of
+/// [`CONCURRENCY`] no-op workers named `id`, with `settings`) on the bench
+/// database, ready. It stops on SIGTERM (and after an hour at the latest,
+/// should this process die first).
+pub(super) async fn start_process(
+    db: &BenchDb,
+    id: &str,
+    settings: &Settings,
+) -> Result<tokio::process::Child> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut child = tokio::process::Command::new(&exe)
+        .args(["bench-runtime", "--database-url", &db.conninfo, "--schema"])
+        .arg(db.schema.as_str())
+        .args(["--concurrency", &CONCURRENCY.to_string()])
+        .args(["--seconds", "3600"])
+        .args(["--id", id])
+        .args(settings.args())
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a runtime process")?;
+    super::race::wait_ready(&mut child).await?;
+    Ok(child)
 }
 
 /// [`noop_runtime`] with `settings`.
-async fn noop_runtime_with(
+pub(crate) async fn noop_runtime_with(
     pool: PgPool,
     id: &str,
     concurrency: usize,
@@ -193,132 +190,6 @@ pub(super) async fn completed_per_s(
         progress.note("bench: warning: the queue ran dry during a runtime run; its figure is low");
     }
     Ok(((to - from) as f64 / elapsed.as_secs_f64()).round())
-}
-
-/// One [`noop_runtime`] of [`CONCURRENCY`] workers named `id`, in this
-/// process, on a pool of its own with the library's default pool settings
-/// (as a service would have), over the tasks already queued: its rate, and
-/// the history rows it wrote per task, counted once it has shut down.
-pub(super) async fn fleet(
-    db: &BenchDb,
-    id: &str,
-    plan: &Plan,
-    progress: &Progress,
-) -> Result<FleetRun> {
-    fleet_with(db, id, plan, progress, Settings::defaults()).await
-}
-
-/// [`fleet`] with the runtime's `settings`.
-pub(super) async fn fleet_with(
-    db: &BenchDb,
-    id: &str,
-    plan: &Plan,
-    progress: &Progress,
-    settings: Settings,
-) -> Result<FleetRun> {
-    let pool = &db.pool;
-    let events_before: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM lease_events")
-        .fetch_one(pool)
-        .await?;
-    let processed_before = processed(pool).await?;
-    let writes_before = table_writes(pool).await?;
-    let service_pool = db.service_pool().await?;
-    let runtime = noop_runtime_with(service_pool.clone(), id, CONCURRENCY, settings).await?;
-    let per_s = completed_per_s(pool, plan, progress).await;
-    runtime.shutdown().await;
-    service_pool.close().await;
-    let per_s = per_s?;
-    // Quiescent now: every worker has stopped and its writes are committed.
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_events WHERE id > $1")
-        .bind(events_before)
-        .fetch_one(pool)
-        .await?;
-    let tasks = processed(pool).await? - processed_before;
-    // The service's backends have ended (their statistics are flushed);
-    // give the statistics a moment all the same.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let writes_after = table_writes(pool).await?;
-    let rows_per_task = PROFILED
-        .iter()
-        .zip(writes_before.iter().zip(&writes_after))
-        .map(|(table, (before, after))| {
-            (
-                table.to_string(),
-                ratio((after - before) as f64, tasks as f64),
-            )
-        })
-        .collect();
-    Ok(FleetRun {
-        rows_per_task,
-        per_s,
-        events_per_task: if tasks > 0 {
-            ratio(events as f64, tasks as f64)
-        } else {
-            f64::NAN
-        },
-    })
-}
-
-/// `fleet_best_w16`: [`fleet_with`] for each of [`best_candidates`], each
-/// over a fresh queue; the fastest rate and its settings.
-pub(super) async fn best(
-    db: &BenchDb,
-    plan: &Plan,
-    progress: &Progress,
-) -> Result<(f64, Settings)> {
-    let mut best = (f64::NAN, Settings::defaults());
-    for (n, settings) in best_candidates().into_iter().enumerate() {
-        super::prepare_noop(&db.pool, plan.prefill(super::RUNTIME_RATE_GUESS), 0).await?;
-        // A runtime id of its own per candidate, as each would be a
-        // service's own: nothing one run left under its name (workers,
-        // leases) is there for the next.
-        let id = format!("bench-best-{n}");
-        let run = fleet_with(db, &id, plan, progress, settings).await?;
-        progress.note(&format!(
-            "bench: runtime with prefetch {} per worker, linger {:?}, batches of {}: {}/s",
-            settings.prefetch, settings.batching.linger, settings.batching.max, run.per_s
-        ));
-        // The first figure, then any faster one (NaN, a run that failed, never wins).
-        if best.0.is_nan() || run.per_s > best.0 {
-            best = (run.per_s, settings);
-        }
-    }
-    Ok(best)
-}
-
-/// `leasekeeper-tools bench fleet`: only the runtime's throughput, with
-/// its defaults (`fleet_w16`) and with the fastest of
-/// [`best_candidates`] (`fleet_best_w16`), on a fresh database: the quick
-/// way to measure a change to the runtime.
-pub async fn fleet_only(
-    settings: leasekeeper::settings::Settings,
-    options: crate::bench::Options,
-) -> Result<()> {
-    let plan = Plan::new(options.quick);
-    let db = crate::bench::fresh_database(&settings, super::DB, 100).await?;
-    let progress = Progress::new(2);
-    let result = async {
-        let mut r: crate::bench::Results = Vec::new();
-        progress.phase("the worker runtime: one instance, 16 workers, no-op handler, defaults");
-        super::prepare_noop(&db.pool, plan.prefill(super::RUNTIME_RATE_GUESS), 0).await?;
-        let defaults = fleet(&db, "bench-fleet", &plan, &progress).await?;
-        r.push(("fleet_w16", defaults.per_s));
-        r.push(("lease_events_per_task", defaults.events_per_task));
-        progress.phase("the worker runtime: the fastest settings it offers");
-        let best = best(&db, &plan, &progress).await?;
-        r.push(("fleet_best_w16", best.0));
-        r.push(("fleet_best_prefetch", best.1.prefetch as f64));
-        r.push((
-            "fleet_best_linger_ms",
-            best.1.batching.linger.as_secs_f64() * 1000.0,
-        ));
-        r.push(("fleet_best_batch_max", best.1.batching.max as f64));
-        anyhow::Ok(r)
-    }
-    .await;
-    progress.finish();
-    db.close().await?;
-    crate::bench::report(&result?, &options)
 }
 
 /// Puts `rows` rows of history into `lease_events`, set-based, as a

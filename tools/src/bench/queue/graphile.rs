@@ -1,95 +1,153 @@
-//! The graphile-worker baseline: graphile-worker from npm, installed by the
-//! bench into `target/bench-graphile`, processing no-op jobs on the bench
-//! database (its own schema, `graphile_worker`), with its default settings
-//! and with its documented fast path (see `graphile.mjs`).
+//! The graphile-worker contestant: graphile-worker from npm, installed by
+//! the bench into `target/bench-graphile`, processing no-op jobs on the
+//! bench database (its own schema, `graphile_worker`) in one or more Node
+//! processes (`graphile.mjs`), measured by the race's protocol
+//! ([`super::race`]); and its bulk insert.
 
 use super::Progress;
 use anyhow::{Context, Result, bail};
+use serde::Serialize;
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
+use tokio::process::{Child, Command};
 
 /// The graphile-worker release measured (declares Node >= 14; runs on the
 /// Node 20 here). 0.17 is the first with the local queue and batched
 /// completions.
-const GRAPHILE_VERSION: &str = "0.17.3";
+pub(super) const GRAPHILE_VERSION: &str = "0.17.3";
+/// Where the bench installs it (relative to the working directory).
+const DIR: &str = "target/bench-graphile";
 
-/// How graphile-worker is configured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Config {
-    /// Its defaults: each worker fetches its own job, one completion per job.
-    Default,
-    /// Its documented fast path, through `preset.worker`: `localQueue:
-    /// {size: 500}`, `completeJobBatchDelay: 0`, `failJobBatchDelay: 0`.
-    Best,
+/// How graphile-worker runs: the settings a reader needs to run it again
+/// (written to the JSON as `<key>_settings`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub(super) struct Settings {
+    /// Node processes, each one runner.
+    pub processes: usize,
+    /// Jobs at once per process (`concurrency`); the pool of each is this
+    /// plus 2 (`maxPoolSize`), so no job waits for a connection.
+    pub concurrency: usize,
+    /// `localQueue.size`, or `None` for no local queue (its default).
+    pub local_queue: Option<usize>,
+    /// `completeJobBatchDelay` and `failJobBatchDelay` in ms, or `None` for
+    /// one statement per completion (its default).
+    pub batch_delay_ms: Option<u64>,
+    /// `NO_LOG_SUCCESS=1`: no log line per completed job (on in every run:
+    /// graphile-worker's own performance test sets it, and no contestant
+    /// logs per task).
+    pub no_log_success: bool,
 }
 
-/// graphile-worker's no-op jobs per second with `config`, or `None` (with
-/// a note) when npm or node is unavailable or the install fails.
-pub(super) async fn graphile_worker(
-    conninfo: &str,
-    jobs: i64,
-    concurrency: usize,
-    config: Config,
-    progress: &Progress,
-) -> Option<f64> {
-    match try_graphile_worker(conninfo, jobs, concurrency, config).await {
-        Ok(rate) => Some(rate.round()),
-        Err(e) => {
-            progress.note(&format!("bench: graphile-worker skipped: {e:#}"));
-            None
+impl Settings {
+    /// Its defaults at 16 jobs at once in one process.
+    pub(super) fn defaults() -> Self {
+        Settings {
+            processes: 1,
+            concurrency: 16,
+            local_queue: None,
+            batch_delay_ms: None,
+            no_log_success: true,
         }
+    }
+
+    /// A short name for progress lines.
+    pub(super) fn label(&self) -> String {
+        format!(
+            "graphile-worker {}×{}, local queue {}, batch delay {}",
+            self.processes,
+            self.concurrency,
+            self.local_queue.map_or("off".into(), |n| n.to_string()),
+            self.batch_delay_ms
+                .map_or("off".into(), |ms| format!("{ms} ms")),
+        )
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("MODE", "serve".to_string()),
+            ("CONCURRENCY", self.concurrency.to_string()),
+        ];
+        if let Some(size) = self.local_queue {
+            env.push(("LOCAL_QUEUE", size.to_string()));
+        }
+        if let Some(ms) = self.batch_delay_ms {
+            env.push(("BATCH_DELAY", ms.to_string()));
+        }
+        if self.no_log_success {
+            env.push(("NO_LOG_SUCCESS", "1".into()));
+        }
+        env
     }
 }
 
-/// graphile-worker's bulk insert: one `addJobs` call of `jobs` no-op jobs
-/// on its emptied queue, jobs per second; `None` (with a note) as
-/// [`graphile_worker`].
-pub(super) async fn graphile_add_jobs(
-    conninfo: &str,
-    jobs: i64,
-    progress: &Progress,
-) -> Option<f64> {
-    let env = [("MODE", "add_jobs".to_string()), ("JOBS", jobs.to_string())];
-    match run_node(conninfo, &env).await {
-        Ok(rate) => Some(rate.round()),
-        Err(e) => {
-            progress.note(&format!("bench: graphile-worker skipped: {e:#}"));
-            None
-        }
-    }
-}
-
-async fn try_graphile_worker(
-    conninfo: &str,
-    jobs: i64,
-    concurrency: usize,
-    config: Config,
-) -> Result<f64> {
+/// Installs graphile-worker if needed, installs its schema, empties its
+/// queue and queues `jobs` no-op jobs (untimed).
+pub(super) async fn prepare(conninfo: &str, jobs: i64) -> Result<()> {
     run_node(
         conninfo,
-        &[
-            ("JOBS", jobs.to_string()),
-            ("CONCURRENCY", concurrency.to_string()),
-            (
-                "FAST",
-                if config == Config::Best { "1" } else { "0" }.into(),
-            ),
-        ],
+        &[("MODE", "prepare".into()), ("JOBS", jobs.to_string())],
     )
     .await
+    .map(drop)
 }
 
-/// Installs graphile-worker if needed and runs `graphile.mjs` with `env`;
-/// the `jobs_per_s` of its JSON line.
-async fn run_node(conninfo: &str, env: &[(&str, String)]) -> Result<f64> {
-    let dir = Path::new("target/bench-graphile");
-    install(dir).await?;
-    let mut command = tokio::process::Command::new("node");
+/// Starts `settings.processes` runners on the queued jobs; each has said
+/// it is ready when this returns.
+pub(super) async fn start(conninfo: &str, settings: &Settings) -> Result<Vec<Child>> {
+    let mut children = Vec::new();
+    for _ in 0..settings.processes {
+        let mut command = node(conninfo);
+        for (k, v) in settings.env() {
+            command.env(k, v);
+        }
+        children.push(
+            command
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .context("node is not available")?,
+        );
+    }
+    for child in &mut children {
+        super::race::wait_ready(child).await?;
+    }
+    Ok(children)
+}
+
+/// The SQL that counts graphile-worker's completed jobs of a round that
+/// queued `jobs`: it deletes a job when it completes it.
+pub(super) fn completed_sql(jobs: i64) -> String {
+    format!("SELECT ({jobs} - count(*))::int8 FROM graphile_worker._private_jobs")
+}
+
+/// graphile-worker's bulk insert: one untimed `addJobs` call of `jobs`
+/// no-op jobs, then, after a checkpoint, one timed: jobs per second.
+pub(super) async fn add_jobs(conninfo: &str, jobs: i64) -> Result<f64> {
+    let v = run_node(
+        conninfo,
+        &[("MODE", "add_jobs".into()), ("JOBS", jobs.to_string())],
+    )
+    .await?;
+    v["jobs_per_s"].as_f64().context("no jobs_per_s")
+}
+
+/// `node run.mjs` in [`DIR`] on `conninfo`.
+fn node(conninfo: &str) -> Command {
+    let mut command = Command::new("node");
     command
         .arg("run.mjs")
-        .current_dir(dir)
-        .env("DATABASE_URL", conninfo);
+        .current_dir(DIR)
+        .env("DATABASE_URL", conninfo)
+        .env_remove("NO_LOG_SUCCESS");
+    command
+}
+
+/// Installs graphile-worker if needed and runs `graphile.mjs` with `env`
+/// to its end; its last JSON line.
+async fn run_node(conninfo: &str, env: &[(&str, String)]) -> Result<serde_json::Value> {
+    install(Path::new(DIR)).await?;
+    let mut command = node(conninfo);
     for (k, v) in env {
         command.env(k, v);
     }
@@ -99,14 +157,13 @@ async fn run_node(conninfo: &str, env: &[(&str, String)]) -> Result<f64> {
         .context("node is not available")?;
     if !out.status.success() {
         bail!(
-            "graphile-worker run failed: {}",
+            "graphile-worker failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
     let line = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
-        .with_context(|| format!("graphile-worker's output: {line}"))?;
-    v["jobs_per_s"].as_f64().context("no jobs_per_s")
+    serde_json::from_str(line.trim().lines().last().unwrap_or(""))
+        .with_context(|| format!("graphile-worker's output: {line}"))
 }
 
 /// Writes the runner script and installs [`GRAPHILE_VERSION`] into `dir`
@@ -133,7 +190,7 @@ async fn install(dir: &Path) -> Result<()> {
     }
     let status = tokio::time::timeout(
         Duration::from_secs(600),
-        tokio::process::Command::new("npm")
+        Command::new("npm")
             .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(dir)
             .stdout(std::process::Stdio::null())
@@ -146,4 +203,16 @@ async fn install(dir: &Path) -> Result<()> {
         bail!("npm install graphile-worker@{GRAPHILE_VERSION} failed ({status})");
     }
     Ok(())
+}
+
+/// Notes why graphile-worker could not run (no node, no npm) and gives
+/// `None`, so the suite goes on without it.
+pub(super) fn skipped<T>(result: Result<T>, progress: &Progress) -> Option<T> {
+    match result {
+        Ok(v) => Some(v),
+        Err(e) => {
+            progress.note(&format!("bench: graphile-worker skipped: {e:#}"));
+            None
+        }
+    }
 }

@@ -69,25 +69,28 @@ mod bulk;
 mod ceilings;
 mod failover;
 pub(crate) mod fleet;
-pub use fleet::fleet_only;
+pub use peers::fleet_only;
 mod graphile;
 mod leases;
 pub mod peers;
 mod pickup;
+pub(crate) mod race;
 mod scale_out;
 mod throughput;
+pub mod tune;
 mod wakeup;
 
+pub use fleet::Settings as RuntimeSettings;
 pub use scale_out::runtime_process;
 
 use super::{
-    BenchDb, BenchServer, Options, Progress, Results, Samples, charts, fresh_database, ratio,
-    report,
+    BenchDb, BenchServer, Details, Options, Progress, Results, Samples, charts, fresh_database,
+    ratio, report_with,
 };
 use anyhow::{Context, Result};
 use ceilings::{minimal_ceiling, raw_ceiling};
 use failover::failovers;
-use fleet::{NOOP, fleet, seed_history, single_task_latency};
+use fleet::{NOOP, seed_history, single_task_latency};
 use leasekeeper::settings::Settings;
 use leasekeeper_core::live::LiveHub;
 use leasekeeper_core::worker::batch::Batching;
@@ -109,11 +112,7 @@ const BATCH_WORKERS: usize = 4;
 const LEASE_CLIENTS: usize = 16;
 /// Runtime processes of the scale-out phases.
 const INSTANCES: [usize; 3] = [1, 2, 4];
-/// Tasks/s the first runtime run's prefill is sized for, before any
-/// runtime figure is known (graphile-worker's fast path does about 30,000
-/// here; the runtime is meant to pass it). Later runs size theirs on it.
-const RUNTIME_RATE_GUESS: f64 = 40_000.0;
-const PHASES: u64 = 25;
+const PHASES: u64 = 21;
 
 /// How long and how much: full or `--quick`.
 struct Plan {
@@ -121,17 +120,8 @@ struct Plan {
     run: Duration,
     wakeups: usize,
     failovers: usize,
-    /// No-op jobs for graphile-worker with its defaults, and with its fast
-    /// path (which gets through them about 15 times faster). Its rate
-    /// falls with the jobs queued at its start (measured here with its fast
-    /// path: about 30,000/s from 50,000 or 100,000 jobs, 15,400/s from
-    /// 300,000), so the fast path gets 100,000 at most: the generous figure.
-    graphile_jobs: i64,
-    graphile_best_jobs: i64,
-    /// No-op jobs for Awa, with its defaults and with its best settings
-    /// (as many as graphile-worker's defaults get: Awa does about 3,300/s
-    /// here either way).
-    awa_jobs: i64,
+    /// `--quick`: the race's rounds are shorter too ([`race::Protocol`]).
+    quick: bool,
     /// Rows of old history in `lease_events` for the history run.
     history_rows: i64,
     /// Rounds of the pairs whose ratio matters most (ours vs the raw SQL
@@ -151,22 +141,18 @@ impl Plan {
                 run: Duration::from_secs(3),
                 wakeups: 60,
                 failovers: 5,
-                graphile_jobs: 10_000,
-                graphile_best_jobs: 50_000,
-                awa_jobs: 10_000,
+                quick: true,
                 history_rows: 1_000_000,
                 rounds: 1,
                 latency_tasks: 40,
             }
         } else {
             Plan {
-                warmup: Duration::from_secs(2),
-                run: Duration::from_secs(10),
+                warmup: Duration::from_millis(1500),
+                run: Duration::from_secs(8),
                 wakeups: 300,
                 failovers: 20,
-                graphile_jobs: 40_000,
-                graphile_best_jobs: 100_000,
-                awa_jobs: 40_000,
+                quick: false,
                 history_rows: 10_000_000,
                 rounds: 3,
                 latency_tasks: 200,
@@ -180,6 +166,23 @@ impl Plan {
     }
 }
 
+/// The race's contestants: ours, graphile-worker and Awa, each with its
+/// defaults and with the winner of the tuning pass ([`tune`]).
+fn contestants() -> Vec<(&'static str, race::Contestant)> {
+    use race::Contestant::{Awa, Graphile, Ours};
+    vec![
+        ("fleet_w16", Ours(fleet::Settings::defaults())),
+        (
+            "graphile_default_w16",
+            Graphile(graphile::Settings::defaults()),
+        ),
+        ("awa_default_w16", Awa(awa::Settings::defaults())),
+        ("fleet_best_w16", Ours(tune::ours_best())),
+        ("graphile_best_w16", Graphile(tune::graphile_best())),
+        ("awa_best_w16", Awa(tune::awa_best())),
+    ]
+}
+
 /// Runs the queue suite and prints (and optionally writes) its results.
 pub async fn suite(settings: Settings, options: Options) -> Result<()> {
     let plan = Plan::new(options.quick);
@@ -188,8 +191,8 @@ pub async fn suite(settings: Settings, options: Options) -> Result<()> {
     let result = run(&settings, &plan, &db, &progress).await;
     progress.finish();
     db.close().await?;
-    let results = result?;
-    report(&results, &options)?;
+    let (results, details) = result?;
+    report_with(&results, &details, &options)?;
     if let Some(dir) = &options.charts {
         write_charts(dir, &results)?;
     }
@@ -201,8 +204,10 @@ async fn run(
     plan: &Plan,
     db: &BenchDb,
     progress: &Progress,
-) -> Result<Results> {
+) -> Result<(Results, Details)> {
     let pool = &db.pool;
+    let race_protocol = race::Protocol::new(plan.quick);
+    let mut details = Details::new();
     // The instance's announcer and LISTEN hub run throughout, as in a
     // server: our figures include announcing every change.
     let hub = LiveHub::start(pool.clone());
@@ -283,47 +288,49 @@ async fn run(
     let original = drive(pool, Algo::Original, 16, plan, progress).await?;
     r.push(("original_design_w16", original.per_s));
 
-    let peers::Fleets {
-        graphile_default,
-        graphile_best,
-        awa_default,
-        awa_best,
-    } = peers::fleets(&db.conninfo, plan, progress, &mut r).await;
+    progress.phase(&format!(
+        "the race: the worker runtime, graphile-worker and Awa at 16, defaults and tuned, {} alternating rounds",
+        race_protocol.rounds
+    ));
+    details.push(("protocol".into(), race_protocol.describe()));
+    let standings = race::race(db, &race_protocol, contestants(), progress).await?;
+    for standing in &standings {
+        standing.report(&mut r, &mut details);
+    }
+    let figure = |key: &str| {
+        standings
+            .iter()
+            .find(|s| s.key == key)
+            .map_or(f64::NAN, |s| s.per_s())
+    };
+    let (fleet_w16, fleet_best) = (figure("fleet_w16"), figure("fleet_best_w16"));
+    let (graphile_default, graphile_best) =
+        (figure("graphile_default_w16"), figure("graphile_best_w16"));
+    let (awa_default, awa_best) = (figure("awa_default_w16"), figure("awa_best_w16"));
+    // What a task costs our runtime with its defaults, by table.
+    if let Some(ours) = standings.iter().find(|s| s.key == "fleet_w16") {
+        let rows = |table: &str| {
+            ours.by_table
+                .iter()
+                .find(|(t, _)| t == table)
+                .map_or(0.0, |(_, n)| (n * 100.0).round() / 100.0)
+        };
+        r.push(("lease_events_per_task", rows("lease_events")));
+        for table in PROFILED {
+            r.push((rows_key(table), rows(table)));
+        }
+        r.push((
+            "rows_per_task",
+            (ours.by_table.iter().map(|(_, n)| n).sum::<f64>() * 100.0).round() / 100.0,
+        ));
+    }
 
     progress.phase(&format!(
-        "bulk insert of {} tasks: enqueue_many, graphile-worker's addJobs, Awa's COPY",
-        bulk::BULK
+        "bulk insert of {} tasks, {} rotated rounds: enqueue_many, graphile-worker's addJobs, Awa's COPY",
+        bulk::BULK,
+        bulk::ROUNDS
     ));
-    let bulk = bulk::bulk_inserts(db, plan, progress).await?;
-    r.push(("enqueue_many_per_s", bulk.ours));
-    r.push(("graphile_add_jobs_per_s", bulk.graphile));
-    r.push(("awa_insert_many_per_s", bulk.awa));
-
-    progress.phase("the worker runtime: one instance, 16 workers, no-op handler");
-    prepare_noop(pool, plan.prefill(RUNTIME_RATE_GUESS), 0).await?;
-    let runtime = fleet(db, "bench-fleet", plan, progress).await?;
-    r.push(("fleet_w16", runtime.per_s));
-    r.push(("lease_events_per_task", runtime.events_per_task));
-    for (table, rows) in &runtime.rows_per_task {
-        r.push((rows_key(table), *rows));
-    }
-    r.push((
-        "rows_per_task",
-        runtime
-            .rows_per_task
-            .iter()
-            .map(|(_, rows)| rows)
-            .sum::<f64>(),
-    ));
-
-    let best = fleet::best(db, plan, progress).await?;
-    r.push(("fleet_best_w16", best.0));
-    r.push(("fleet_best_prefetch", best.1.prefetch as f64));
-    r.push((
-        "fleet_best_linger_ms",
-        best.1.batching.linger.as_secs_f64() * 1000.0,
-    ));
-    r.push(("fleet_best_batch_max", best.1.batching.max as f64));
+    let bulk = bulk::bulk_inserts(db, progress, &mut r, &mut details).await?;
 
     progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
     let latency_tasks = plan.latency_tasks;
@@ -356,7 +363,7 @@ async fn run(
     r.push(("pickup_p99_ms", pickup.percentile_fine(99.0)));
     // Sized on the figure just measured, generously: more instances may
     // get through more.
-    let prefill = plan.prefill(runtime.per_s.max(5_000.0) * 2.0);
+    let prefill = plan.prefill(fleet_w16.max(5_000.0) * 2.0);
 
     let mut by_instances = Vec::new();
     for n in INSTANCES {
@@ -376,11 +383,23 @@ async fn run(
         "the worker runtime over {} rows of lease history",
         plan.history_rows
     ));
-    prepare_noop(pool, prefill, plan.history_rows).await?;
-    let with_history = fleet(db, "bench-history", plan, progress).await?;
+    let history = race::race(
+        db,
+        &race::Protocol {
+            rounds: 1,
+            ..race_protocol
+        },
+        vec![(
+            "fleet_w16_history",
+            race::Contestant::OursOverHistory(fleet::Settings::defaults(), plan.history_rows),
+        )],
+        progress,
+    )
+    .await?;
+    let with_history = history[0].per_s();
     r.push(("history_rows", plan.history_rows as f64));
-    r.push(("fleet_w16_history", with_history.per_s));
-    r.push(("history_vs_empty", ratio(with_history.per_s, runtime.per_s)));
+    r.push(("fleet_w16_history", with_history));
+    r.push(("history_vs_empty", ratio(with_history, fleet_w16)));
 
     progress.phase("depth: 16 workers with 1,000 and with 1,000,000 tasks queued");
     let (mut shallow_runs, mut deep_runs) = (Vec::new(), Vec::new());
@@ -433,45 +452,54 @@ async fn run(
     r.push(("batched_vs_w16", ratio(batched.per_s, ours16)));
     r.push((
         "fleet_w16_vs_graphile_best",
-        ratio(runtime.per_s, graphile_best),
+        ratio(fleet_w16, graphile_best),
     ));
     r.push((
         "throughput_w16_vs_graphile_default",
         ratio(ours16, graphile_default),
     ));
-    r.push((
-        "fleet_w16_vs_awa_default",
-        ratio(runtime.per_s, awa_default),
-    ));
-    r.push(("fleet_w16_vs_awa_best", ratio(runtime.per_s, awa_best)));
-    // The targets: the defaults against each peer's defaults, and
-    // the runtime's best against the faster of the peers' best.
+    r.push(("fleet_w16_vs_awa_default", ratio(fleet_w16, awa_default)));
+    r.push(("fleet_w16_vs_awa_best", ratio(fleet_w16, awa_best)));
+    // The targets: the defaults against each peer's defaults and
+    // graphile-worker's best, and the runtime's best against the faster of
+    // the peers' best (`max` skips a peer that could not run).
     r.push((
         "fleet_w16_vs_graphile_default",
-        ratio(runtime.per_s, graphile_default),
+        ratio(fleet_w16, graphile_default),
     ));
     r.push((
         "fleet_best_vs_fastest_peer",
-        ratio(best.0, graphile_best.max(awa_best)),
+        ratio(fleet_best, graphile_best.max(awa_best)),
     ));
-    // Against the faster of the two peers' bulk inserts (`max` skips one
-    // that could not run).
     r.push((
         "enqueue_many_vs_fastest_peer",
         ratio(bulk.ours, bulk.graphile.max(bulk.awa)),
     ));
     hub.shutdown();
-    Ok(r)
+    Ok((r, details))
 }
 
-/// The key of the rows written per task to `table` (one of
-/// [`fleet::PROFILED`]).
+/// The tables whose rows per task the suite reports one by one (the
+/// others are in `rows_per_task`, the sum of every table's).
+const PROFILED: [&str; 8] = [
+    "tasks",
+    "leases",
+    "lease_fencing",
+    "lease_events",
+    "attempts",
+    "task_counts",
+    "workers",
+    "instances",
+];
+
+/// The key of the rows written per task to `table` (one of [`PROFILED`]).
 fn rows_key(table: &str) -> &'static str {
     match table {
         "tasks" => "rows_per_task_tasks",
         "leases" => "rows_per_task_leases",
         "lease_fencing" => "rows_per_task_lease_fencing",
         "lease_events" => "rows_per_task_lease_events",
+        "attempts" => "rows_per_task_attempts",
         "task_counts" => "rows_per_task_task_counts",
         "workers" => "rows_per_task_workers",
         _ => "rows_per_task_instances",

@@ -2,7 +2,7 @@
 //! OS processes on the one bench database, each `leasekeeper-tools bench-runtime`
 //! (a hidden subcommand, [`runtime_process`]), counted the same way.
 
-use super::fleet::{CONCURRENCY, completed_per_s, noop_runtime};
+use super::fleet::{self, completed_per_s, noop_runtime_with, start_process};
 use super::{BenchDb, Plan, Progress};
 use anyhow::{Context, Result, bail};
 use leasekeeper::settings::Settings;
@@ -10,17 +10,15 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use std::io::Write;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// What a runtime process prints once its runtime has started.
 const READY: &str = "ready";
-/// How long a runtime process may take to start, and to stop once asked.
+/// How long a runtime process may take to stop once asked.
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Tasks completed per second by `instances` runtime processes of
-/// [`CONCURRENCY`] workers each, over the tasks already queued. The window
+/// [`fleet::CONCURRENCY`] workers each, over the tasks already queued. The window
 /// opens once every process has said it is ready (plus the warm-up); then
 /// each is sent SIGTERM and shuts down gracefully.
 pub(super) async fn instances(
@@ -29,26 +27,10 @@ pub(super) async fn instances(
     plan: &Plan,
     progress: &Progress,
 ) -> Result<f64> {
-    let exe = std::env::current_exe().context("finding this executable")?;
-    // A bound in case this process dies before stopping them.
-    let seconds = (plan.warmup + plan.run + PATIENCE).as_secs();
     let mut children = Vec::new();
     for k in 0..instances {
-        let child = Command::new(&exe)
-            .args(["bench-runtime", "--database-url", &db.conninfo, "--schema"])
-            .arg(db.schema.as_str())
-            .args(["--concurrency", &CONCURRENCY.to_string()])
-            .args(["--seconds", &seconds.to_string()])
-            .args(["--id", &format!("bench-scale{instances}-{k}")])
-            .env("RUST_LOG", "error")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a runtime process")?;
-        children.push(child);
-    }
-    for child in &mut children {
-        wait_ready(child).await?;
+        let id = format!("bench-scale{instances}-{k}");
+        children.push(start_process(db, &id, &fleet::Settings::defaults()).await?);
     }
     let per_s = completed_per_s(&db.pool, plan, progress).await;
     for child in &children {
@@ -68,27 +50,15 @@ pub(super) async fn instances(
     per_s
 }
 
-/// Waits for `child` to print [`READY`].
-async fn wait_ready(child: &mut Child) -> Result<()> {
-    let stdout = child.stdout.take().context("the child's stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(PATIENCE, lines.next_line())
-        .await
-        .context("a runtime process did not start within a minute")??;
-    match line.as_deref() {
-        Some(READY) => Ok(()),
-        other => bail!("a runtime process did not start: {other:?} (its stderr is above)"),
-    }
-}
-
 /// `leasekeeper-tools bench-runtime`: one no-op runtime named `id` with
-/// `concurrency` workers, on the database and schema of `settings` (a
-/// pool with the library's defaults), until SIGTERM or SIGINT or for
-/// `seconds` at most; then a graceful shutdown. Prints [`READY`] once it
-/// has started.
+/// `concurrency` workers and the runtime settings `runtime`, on the
+/// database and schema of `settings` (a pool with the library's
+/// defaults), until SIGTERM or SIGINT or for `seconds` at most; then a
+/// graceful shutdown. Prints [`READY`] once it has started.
 pub async fn runtime_process(
     settings: &Settings,
     concurrency: usize,
+    runtime: fleet::Settings,
     seconds: u64,
     id: &str,
 ) -> Result<()> {
@@ -98,7 +68,7 @@ pub async fn runtime_process(
         .map(|u| u.expose())
         .context("bench-runtime needs --database-url")?;
     let pool = leasekeeper_core::db::connect(url, &settings.schema).await?;
-    let runtime = noop_runtime(pool.clone(), id, concurrency).await?;
+    let runtime = noop_runtime_with(pool.clone(), id, concurrency, runtime).await?;
     // Listening before saying ready: the parent's SIGTERM may follow soon.
     let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     {
