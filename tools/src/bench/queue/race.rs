@@ -20,7 +20,7 @@
 //!    of its own). The clock waits for the first completion, then the
 //!    warm-up ([`Protocol::warmup`]); the window opens with a count and
 //!    closes with the first count at or after [`Protocol::window`], or
-//!    earlier when fewer than a fifth of the jobs are left, so the drain's
+//!    earlier when fewer than a tenth of the jobs are left, so the drain's
 //!    tail is never in it. Counts are taken every [`Protocol::poll`] for
 //!    every contestant alike. The figure: completions in the window per
 //!    second, each count timed at the moment it was asked.
@@ -65,8 +65,10 @@ pub(super) struct Protocol {
     pub poll: Duration,
 }
 
-/// The window closes early when fewer than `depth / DRY_FRACTION` jobs are left.
-const DRY_FRACTION: i64 = 5;
+/// The window closes early when fewer than `depth / DRY_FRACTION` jobs are
+/// left (so the drain's tail, when a contestant's last local queues empty,
+/// is never in it).
+const DRY_FRACTION: i64 = 10;
 /// How long a contestant may take from its start to its first completion.
 const START_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -76,16 +78,17 @@ impl Protocol {
         if quick {
             Protocol {
                 rounds: 3,
-                depth: 80_000,
+                depth: 90_000,
                 warmup: Duration::from_millis(300),
                 window: Duration::from_millis(1500),
                 poll: Duration::from_millis(250),
             }
         } else {
-            // graphile-worker's own performance test queues 200,000 jobs.
+            // graphile-worker's own performance test queues 200,000 jobs;
+            // its fastest here needs more for warm-up and window.
             Protocol {
                 rounds: 3,
-                depth: 200_000,
+                depth: 250_000,
                 warmup: Duration::from_secs(1),
                 window: Duration::from_secs(5),
                 poll: Duration::from_millis(500),
@@ -102,7 +105,7 @@ impl Protocol {
             } else {
                 Duration::from_secs(3)
             },
-            depth: if quick { 80_000 } else { 150_000 },
+            depth: if quick { 90_000 } else { 150_000 },
             ..Protocol::new(quick)
         }
     }
@@ -112,7 +115,7 @@ impl Protocol {
         json!({
             "preparation": "queue emptied, `depth` no-op jobs queued by the contestant's own bulk path, VACUUM ANALYZE of every table of its schema holding rows, CHECKPOINT; untimed",
             "start_up": "the contestant's processes started until each says ready; untimed",
-            "clock": "kept outside every contestant: committed completions read from the database; wait for the first, then `warmup_s`; the window opens with a count and closes at the first count at or after `window_s`, or when fewer than a fifth of `depth` are left; counts every `poll_s`",
+            "clock": "kept outside every contestant: committed completions read from the database; wait for the first, then `warmup_s`; the window opens with a count and closes at the first count at or after `window_s`, or when fewer than a tenth of `depth` are left; counts every `poll_s`",
             "figure": "completions in the window per second; the median of `rounds` rounds, every round kept in <key>_rounds",
             "order": "rounds alternate: round r runs the contestants rotated by r",
             "durability": "one cluster, fsync and synchronous_commit on for every contestant",
@@ -209,7 +212,7 @@ impl Contestant {
                 children: graphile::start(&db.conninfo, s).await?,
                 completed: graphile::completed_sql(depth),
             },
-            Contestant::Awa(s) => Running::Awa(awa::start(&db.conninfo, s).await?),
+            Contestant::Awa(s) => Running::Awa(Box::new(awa::start(&db.conninfo, s).await?)),
         })
     }
 }
@@ -222,7 +225,7 @@ enum Running {
         completed: String,
     },
     /// The Awa program, asked over stdin.
-    Awa(awa::Serving),
+    Awa(Box<awa::Serving>),
 }
 
 impl Running {
@@ -259,7 +262,7 @@ impl Running {
                 }
                 Ok(())
             }
-            Running::Awa(serving) => serving.stop().await,
+            Running::Awa(serving) => (*serving).stop().await,
         }
     }
 }
@@ -578,7 +581,7 @@ pub(super) async fn race(
                     out[k] = true;
                     standing.rounds.clear();
                 }
-                Err(e) => return Err(e.context(format!("{}", standing.contestant.label()))),
+                Err(e) => return Err(e.context(standing.contestant.label())),
             }
         }
     }
@@ -605,10 +608,11 @@ mod tests {
         for quick in [false, true] {
             let p = Protocol::new(quick);
             assert!(p.rounds >= 3, "the issue asks for at least three rounds");
-            // The fastest contestant measured here does about 30,000 jobs
-            // a second: warm-up and window must leave more than the fifth
-            // of the queue at which the window closes early.
-            let used = 30_000.0 * (p.warmup + p.window).as_secs_f64();
+            // The fastest contestant measured here does about 33,000 jobs
+            // a second (graphile-worker's best, run A): warm-up and window
+            // must leave more than the part of the queue at which the
+            // window closes early.
+            let used = 35_000.0 * (p.warmup + p.window).as_secs_f64();
             assert!(
                 used < (p.depth - p.depth / DRY_FRACTION) as f64,
                 "quick {quick}: {used}"
