@@ -171,13 +171,7 @@ impl Serving {
             mut child, stdin, ..
         } = self;
         drop(stdin);
-        let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-            .await
-            .context("the Awa program did not stop within a minute")??;
-        if !status.success() {
-            bail!("the Awa program failed ({status})");
-        }
-        Ok(())
+        super::race::wait_stopped(&mut child, "the Awa program").await
     }
 }
 

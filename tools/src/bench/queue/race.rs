@@ -253,12 +253,7 @@ impl Running {
                     }
                 }
                 for child in &mut children {
-                    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-                        .await
-                        .context("a contestant's process did not stop within a minute")??;
-                    if !status.success() {
-                        bail!("a contestant's process failed ({status})");
-                    }
+                    wait_stopped(child, "a contestant's process").await?;
                 }
                 Ok(())
             }
@@ -414,6 +409,17 @@ pub(super) async fn settle(pool: &PgPool, schema: &str) -> Result<()> {
             .await?;
     }
     sqlx::query("CHECKPOINT").execute(pool).await?;
+    Ok(())
+}
+
+/// Waits up to a minute for `child` (`who`) to end, which must be a success.
+pub(super) async fn wait_stopped(child: &mut Child, who: &str) -> Result<()> {
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .with_context(|| format!("{who} did not stop within a minute"))??;
+    if !status.success() {
+        bail!("{who} failed ({status})");
+    }
     Ok(())
 }
 
