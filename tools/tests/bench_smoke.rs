@@ -57,7 +57,6 @@ const KEYS: &[&str] = &[
     "throughput_w16_vs_graphile_default",
     "awa_default_w16",
     "awa_best_w16",
-    "awa_best_w16_rows_per_task",
     "enqueue_many_per_s",
     "graphile_add_jobs_per_s",
     "awa_insert_many_per_s",
