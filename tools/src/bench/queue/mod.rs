@@ -43,11 +43,19 @@
 //! 8. **Bulk insert**: 10,000 tasks in one call, ours ([`tasks::enqueue_many`])
 //!    next to graphile-worker's `addJobs` and Awa's COPY insert.
 //!
+//! The runtime's figures against graphile-worker's and Awa's (6, 7 d and
+//! e) are taken by one protocol for every contestant, `race.rs` (the same
+//! depth and preparation, each contestant its own processes, one clock
+//! outside them all, three alternating rounds, medians), with each
+//! contestant's defaults and the winner of its tuning pass (`tune.rs`,
+//! `bench tune`); the bulk inserts (8) by a protocol of their own in
+//! `bulk.rs` (a warm-up each, a checkpoint, five rotated rounds).
+//!
 //! One file per idea: `throughput.rs` (1-3), `wakeup.rs` (2), `leases.rs`
 //! (4), `failover.rs` (5), `fleet.rs`, `scale_out.rs` and `pickup.rs`
 //! (6), `ceilings.rs`, `baselines.rs`, `graphile.rs` and `awa.rs` (7),
-//! `bulk.rs` (8); this one plans the run and reports; `--charts` draws it
-//! ([`super::charts`]).
+//! `race.rs` and `tune.rs` (6 and 7), `bulk.rs` (8); this one plans the run
+//! and reports; `--charts` draws it ([`super::charts`]).
 //!
 //! Every queue run starts from an emptied queue, prefilled with enough
 //! tasks not to run dry, vacuumed and checkpointed, so no run pays for the
