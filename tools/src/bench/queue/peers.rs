@@ -1,6 +1,6 @@
 //! Parts of the queue suite on their own, for a figure in minutes instead
 //! of the whole suite, with the same keys and the same protocol
-//! ([`super::race`]):
+//! (`race.rs`):
 //!
 //! - `bench peers [--quick] [--bulk-only] [--json PATH]`: the whole race
 //!   (ours, graphile-worker and Awa, defaults and tuned) and the three bulk

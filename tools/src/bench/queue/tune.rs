@@ -1,9 +1,9 @@
 //! The tuning pass (`leasekeeper-tools bench tune`): every contestant
 //! through a sweep of its own settings, one short round per candidate by
-//! the race's protocol ([`super::race`]), the candidates of the three
+//! the race's protocol (`race.rs`), the candidates of the three
 //! interleaved so that no contestant's sweep gets the machine's quiet
 //! minute. Apart from the measured rounds: `bench` runs each contestant's
-//! winner, fixed here ([`ours_best`], [`graphile_best`], [`awa_best`]),
+//! winner, fixed here (`ours_best`, `graphile_best`, `awa_best`),
 //! three rounds or more, and reports those (issue 41: "any sweep we run for
 //! ourselves, we run for them").
 //!
