@@ -1,6 +1,6 @@
 //! leasekeeper's tools, apart from the dashboard they drive: the local
 //! cluster of the failover demo ([`cluster`]), the fault harness
-//! ([`fault`], `leasekeeper-tools chaos`) and the benchmarks ([`bench`]).
+//! ([`fault`], `leasekeeper-tools chaos`) and the benchmarks ([`mod@bench`]).
 //!
 //! They start real `leasekeeper` processes (instances, task workers) as
 //! [`dashboard_command`]: this same binary, which carries the dashboard's

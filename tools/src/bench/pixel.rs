@@ -26,7 +26,7 @@
 //! - on `/`, the failed count (`count-failed`) reaching the new total.
 //!   Nothing else fails during the run, so only the probe moves it.
 //!
-//! The load ([`task_load`]) is tasks enqueued, claimed and completed
+//! The load (`task_load`) is tasks enqueued, claimed and completed
 //! through the library (batches of ten, three state changes each), paced at
 //! 1,000 state changes a second in all; its achieved rate is reported.
 

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 /// The kinds of fault, in report order. On the command line
 /// (`--faults`) and in the report's `faults` list they are named in
 /// snake case (`kill_worker`, `pg_failover`); the report's `per_fault` table
-/// keys them by [`FaultKind::key`] (`killworker`, `pgfailover`).
+/// keys them by `FaultKind::key` (`killworker`, `pgfailover`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]

@@ -54,7 +54,7 @@ pub(super) async fn instances(
 /// `concurrency` workers and the runtime settings `runtime`, on the
 /// database and schema of `settings` (a pool with the library's
 /// defaults), until SIGTERM or SIGINT or for `seconds` at most; then a
-/// graceful shutdown. Prints [`READY`] once it has started.
+/// graceful shutdown. Prints `ready` once it has started.
 pub async fn runtime_process(
     settings: &Settings,
     concurrency: usize,
