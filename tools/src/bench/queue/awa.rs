@@ -30,14 +30,9 @@ pub(super) struct Settings {
     /// held from the claim until the completion's batch commits, so it
     /// bounds what Awa claims ahead as our prefetch bounds ours.
     pub max_workers: u32,
-    /// `poll_interval` in ms (the fallback when a NOTIFY is missed), or
-    /// `None` for the base set's.
-    pub poll_ms: Option<u64>,
     /// `awa.queue_meta.enqueue_shards` (1: strict FIFO), or `None` for the
     /// base set's.
     pub enqueue_shards: Option<u16>,
-    /// `claim_batch_size`, or `None` for the base set's.
-    pub claim_batch: Option<u32>,
     /// `AWA_COMPLETION_BATCH_SIZE` (Awa's own variable; 512 by default), or
     /// `None` for Awa's default.
     pub completion_batch: Option<u32>,
@@ -49,9 +44,7 @@ impl Settings {
         Settings {
             base: "default",
             max_workers: 16,
-            poll_ms: None,
             enqueue_shards: None,
-            claim_batch: None,
             completion_batch: None,
         }
     }
@@ -86,12 +79,10 @@ impl Settings {
             ("MAX_WORKERS", self.max_workers.to_string()),
         ];
         let optional = [
-            ("AWA_BENCH_POLL_MS", self.poll_ms),
             (
                 "AWA_BENCH_ENQUEUE_SHARDS",
                 self.enqueue_shards.map(u64::from),
             ),
-            ("AWA_BENCH_CLAIM_BATCH", self.claim_batch.map(u64::from)),
             (
                 "AWA_COMPLETION_BATCH_SIZE",
                 self.completion_batch.map(u64::from),

@@ -12,8 +12,8 @@
 //!
 //! [`enqueue_many`]: leasekeeper_core::queue::store::enqueue_many
 
-use super::{BenchDb, Progress, awa, graphile, median};
-use crate::bench::{Details, Results, ratio};
+use super::{BenchDb, Progress, awa, graphile, key, median, spread};
+use crate::bench::{Details, Results};
 use anyhow::Result;
 use leasekeeper_core::queue::NewTask;
 use leasekeeper_core::queue::store::{MAX_ENQUEUE_BATCH, enqueue_many};
@@ -88,14 +88,7 @@ pub(super) async fn bulk_inserts(
         let runs = if skipped[k] { &[][..] } else { &rounds[k][..] };
         medians[k] = median(runs);
         r.push((keys[k], medians[k]));
-        let spread = match (
-            runs.iter().copied().reduce(f64::min),
-            runs.iter().copied().reduce(f64::max),
-        ) {
-            (Some(lo), Some(hi)) => ratio(hi - lo, medians[k]),
-            _ => f64::NAN,
-        };
-        r.push((spread_key(keys[k]), spread));
+        r.push((key(format!("{}_spread", keys[k])), spread(runs)));
         details.push((format!("{}_rounds", keys[k]), json!(runs)));
     }
     Ok(BulkInserts {
@@ -103,14 +96,6 @@ pub(super) async fn bulk_inserts(
         graphile: medians[1],
         awa: medians[2],
     })
-}
-
-fn spread_key(key: &str) -> &'static str {
-    match key {
-        "enqueue_many_per_s" => "enqueue_many_per_s_spread",
-        "graphile_add_jobs_per_s" => "graphile_add_jobs_per_s_spread",
-        _ => "awa_insert_many_per_s_spread",
-    }
 }
 
 /// One round of ours: on a connection of its own, an untimed

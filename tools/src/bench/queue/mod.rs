@@ -525,6 +525,24 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The spread of `values`: max - min over the median, to two decimals;
+/// `NaN` when empty.
+fn spread(values: &[f64]) -> f64 {
+    match (
+        values.iter().copied().reduce(f64::min),
+        values.iter().copied().reduce(f64::max),
+    ) {
+        (Some(lo), Some(hi)) => ratio(hi - lo, median(values)),
+        _ => f64::NAN,
+    }
+}
+
+/// A result key made at run time (per contestant), kept for the run (the
+/// results' keys are static).
+fn key(key: String) -> &'static str {
+    Box::leak(key.into_boxed_str())
+}
+
 /// Empties the queue (tasks, their leases and history) and queues `n`
 /// tasks (of the simulated kind, for the store-level loops), then vacuums
 /// and checkpoints so the run starts clean. `lease_fencing` is kept, as it
@@ -669,6 +687,13 @@ mod tests {
         assert!(median(&[]).is_nan());
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0]), 3.0);
+    }
+
+    #[test]
+    fn spreads() {
+        assert!(spread(&[]).is_nan());
+        assert_eq!(spread(&[80.0, 100.0, 120.0]), 0.4);
+        assert_eq!(spread(&[5.0]), 0.0);
     }
 
     #[test]

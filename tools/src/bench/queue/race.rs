@@ -41,8 +41,8 @@
 //! (`bench tune`, [`super::tune`]), a sweep run apart from these rounds for
 //! every contestant alike.
 
-use super::{BenchDb, awa, fleet, graphile, median};
-use crate::bench::{Details, Progress, Results, ratio};
+use super::{BenchDb, awa, fleet, graphile, key, median, spread};
+use crate::bench::{Details, Progress, Results};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -453,27 +453,12 @@ pub(super) struct Standing {
 impl Standing {
     /// The median rate; `NaN` when it could not run.
     pub(super) fn per_s(&self) -> f64 {
-        median(&self.rounds.iter().map(|r| r.per_s).collect::<Vec<_>>())
+        self.median_of(|r| r.per_s)
     }
 
-    fn rows_per_task(&self) -> f64 {
-        median(
-            &self
-                .rounds
-                .iter()
-                .map(|r| r.rows_per_task)
-                .collect::<Vec<_>>(),
-        )
-    }
-
-    fn wal_per_task(&self) -> f64 {
-        median(
-            &self
-                .rounds
-                .iter()
-                .map(|r| r.wal_per_task)
-                .collect::<Vec<_>>(),
-        )
+    /// The median over its rounds of what `figure` reads of each.
+    fn median_of(&self, figure: fn(&Round) -> f64) -> f64 {
+        median(&self.rounds.iter().map(figure).collect::<Vec<_>>())
     }
 
     /// Its figures: `<key>` (the median), `<key>_rows_per_task`,
@@ -484,27 +469,15 @@ impl Standing {
         let per_s = self.per_s();
         r.push((self.key, per_s));
         r.push((
-            leak(format!("{}_rows_per_task", self.key)),
-            self.rows_per_task(),
+            key(format!("{}_rows_per_task", self.key)),
+            self.median_of(|r| r.rows_per_task),
         ));
         r.push((
-            leak(format!("{}_wal_bytes_per_task", self.key)),
-            self.wal_per_task(),
+            key(format!("{}_wal_bytes_per_task", self.key)),
+            self.median_of(|r| r.wal_per_task),
         ));
         let rates: Vec<f64> = self.rounds.iter().map(|r| r.per_s).collect();
-        let (lo, hi) = rates
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-                (lo.min(v), hi.max(v))
-            });
-        r.push((
-            leak(format!("{}_spread", self.key)),
-            if rates.is_empty() {
-                f64::NAN
-            } else {
-                ratio(hi - lo, per_s)
-            },
-        ));
+        r.push((key(format!("{}_spread", self.key)), spread(&rates)));
         details.push((format!("{}_rounds", self.key), json!(rates)));
         details.push((
             format!("{}_windows_s", self.key),
@@ -523,11 +496,6 @@ impl Standing {
 /// `n` rounds each runs once in each position.
 fn order(r: usize, n: usize) -> Vec<usize> {
     (0..n).map(|i| (i + r) % n.max(1)).collect()
-}
-
-/// A key made once per contestant and run (the results' keys are static).
-fn leak(key: String) -> &'static str {
-    Box::leak(key.into_boxed_str())
 }
 
 /// Every contestant through [`Protocol::rounds`] alternating rounds. A
