@@ -232,28 +232,56 @@ async fn scheduler_holder_at(rig: &Rig, pool: &PgPool, slot: usize) -> Option<St
         .map(|(_, holder)| holder)
 }
 
-/// How long after `from` each instance answered a database-backed request
-/// (`None`: not within `patience`), keyed `instance :<port>`.
+/// How long each instance took to answer a database-backed request again
+/// (`None`: not within `patience`), keyed `instance :<port>`, counted from
+/// `from` or, for an instance still cut off or paused by an earlier fault,
+/// from the moment that fault is due to end. Every instance is asked at
+/// each poll, so a slow one does not add to the others' times, and due
+/// heals and resumes are applied while waiting (a partition that began
+/// before a failover ends on time, not after this wait).
 async fn serving_again(
-    rig: &Rig,
+    rig: &mut Rig,
     from: Instant,
     patience: Duration,
 ) -> BTreeMap<String, Option<f64>> {
-    let mut out = BTreeMap::new();
-    for instance in &rig.instances {
-        let port = instance.port;
-        let took = loop {
-            if rig.answers(port).await {
-                break Some(from.elapsed().as_secs_f64() * 1000.0);
+    let starts: Vec<Instant> = rig
+        .instances
+        .iter()
+        .map(|i| {
+            [i.heal_at, i.resume_at]
+                .into_iter()
+                .flatten()
+                .fold(from, Instant::max)
+        })
+        .collect();
+    let mut took: Vec<Option<Option<f64>>> = vec![None; starts.len()];
+    while took.iter().any(Option::is_none) {
+        rig.resume_due(false);
+        let now = Instant::now();
+        let asked: Vec<usize> = (0..starts.len())
+            .filter(|&i| took[i].is_none() && rig.instances[i].heal_at.is_none())
+            .filter(|&i| rig.instances[i].resume_at.is_none())
+            .collect();
+        let answers =
+            futures::future::join_all(asked.iter().map(|&i| rig.answers(rig.instances[i].port)))
+                .await;
+        for (&i, answered) in asked.iter().zip(answers) {
+            if answered {
+                took[i] = Some(Some(now.duration_since(starts[i]).as_secs_f64() * 1000.0));
             }
-            if from.elapsed() > patience {
-                break None;
+        }
+        for (i, start) in starts.iter().enumerate() {
+            if took[i].is_none() && start.elapsed() > patience {
+                took[i] = Some(None);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        out.insert(format!("instance :{port}"), took);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    out
+    rig.instances
+        .iter()
+        .zip(took)
+        .map(|(i, t)| (format!("instance :{}", i.port), t.flatten()))
+        .collect()
 }
 
 /// Watches the instances' own generator states (`/healthz`, from memory)

@@ -46,6 +46,32 @@ async fn slowest_takeover(pool: &PgPool, tasks: &[i64], from_ms: i64) -> Result<
     Ok(slowest(took))
 }
 
+/// The tasks of `tasks` (held when a fault struck at `from_ms`) that were
+/// left for someone else to take over: all but those their holder finished
+/// in the moment between the harness's look and the fault taking hold (a
+/// completion that reached the database just before a cut, its answer
+/// held back by the cut). A task processed with no grant since the fault
+/// was finished by that holder: nobody else held it. One taken over, or
+/// not processed, is left.
+async fn left_for_takeover(pool: &PgPool, tasks: &[i64], from_ms: i64) -> Result<Vec<i64>> {
+    let mut open = Vec::new();
+    for &task in tasks {
+        let processed: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND status = 'processed')",
+        )
+        .bind(task)
+        .fetch_one(pool)
+        .await?;
+        let taken_over = next_grant(pool, &format!("task:{task}"), from_ms)
+            .await?
+            .is_some();
+        if !processed || taken_over {
+            open.push(task);
+        }
+    }
+    Ok(open)
+}
+
 /// Milliseconds from `from_ms` to the generator's first grant or renewal
 /// written after it: with an id past `after_id`, and, by a clock
 /// `offset_ms` off the real one, later than `from_ms`.
@@ -79,26 +105,7 @@ pub(super) async fn measure(
         match fault.kind {
             // Until the task it held was taken over (the slowest, if several).
             FaultKind::KillWorker | FaultKind::PauseWorker if !fault.tasks.is_empty() => {
-                // A task its worker completed in the moment between the
-                // harness's look and the signal needs no takeover: it
-                // stands, and is not waited for.
-                let mut open = Vec::new();
-                for &task in &fault.tasks {
-                    let finished_by: Option<String> = sqlx::query_scalar(
-                        "SELECT processor FROM tasks WHERE id = $1 AND status = 'processed'",
-                    )
-                    .bind(task)
-                    .fetch_optional(pool)
-                    .await?
-                    .flatten();
-                    let by_it = finished_by.is_some() && finished_by == fault.worker;
-                    let taken_over = next_grant(pool, &format!("task:{task}"), fault.db_at_ms())
-                        .await?
-                        .is_some();
-                    if !by_it || taken_over {
-                        open.push(task);
-                    }
-                }
+                let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
                 fault.recovery_ms = slowest_takeover(pool, &open, fault.db_at_ms()).await?;
             }
             // Until another term of the generator began.
@@ -139,7 +146,8 @@ pub(super) async fn measure(
                 fault.recovery_ms = slowest(fault.recoveries.values().copied());
             }
             FaultKind::Partition => {
-                let mut worst = slowest_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
+                let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
+                let mut worst = slowest_takeover(pool, &open, fault.db_at_ms()).await?;
                 if let Some(holder) = &fault.holder {
                     fault.taken_over_ms = next_grant(pool, RESOURCE, fault.db_at_ms()).await?;
                     worst = slowest([worst, fault.taken_over_ms]);
