@@ -8,11 +8,12 @@ use crate::state::AppState;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
-use leasekeeper_core::db::Database;
+use leasekeeper_core::db::{Database, Schema};
 use leasekeeper_core::generator::runtime::Generator;
 use leasekeeper_core::instance::{self, Registration};
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::live::LiveHub;
+use leasekeeper_core::liveness::Liveness;
 use leasekeeper_core::maintenance::Maintenance;
 use leasekeeper_core::schedule::runtime::Scheduler;
 use leptos::config::{Env, LeptosOptions};
@@ -126,6 +127,18 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     )
     .await
     .context("registering this instance")?;
+    // The instance's liveness session: vouches for the instance (its
+    // singleton leases) and its simulated workers, so a crash of this
+    // process is rescued within a second; a pause or a partition is left
+    // to the TTL.
+    let liveness = Liveness::start(
+        (*db.pool.connect_options()).clone(),
+        Schema::of(&db.pool),
+        instance_id.clone(),
+        vec![instance_id.to_string()],
+    )
+    .await
+    .context("opening this instance's liveness session")?;
     let generator = Generator::spawn(
         db.pool.clone(),
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
@@ -149,7 +162,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         instance_id.clone(),
         FleetConfig::from_settings(&settings),
         Some(live.clone()),
-    );
+    )
+    .vouched_by(&liveness);
     let state = AppState {
         live: live.clone(),
         leptos_options: leptos_options(&settings),
@@ -189,6 +203,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     if let Err(e) = registration.shutdown().await {
         tracing::warn!(error = %e, "cannot mark this instance stopped");
     }
+    liveness.shutdown().await;
     db.close().await?;
     served
 }

@@ -14,11 +14,12 @@ use leasekeeper_core::db::Schema;
 use leasekeeper_core::lease::Holder;
 use leasekeeper_core::lease::store::record_operator_action;
 use leasekeeper_core::live::LiveHub;
+use leasekeeper_core::liveness::{Liveness, LivenessSignal, Voucher};
 use leasekeeper_core::queue::ClaimFilter;
 use leasekeeper_core::queue::wake::{CancelSignal, WorkSignal};
 use leasekeeper_core::worker::Report;
 use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
-use leasekeeper_core::worker::in_process::InProcess;
+use leasekeeper_core::worker::in_process::{InProcess, give_back_on_loss};
 use leasekeeper_core::worker::registry;
 use leasekeeper_core::worker::run::{Controls, Exit, Worker, WorkerConfig};
 use leasekeeper_core::worker::simulated;
@@ -102,6 +103,10 @@ struct Slot {
     handle: JoinHandle<()>,
 }
 
+/// How long starting a worker waits for the liveness session to vouch
+/// for it.
+const VOUCH_WITHIN: Duration = Duration::from_secs(2);
+
 struct Inner {
     pool: PgPool,
     /// The pool's schema.
@@ -115,6 +120,9 @@ struct Inner {
     /// One transport for every worker, so their claims, completions,
     /// heartbeats and reports are batched together.
     transport: InProcess,
+    /// The instance's liveness session, which vouches for each worker
+    /// before it runs (see [`Fleet::vouched_by`]).
+    liveness: Option<(LivenessSignal, Voucher)>,
 }
 
 /// The simulated workers of this instance. Cheap to clone.
@@ -163,8 +171,26 @@ impl Fleet {
                 next: AtomicU64::new(1),
                 slots: Mutex::new(BTreeMap::new()),
                 shutdown: CancellationToken::new(),
+                liveness: None,
             }),
         }
+    }
+
+    /// Each worker is vouched for by `liveness` (the instance's session,
+    /// see [`leasekeeper_core::liveness`]) before it runs, claims only
+    /// while that session is in force, and gives its claim up the moment
+    /// it is lost: a crash of this process is rescued within a second.
+    /// Call it before the fleet is shared.
+    pub fn vouched_by(mut self, liveness: &Liveness) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.liveness = Some((liveness.signal(), liveness.voucher()));
+            // Claims waiting in the local queue go back when it is lost.
+            tokio::spawn(give_back_on_loss(
+                liveness.signal(),
+                vec![inner.transport.clone()],
+            ));
+        }
+        self
     }
 
     /// This fleet's instance.
@@ -249,6 +275,12 @@ impl Fleet {
             .await?;
         }
         tx.commit().await?;
+        if let Some((_, voucher)) = &self.inner.liveness
+            && !voucher.vouch(&name, VOUCH_WITHIN).await
+        {
+            tracing::warn!(worker = %name,
+                "the liveness session is down: until it is back, this worker's claims wait out their TTL if the process dies");
+        }
         Ok(Prepared { n, id, info })
     }
 
@@ -270,6 +302,10 @@ impl Fleet {
             Some(live) => worker
                 .waking_on(WorkSignal::new(live))
                 .hearing_cancels(CancelSignal::new(live)),
+            None => worker,
+        };
+        let worker = match &self.inner.liveness {
+            Some((signal, _)) => worker.vouched_by(signal.clone()),
             None => worker,
         };
         let mut slots = self.slots();

@@ -252,3 +252,20 @@ impl Transport for InProcess {
         })
     }
 }
+
+/// Gives back the claims waiting in `transports`' local queues each time
+/// the liveness session is lost: they were claimed under it, and a
+/// rescuer may take them (the give-back is fenced: refused for a claim
+/// already taken over). Runs until aborted.
+pub async fn give_back_on_loss(
+    mut signal: crate::liveness::LivenessSignal,
+    transports: Vec<InProcess>,
+) {
+    loop {
+        let session = signal.up().await;
+        signal.ended(session).await;
+        for transport in &transports {
+            transport.give_back_waiting().await;
+        }
+    }
+}

@@ -61,6 +61,7 @@ use super::run::{Controls, Exit, Worker, WorkerConfig};
 use crate::instance::Registration;
 use crate::lease::Holder;
 use crate::live::LiveHub;
+use crate::liveness::{Liveness, LivenessSignal};
 use crate::queue::store::{RetryPolicies, RetryPolicy};
 use crate::queue::wake::{CancelSignal, WorkSignal};
 use crate::queue::{ClaimFilter, DEFAULT_QUEUE, check_name};
@@ -340,6 +341,33 @@ impl RuntimeBuilder {
                     })?;
             }
         }
+        // Every holder name this runtime will use, vouched for by its
+        // liveness session before the first claim.
+        let mut holders = vec![id.to_string()];
+        for (queue, concurrency) in &queues {
+            for n in 1..=*concurrency {
+                holders.push(format!("{id}-{queue}-{n}"));
+            }
+        }
+        let liveness = if crate::db::Schema::of(&self.pool).is_behind_transaction_pooler() {
+            tracing::warn!(runtime = %id,
+                "liveness off behind a transaction pooler (a session means nothing there): \
+                 a crashed runtime's claims wait out their TTL");
+            None
+        } else {
+            Some(
+                Liveness::start(
+                    (*self.pool.connect_options()).clone(),
+                    crate::db::Schema::of(&self.pool),
+                    id.clone(),
+                    holders,
+                )
+                .await?,
+            )
+        };
+        let signal = liveness
+            .as_ref()
+            .map_or_else(LivenessSignal::none, Liveness::signal);
         let registration = Registration::start(
             self.pool.clone(),
             id.clone(),
@@ -371,7 +399,8 @@ impl RuntimeBuilder {
                 );
                 let worker = worker
                     .waking_on(WorkSignal::new(&live))
-                    .hearing_cancels(CancelSignal::new(&live));
+                    .hearing_cancels(CancelSignal::new(&live))
+                    .vouched_by(signal.clone());
                 workers.push((controls, tokio::spawn(worker.run())));
             }
         }
@@ -385,11 +414,20 @@ impl RuntimeBuilder {
             )),
             None => None,
         };
+        // Claims waiting in the local queues were made under the session in
+        // force: when it is lost, they go back (fenced: refused if a
+        // rescuer took them already).
+        let give_back = tokio::spawn(super::in_process::give_back_on_loss(
+            signal,
+            transports.clone(),
+        ));
         tracing::info!(runtime = %id, queues = ?queues, kinds = ?kinds, "runtime started");
         Ok(Runtime {
             id,
             scheduler,
             registration,
+            liveness,
+            give_back,
             live,
             workers,
             transports,
@@ -406,6 +444,8 @@ pub struct Runtime {
     id: Arc<str>,
     scheduler: Option<Scheduler>,
     registration: Registration,
+    liveness: Option<Liveness>,
+    give_back: JoinHandle<()>,
     live: LiveHub,
     workers: Vec<(Controls, JoinHandle<Exit>)>,
     transports: Vec<InProcess>,
@@ -480,6 +520,12 @@ impl Runtime {
         self.live.shutdown();
         if let Err(e) = self.registration.shutdown().await {
             tracing::warn!(runtime = %self.id, error = %e, "could not mark the instance stopped");
+        }
+        self.give_back.abort();
+        // Last: nothing is held any more, and a registration left behind
+        // would be judged (harmlessly) as a crash.
+        if let Some(liveness) = self.liveness {
+            liveness.shutdown().await;
         }
     }
 }

@@ -17,6 +17,7 @@ mod instances;
 mod lease_client;
 mod lease_race;
 mod lease_store;
+mod liveness;
 mod overview;
 mod pooler;
 mod prefetch;

@@ -56,6 +56,7 @@ use super::chaos::{Chaos, Command, Faults};
 use super::handler::{Handlers, TaskContext};
 use super::transport::{Claim, Tally, Transport, TransportError};
 use crate::lease::Holder;
+use crate::liveness::LivenessSignal;
 use crate::queue::AttemptOutcome;
 use crate::queue::store::FencedTransaction;
 use crate::queue::wake::{CancelSignal, WorkSignal};
@@ -196,6 +197,9 @@ pub struct Worker<T> {
     faults: Faults,
     wake: WorkSignal,
     cancels: CancelSignal,
+    /// The process's liveness session: claims are made only while it is
+    /// in force, and given up the moment it is lost.
+    liveness: LivenessSignal,
     stop: CancellationToken,
     drain: CancellationToken,
     tally: Arc<Tally>,
@@ -227,6 +231,7 @@ impl<T: Transport> Worker<T> {
             config,
             wake: WorkSignal::deaf(),
             cancels: CancelSignal::deaf(),
+            liveness: LivenessSignal::none(),
             stop: stop.clone(),
             drain: drain.clone(),
             tally: Arc::new(Tally::default()),
@@ -241,6 +246,15 @@ impl<T: Transport> Worker<T> {
                 commands: tx,
             },
         )
+    }
+
+    /// Claims only while `liveness` (its process's liveness session, see
+    /// [`crate::liveness`]) is in force, and gives a claim up the moment
+    /// the session under which it was made is lost: another process may
+    /// already be rescuing it. Without one, the TTL alone rules.
+    pub fn vouched_by(mut self, liveness: LivenessSignal) -> Self {
+        self.liveness = liveness;
+        self
     }
 
     /// Wakes this worker from its idle wait when `wake` hears of new work
@@ -272,6 +286,16 @@ impl<T: Transport> Worker<T> {
             if self.stop.is_cancelled() || self.drain.is_cancelled() {
                 return self.stopped().await;
             }
+            // No claim without a liveness session in force: one made while
+            // it is down could be rescued from under the handler.
+            let Some(session) = self.liveness.session() else {
+                tokio::select! {
+                    biased;
+                    () = self.stop.cancelled() => return self.stopped().await,
+                    () = self.drain.cancelled() => return self.stopped().await,
+                    _ = self.liveness.up() => continue,
+                }
+            };
             // Cancels announced before this claim's request are not about it.
             self.cancels.forget();
             // Not raced against stop: a claim the queue granted must be
@@ -280,7 +304,7 @@ impl<T: Transport> Worker<T> {
             let wait = match self.transport.claim(&self.id).await {
                 Ok(Some(claim)) => {
                     failures = 0;
-                    match self.work(claim, sent).await {
+                    match self.work(claim, sent, session).await {
                         Flow::Claim => continue,
                         Flow::Exit(exit) => return exit,
                     }
@@ -323,8 +347,9 @@ impl<T: Transport> Worker<T> {
         }
     }
 
-    /// Works on `claim`, whose request was sent at `sent`.
-    async fn work(&mut self, claim: Claim, sent: Instant) -> Flow {
+    /// Works on `claim`, whose request was sent at `sent` under liveness
+    /// session `session`.
+    async fn work(&mut self, claim: Claim, sent: Instant, session: u64) -> Flow {
         let remaining = claim.remaining.unwrap_or(self.config.lease_ttl);
         let mut deadline = sent + trusted(remaining);
         let mut interval = self.config.heartbeat_interval.min(remaining / 3);
@@ -377,6 +402,11 @@ impl<T: Transport> Worker<T> {
                 () = until(self.faults.gives_up_at(deadline)) => {
                     return self.lose(&claim, &lost, running,
                         "its local deadline passed without an accepted heartbeat").await;
+                }
+                () = self.liveness.ended(session) => {
+                    drop(in_flight.take());
+                    return self.lose(&claim, &lost, running,
+                        "its process's liveness session was lost").await;
                 }
                 () = sleep_until(time_up.unwrap_or(deadline)), if time_up.is_some() => {
                     drop(in_flight.take());

@@ -1,0 +1,246 @@
+//! The liveness statements: registering a session, finding sessions
+//! PostgreSQL no longer lists, and ending the claims and leases of the
+//! holders they vouched for. Each runs on a liveness connection (direct,
+//! never through a transaction pooler: a session means nothing there).
+
+use crate::db::Schema;
+use sqlx::{Connection, PgConnection};
+
+/// What a pass of [`end_dead`] ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ended {
+    /// Registrations whose session was gone, deleted.
+    pub sessions: u64,
+    /// Live leases of their holders (singletons, tasks), ended now.
+    pub leases: u64,
+    /// Started tasks of their holders, made late now (claimable by the
+    /// claim rule as if their deadline had passed).
+    pub tasks: u64,
+}
+
+impl Ended {
+    /// Whether anything was ended.
+    pub fn any(&self) -> bool {
+        self.sessions + self.leases + self.tasks > 0
+    }
+}
+
+/// The test that the session registered in row `l` is still listed by
+/// PostgreSQL. A row of `pg_stat_activity` with its pid and start time is
+/// the session; a row with its pid whose start time is hidden (a role
+/// without `pg_read_all_stats` sees no start time of another role's
+/// sessions) counts as alive too: unsure, the TTL rules.
+const LISTED: &str = "EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+                              WHERE a.pid = l.pid
+                                AND (a.backend_start = l.backend_start OR a.backend_start IS NULL))";
+
+/// Registers (or registers again) the session of `conn` as the liveness of
+/// instance `id`, vouching for `holders`. A registration of `id` left by
+/// an earlier session that PostgreSQL no longer lists is ended first (its
+/// holders' claims and leases, as [`end_dead`] would), so registering
+/// again after a lost session never hides the old session's claims.
+///
+/// Race prevented: a reaper judging the old registration while this one
+/// replaces it. The old row is locked first; a reaper already holding it
+/// finishes (and ends the old claims) before this registration proceeds,
+/// and a reaper that comes after sees the new session, which is alive.
+pub async fn register(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: &str,
+    holders: &[String],
+) -> sqlx::Result<()> {
+    let mut tx = conn.begin().await?;
+    lock(&mut tx, schema, &[id.to_string()]).await?;
+    end_locked(&mut tx, schema, &[id.to_string()]).await?;
+    schema
+        .query(
+            "INSERT INTO $schema.liveness AS l
+                    (instance_id, holders, pid, backend_start, server_started_at)
+             SELECT $1, $2, pg_backend_pid(), a.backend_start, pg_catalog.pg_postmaster_start_time()
+               FROM pg_catalog.pg_stat_activity a WHERE a.pid = pg_backend_pid()
+             ON CONFLICT (instance_id) DO UPDATE
+                SET holders = EXCLUDED.holders, pid = EXCLUDED.pid,
+                    backend_start = EXCLUDED.backend_start,
+                    server_started_at = EXCLUDED.server_started_at, registered_at = now()",
+        )
+        .bind(id)
+        .bind(holders)
+        .execute(&mut *tx)
+        .await?;
+    // Registrations of another server incarnation (before a restart or a
+    // failover) are never judged; an hour on, their leases ran out long
+    // ago and the rows only take room.
+    schema
+        .query(
+            "DELETE FROM $schema.liveness
+              WHERE server_started_at <> pg_catalog.pg_postmaster_start_time()
+                AND registered_at < now() - interval '1 hour'",
+        )
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// Adds `holder` to those instance `id`'s session vouches for (a worker
+/// added after start). Only by that session itself: a registration since
+/// replaced by another session is left alone, and the answer is `false`.
+pub async fn vouch(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: &str,
+    holder: &str,
+) -> sqlx::Result<bool> {
+    let done = schema
+        .query(
+            "UPDATE $schema.liveness
+                SET holders = array_append(holders, $2)
+              WHERE instance_id = $1 AND pid = pg_backend_pid() AND NOT ($2 = ANY(holders))",
+        )
+        .bind(id)
+        .bind(holder)
+        .execute(&mut *conn)
+        .await?;
+    if done.rows_affected() == 1 {
+        return Ok(true);
+    }
+    schema
+        .query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM $schema.liveness
+                             WHERE instance_id = $1 AND pid = pg_backend_pid())",
+        )
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Ends the registration of instance `id` on a clean shutdown (its claims
+/// were given back or completed; its leases released). Only by its own
+/// session.
+pub async fn deregister(conn: &mut PgConnection, schema: &Schema, id: &str) -> sqlx::Result<()> {
+    schema
+        .query("DELETE FROM $schema.liveness WHERE instance_id = $1 AND pid = pg_backend_pid()")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The instances whose registered session PostgreSQL does not list, among
+/// the registrations of the server incarnation that answers: cheap, no
+/// lock, the question each process asks a few times a second.
+///
+/// Race prevented: a session registered after this statement's snapshot
+/// is not seen at all, so it cannot look dead. A registration visible in
+/// the snapshot committed before it was taken, so its session was already
+/// in PostgreSQL's list of sessions, which the statement reads later: a
+/// session listed there is alive at least until then.
+pub async fn suspects(conn: &mut PgConnection, schema: &Schema) -> sqlx::Result<Vec<String>> {
+    schema
+        .query_scalar(&format!(
+            "SELECT l.instance_id FROM $schema.liveness l
+              WHERE l.server_started_at = pg_catalog.pg_postmaster_start_time() AND NOT {LISTED}
+              ORDER BY l.instance_id"
+        ))
+        .fetch_all(&mut *conn)
+        .await
+}
+
+/// Ends every live claim and lease of the holders that the sessions of
+/// `ids` vouched for, for those of `ids` whose session PostgreSQL no longer
+/// lists (judged again here, under lock), and deletes their registrations.
+/// The claim rule then takes the tasks over as if their deadline had
+/// passed; the singletons go to the next instance that asks.
+pub async fn end_dead(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    ids: &[String],
+) -> sqlx::Result<Ended> {
+    let mut tx = conn.begin().await?;
+    lock(&mut tx, schema, ids).await?;
+    let ended = end_locked(&mut tx, schema, ids).await?;
+    tx.commit().await?;
+    Ok(ended)
+}
+
+/// Locks the registrations of `ids`, in id order (two reapers never
+/// deadlock). Reads no session list: see [`end_locked`].
+async fn lock(conn: &mut PgConnection, schema: &Schema, ids: &[String]) -> sqlx::Result<()> {
+    schema
+        .query(
+            "SELECT 1 FROM $schema.liveness WHERE instance_id = ANY($1)
+              ORDER BY instance_id FOR UPDATE",
+        )
+        .bind(ids)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The ending itself, in a transaction that already locked the rows of
+/// `ids` ([`lock`]).
+///
+/// Races prevented:
+/// - **A session registered again while it is judged.** The rows are
+///   locked before PostgreSQL's list of sessions is first read in this
+///   transaction (PostgreSQL reads that list once per transaction, at its
+///   first use), so the version judged here, the latest, was committed
+///   before the list was read: if its session is alive, the list has it.
+///   A registration that replaces it waits for this transaction.
+/// - **A restart or a failover**, every session gone at once: a row is
+///   judged only when its server incarnation is the one answering
+///   (`server_started_at`); otherwise the TTL rules.
+/// - **A completion or heartbeat racing the rescue.** Both lock the task's
+///   row: a completion first leaves the task processed (not `started`,
+///   so it is not touched here); the rescue first sets the deadline to
+///   now, and the completion's or heartbeat's own deadline test refuses
+///   it, as after an expiry. The takeover that follows
+///   is the claim rule's, which moves the fencing token as always.
+/// - **A lease already taken over** by someone else holds another holder
+///   name and is not touched; one released stays released.
+async fn end_locked(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    ids: &[String],
+) -> sqlx::Result<Ended> {
+    let (sessions, leases, tasks): (i64, i64, i64) = schema
+        .query_as(&format!(
+            "WITH dead AS (
+                DELETE FROM $schema.liveness l
+                 WHERE l.instance_id = ANY($1)
+                   AND l.server_started_at = pg_catalog.pg_postmaster_start_time()
+                   AND NOT {LISTED}
+                RETURNING l.holders
+             ), holder AS (
+                SELECT DISTINCT unnest(holders) AS name FROM dead
+             ), late AS (
+                UPDATE $schema.tasks t SET must_heartbeat_before = now()
+                 WHERE t.status = 'started' AND t.processor IN (SELECT name FROM holder)
+                   AND t.must_heartbeat_before > now()
+                RETURNING t.id, t.processor
+             ), task_leases AS (
+                UPDATE $schema.leases l SET expires_at = now()
+                  FROM late
+                 WHERE l.resource = 'task:' || late.id AND l.holder = late.processor
+                   AND l.released_at IS NULL AND l.expires_at > now()
+                RETURNING 1
+             ), other_leases AS (
+                UPDATE $schema.leases l SET expires_at = now()
+                 WHERE l.resource NOT LIKE 'task:%' AND l.expires_at > now()
+                   AND l.released_at IS NULL AND l.holder IN (SELECT name FROM holder)
+                RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM dead),
+                    (SELECT count(*) FROM task_leases) + (SELECT count(*) FROM other_leases),
+                    (SELECT count(*) FROM late)"
+        ))
+        .bind(ids)
+        .fetch_one(&mut *conn)
+        .await?;
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(Ended {
+        sessions: n(sessions),
+        leases: n(leases),
+        tasks: n(tasks),
+    })
+}
