@@ -329,6 +329,10 @@ struct Driver {
 /// The work running for one term, and the lease it runs under.
 struct Running {
     held: HeldLease,
+    /// The process's liveness session (when one vouches for the holder)
+    /// and the term of it the lease was acquired in: its loss ends the
+    /// term at once.
+    liveness: (crate::liveness::LivenessSignal, u64),
     status: watch::Receiver<LeaseStatus>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -389,6 +393,18 @@ impl Driver {
                         self.apply(Event::Stop);
                         continue;
                     }
+                    // No term while the liveness session vouching for this
+                    // holder is down: a crash then would wait out the TTL.
+                    let mut liveness =
+                        crate::liveness::LivenessSignal::of(self.client.holder().as_str());
+                    let Some(session) = liveness.session() else {
+                        tokio::select! {
+                            _ = liveness.up() => {}
+                            _ = self.wanted.changed() => {}
+                            _ = self.shutdown.cancelled() => {}
+                        }
+                        continue;
+                    };
                     match self.client.acquire().await {
                         Ok(Some(held)) => {
                             let stop = CancellationToken::new();
@@ -401,6 +417,7 @@ impl Driver {
                             term = Some(Running {
                                 status: held.status(),
                                 held,
+                                liveness: (liveness, session),
                                 stop,
                                 task: tokio::spawn(work),
                             });
@@ -425,8 +442,14 @@ impl Driver {
                         continue;
                     }
                     let lost = current.held.lost_token();
+                    let (liveness, session) = &mut current.liveness;
                     let event = tokio::select! {
                         _ = lost.cancelled() => Some(Event::Lost),
+                        () = liveness.ended(*session) => {
+                            tracing::warn!(resource = %self.client.resource(),
+                                "the liveness session was lost: the term ends now");
+                            Some(Event::Lost)
+                        }
                         _ = self.wanted.changed() => None,
                         _ = self.shutdown.cancelled() => None,
                         changed = current.status.changed() => match changed {

@@ -39,7 +39,8 @@ pub mod store;
 use crate::db::Schema;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -65,18 +66,47 @@ pub fn application_name(id: &str) -> String {
     format!("leasekeeper liveness {id}")
 }
 
-/// Whether this process's liveness session is registered now.
+/// The standing of the session vouching for each holder name in this
+/// process, for code that knows only its holder (a singleton's lease
+/// client): see [`LivenessSignal::of`].
+static VOUCHED: LazyLock<Mutex<HashMap<String, watch::Receiver<Standing>>>> =
+    LazyLock::new(Default::default);
+
+fn vouched_holders() -> std::sync::MutexGuard<'static, HashMap<String, watch::Receiver<Standing>>> {
+    // Every change is one insert or remove: a poisoned map is whole.
+    VOUCHED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether this process's liveness session is registered now. The number
+/// is the *term* of its claims: it moves only when claims made before
+/// can no longer be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Standing {
-    /// Registered, in the n-th session of this process (1, 2, ...).
+    /// Registered; claims made in term n are trusted (under their TTL).
     Up(u64),
-    /// The n-th session was lost; claims made under it are not trusted.
+    /// The connection failed and the process is connecting again: no new
+    /// claims, but those of term n are kept until it knows whether anyone
+    /// could have judged the lost session (see [`Liveness`]).
+    Reconnecting(u64),
+    /// The session of term n is gone while its server still runs: others
+    /// may be rescuing its claims, which are given up.
     Down(u64),
 }
 
 /// A process's liveness session, kept open (and registered again after a
 /// loss) in the background until [`Liveness::shutdown`] or
 /// [`Liveness::abort`].
+///
+/// When its connection fails, new claims wait ([`Standing::Reconnecting`])
+/// and it connects again at once. Then it asks the server's start time:
+/// the same server as before means the old session ended while the server
+/// ran, so others may already be ending its claims: the term's claims are
+/// given up ([`Standing::Down`]) before it registers again under a new
+/// term. Another server (a restart, a failover) means nobody could judge
+/// the old session (a registration is judged only by its own server): the
+/// claims are kept, under their TTL, and the term goes on.
 #[derive(Debug)]
 pub struct Liveness {
     id: Arc<str>,
@@ -92,7 +122,10 @@ type Vouch = (String, tokio::sync::oneshot::Sender<()>);
 /// Adds holders to those a [`Liveness`] session vouches for (a worker
 /// started after the process). Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Voucher(tokio::sync::mpsc::UnboundedSender<Vouch>);
+pub struct Voucher(
+    tokio::sync::mpsc::UnboundedSender<Vouch>,
+    watch::Receiver<Standing>,
+);
 
 impl Voucher {
     /// Vouches for `holder` from now on, and in every registration after;
@@ -102,6 +135,7 @@ impl Voucher {
     /// wait out their TTL).
     pub async fn vouch(&self, holder: &str, within: Duration) -> bool {
         let (done, written) = tokio::sync::oneshot::channel();
+        vouched_holders().insert(holder.to_string(), self.1.clone());
         if self.0.send((holder.to_string(), done)).is_err() {
             return false;
         }
@@ -127,10 +161,16 @@ impl Liveness {
         if !holders.iter().any(|h| **h == *id) {
             holders.push(id.to_string());
         }
-        let conn = open(&options, &schema, &id, &holders).await?;
+        let (conn, server) = open(&options, &schema, &id, &holders).await?;
         let (standing_tx, standing) = watch::channel(Standing::Up(1));
         let (vouch, vouched) = tokio::sync::mpsc::unbounded_channel();
-        let vouch = Voucher(vouch);
+        let vouch = Voucher(vouch, standing.clone());
+        {
+            let mut map = vouched_holders();
+            for holder in &holders {
+                map.insert(holder.clone(), standing.clone());
+            }
+        }
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep(Keep {
             options,
@@ -141,6 +181,7 @@ impl Liveness {
             vouched,
             stop: stop.clone(),
             conn: Some(conn),
+            server,
         }));
         Ok(Liveness {
             id,
@@ -170,12 +211,19 @@ impl Liveness {
     /// after the claims were given back and the leases released).
     pub async fn shutdown(self) {
         self.stop.cancel();
+        self.forget();
         let _ = self.task.await;
+    }
+
+    /// Removes this session's holders from [`LivenessSignal::of`].
+    fn forget(&self) {
+        vouched_holders().retain(|_, standing| !standing.same_channel(&self.standing));
     }
 
     /// Drops the session as a crash would: the connection closes without
     /// a goodbye and the registration stays, for others to judge.
     pub fn abort(self) {
+        self.forget();
         self.task.abort();
     }
 }
@@ -192,6 +240,14 @@ impl LivenessSignal {
         LivenessSignal(None)
     }
 
+    /// The signal of the session in this process that vouches for
+    /// `holder` ([`Liveness::start`], [`Voucher::vouch`]), or
+    /// [`none`](Self::none): how a singleton's lease client, which knows
+    /// only its holder, learns that its term can no longer be trusted.
+    pub fn of(holder: &str) -> Self {
+        LivenessSignal(vouched_holders().get(holder).cloned())
+    }
+
     /// The session in force now, or `None` while it is down. Without
     /// liveness, `Some(0)`.
     pub fn session(&self) -> Option<u64> {
@@ -199,7 +255,7 @@ impl LivenessSignal {
             None => Some(0),
             Some(rx) => match *rx.borrow() {
                 Standing::Up(n) => Some(n),
-                Standing::Down(_) => None,
+                Standing::Reconnecting(_) | Standing::Down(_) => None,
             },
         }
     }
@@ -212,36 +268,44 @@ impl LivenessSignal {
             .await
             .map(|s| *s);
         match standing {
-            Ok(Standing::Up(n) | Standing::Down(n)) => n,
+            Ok(Standing::Up(n) | Standing::Reconnecting(n) | Standing::Down(n)) => n,
             // The liveness was shut down: the process is stopping.
             Err(_) => std::future::pending().await,
         }
     }
 
-    /// Resolves when session `n` is no longer in force (lost, or replaced
-    /// by a later one); never without liveness.
+    /// Resolves when the claims of term `n` are no longer to be trusted
+    /// (its session lost while its server runs, or a later term began);
+    /// never without liveness.
     pub async fn ended(&mut self, n: u64) {
         let Some(rx) = &mut self.0 else {
             return std::future::pending().await;
         };
-        let ended = rx.wait_for(|s| *s != Standing::Up(n)).await.is_ok();
+        let ended = rx
+            .wait_for(|s| !matches!(s, Standing::Up(m) | Standing::Reconnecting(m) if *m == n))
+            .await
+            .is_ok();
         if !ended {
             std::future::pending::<()>().await;
         }
     }
 }
 
-/// Connects, and registers the session.
+/// Connects, and registers the session; answers the connection and the
+/// start time of its server.
 async fn open(
     options: &PgConnectOptions,
     schema: &Schema,
     id: &str,
     holders: &[String],
-) -> sqlx::Result<PgConnection> {
+) -> sqlx::Result<(PgConnection, Incarnation)> {
     let mut conn = options.connect().await?;
-    store::register(&mut conn, schema, id, holders).await?;
-    Ok(conn)
+    let server = store::register(&mut conn, schema, id, holders).await?;
+    Ok((conn, server))
 }
+
+/// A server incarnation: its postmaster's start time.
+type Incarnation = chrono::DateTime<chrono::Utc>;
 
 struct Keep {
     options: PgConnectOptions,
@@ -252,32 +316,42 @@ struct Keep {
     vouched: tokio::sync::mpsc::UnboundedReceiver<Vouch>,
     stop: CancellationToken,
     conn: Option<PgConnection>,
+    /// The server the registration in force was made on.
+    server: Incarnation,
 }
 
 /// The background loop: checks every [`CHECK_EVERY`] on the liveness
-/// connection (which also proves it still answers); on a failure, goes
-/// down at once, then connects and registers again, backing off.
+/// connection (which also proves it still answers); on a failure, stops
+/// new claims and connects again at once, backing off (see [`Liveness`]
+/// for what happens to the claims made before).
 async fn keep(mut k: Keep) {
-    let mut session = 1;
-    let mut backoff = CHECK_EVERY;
+    let mut term = 1;
+    let mut backoff = Duration::ZERO;
     loop {
         let Some(conn) = k.conn.as_mut() else {
             tokio::select! {
                 () = k.stop.cancelled() => return,
                 () = tokio::time::sleep(backoff) => {}
             }
-            match open(&k.options, &k.schema, &k.id, &k.holders).await {
-                Ok(conn) => {
+            backoff = (backoff * 2).clamp(CHECK_EVERY, RECONNECT_AT_MOST);
+            match reconnect(&k).await {
+                Ok((conn, same_server)) => {
+                    if same_server {
+                        // Judged dead, perhaps, already: the claims go.
+                        k.standing.send_replace(Standing::Down(term));
+                        term += 1;
+                    }
+                    let (conn, server) = conn;
                     k.conn = Some(conn);
-                    session += 1;
-                    backoff = CHECK_EVERY;
-                    k.standing.send_replace(Standing::Up(session));
-                    tracing::info!(instance = %k.id, session, "liveness session registered again");
+                    k.server = server;
+                    backoff = Duration::ZERO;
+                    k.standing.send_replace(Standing::Up(term));
+                    tracing::info!(instance = %k.id, term, same_server,
+                        "liveness session registered again");
                 }
                 Err(e) => {
-                    backoff = (backoff * 2).min(RECONNECT_AT_MOST);
                     tracing::warn!(instance = %k.id, error = %e,
-                        "cannot register the liveness session; claims wait");
+                        "cannot register the liveness session; new claims wait");
                 }
             }
             continue;
@@ -309,13 +383,26 @@ async fn keep(mut k: Keep) {
             }
             Ok(_) => {}
             Err(e) => {
-                k.standing.send_replace(Standing::Down(session));
+                k.standing.send_replace(Standing::Reconnecting(term));
                 k.conn = None;
-                tracing::warn!(instance = %k.id, session, error = %e,
-                    "liveness session lost: its claims are no longer trusted");
+                tracing::warn!(instance = %k.id, term, error = %e,
+                    "liveness session lost: no new claims until it is registered again");
             }
         }
     }
+}
+
+/// Connects and registers again; answers whether the server is the one
+/// the lost session was on. Bounded, so a connection hanging in a
+/// partition is tried again.
+async fn reconnect(k: &Keep) -> sqlx::Result<((PgConnection, Incarnation), bool)> {
+    let attempt = async {
+        let (conn, server) = open(&k.options, &k.schema, &k.id, &k.holders).await?;
+        Ok(((conn, server), server == k.server))
+    };
+    tokio::time::timeout(CHECK_TIMEOUT, attempt)
+        .await
+        .unwrap_or(Err(sqlx::Error::PoolTimedOut))
 }
 
 /// One check: vouches for the holders added since, then ends the claims

@@ -4,6 +4,7 @@
 //! never through a transaction pooler: a session means nothing there).
 
 use crate::db::Schema;
+use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 
 /// What a pass of [`end_dead`] ended.
@@ -44,17 +45,20 @@ const LISTED: &str = "EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
 /// replaces it. The old row is locked first; a reaper already holding it
 /// finishes (and ends the old claims) before this registration proceeds,
 /// and a reaper that comes after sees the new session, which is alive.
+///
+/// Answers the start time of the server the session is on (its
+/// incarnation).
 pub async fn register(
     conn: &mut PgConnection,
     schema: &Schema,
     id: &str,
     holders: &[String],
-) -> sqlx::Result<()> {
+) -> sqlx::Result<DateTime<Utc>> {
     let mut tx = conn.begin().await?;
     lock(&mut tx, schema, &[id.to_string()]).await?;
     end_locked(&mut tx, schema, &[id.to_string()]).await?;
-    schema
-        .query(
+    let server = schema
+        .query_scalar(
             "INSERT INTO $schema.liveness AS l
                     (instance_id, holders, pid, backend_start, server_started_at)
              SELECT $1, $2, pg_backend_pid(), a.backend_start, pg_catalog.pg_postmaster_start_time()
@@ -62,11 +66,12 @@ pub async fn register(
              ON CONFLICT (instance_id) DO UPDATE
                 SET holders = EXCLUDED.holders, pid = EXCLUDED.pid,
                     backend_start = EXCLUDED.backend_start,
-                    server_started_at = EXCLUDED.server_started_at, registered_at = now()",
+                    server_started_at = EXCLUDED.server_started_at, registered_at = now()
+             RETURNING l.server_started_at",
         )
         .bind(id)
         .bind(holders)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
     // Registrations of another server incarnation (before a restart or a
     // failover) are never judged; an hour on, their leases ran out long
@@ -79,7 +84,8 @@ pub async fn register(
         )
         .execute(&mut *tx)
         .await?;
-    tx.commit().await
+    tx.commit().await?;
+    Ok(server)
 }
 
 /// Adds `holder` to those instance `id`'s session vouches for (a worker

@@ -510,3 +510,49 @@ async fn a_runtime_whose_session_is_cut_gives_its_claims_up_and_goes_on_serving(
     runtime.shutdown().await;
     assert_eq!(registered_pid(&db.pool, "rt-a").await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_singleton_whose_session_is_cut_ends_its_term_at_once() {
+    use leasekeeper_core::lease::client::LeaseTiming;
+    use leasekeeper_core::lease::singleton::{Singleton, State, TermWork};
+    let db = TestDb::new().await;
+    let pool = db.pool(8).await;
+    let s = start(&pool, "s", &[]).await;
+    let work: TermWork = Arc::new(|term| Box::pin(async move { term.stop().cancelled().await }));
+    let job = Singleton::spawn_job(
+        pool.clone(),
+        "singleton:liveness-test",
+        holder("s"),
+        LeaseTiming::from_ttl(TTL),
+        Duration::from_millis(100),
+        work,
+    );
+    job.start();
+    until("the term to begin", Duration::from_secs(5), || async {
+        job.state() == State::Working
+    })
+    .await;
+    assert_eq!(job.token(), Some(1));
+    let pid = registered_pid(&pool, "s").await.unwrap();
+    let cut = Instant::now();
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Its work told to stop within a second (the renewals, 5 s apart,
+    // would not have told it yet)...
+    until("the term to end", Duration::from_secs(1), || async {
+        job.token() != Some(1)
+    })
+    .await;
+    // ...and a new term, here its own once registered again, with the
+    // next token: the old lease was ended, not waited out.
+    until("a new term", Duration::from_secs(2), || async {
+        job.token().is_some_and(|t| t >= 2)
+    })
+    .await;
+    assert!(cut.elapsed() < Duration::from_secs(3));
+    job.shutdown().await;
+    s.shutdown().await;
+}
