@@ -146,6 +146,17 @@ pub enum BenchWhat {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Only the rescue phase: `kill -9` of a runtime process holding
+    /// claims at the default TTL, --kills times; the time from each kill
+    /// to each claim's takeover by an idle runtime process elsewhere.
+    Rescue {
+        /// How many kills.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        kills: u16,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Push --tasks tasks (a million by default) through the worker runtime
     /// with the maintenance job pruning everything older than
     /// --prune-older-than-secs, then the same without retention: table

@@ -95,6 +95,18 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
+            Some(BenchWhat::Rescue { kills, json }) => {
+                bench::queue::rescue_only(
+                    settings,
+                    usize::from(kills),
+                    bench::Options {
+                        quick: false,
+                        json,
+                        charts: None,
+                    },
+                )
+                .await
+            }
             Some(BenchWhat::Fleet { quick, json }) => {
                 bench::queue::fleet_only(
                     settings,

@@ -51,6 +51,9 @@ const KEYS: &[&str] = &[
     "renews_per_s",
     "failover_p99_s",
     "failover_bound_s",
+    "rescue_p50_ms",
+    "rescue_p99_ms",
+    "rescue_ttl_s",
     "w16_vs_raw_ceiling",
     "batched_vs_w16",
     "fleet_w16_vs_graphile_best",
@@ -149,6 +152,14 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
     );
     assert_eq!(results["failover_tasks_lost"], 0.0, "{results}");
     assert_eq!(results["failover_tasks_completed_twice"], 0.0, "{results}");
+    assert_eq!(results["rescue_tasks_lost"], 0.0, "{results}");
+    assert_eq!(results["rescue_tasks_completed_twice"], 0.0, "{results}");
+    // Rescued by the closed session, not by the leases running out.
+    assert!(
+        results["rescue_max_ms"].as_f64()
+            < Some(results["rescue_ttl_s"].as_f64().unwrap() * 1000.0),
+        "{results}"
+    );
     // The table went to stdout, the phases to stderr.
     assert!(run.stdout.contains("throughput_w16"), "{}", run.stdout);
     // Every phase ran: the last one numbered is the last of all.

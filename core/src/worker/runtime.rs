@@ -436,6 +436,10 @@ impl RuntimeBuilder {
     }
 }
 
+/// The lease TTL of a runtime's claims unless [`RuntimeBuilder::lease`]
+/// says otherwise (heartbeats every third of it).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+
 /// A running set of workers; see the module documentation. Dropping it
 /// without [`Runtime::shutdown`] leaves the workers running until the
 /// process ends.
@@ -463,7 +467,7 @@ impl Runtime {
             queues: Vec::new(),
             id: None,
             address: "embedded".to_string(),
-            worker: WorkerConfig::new(Duration::from_secs(15), Duration::from_secs(5)),
+            worker: WorkerConfig::new(DEFAULT_LEASE_TTL, DEFAULT_LEASE_TTL / 3),
             retry: RetryPolicies::default(),
             host_search_path: DEFAULT_HOST_SEARCH_PATH.to_string(),
             shutdown_grace: Duration::from_secs(10),

@@ -140,8 +140,20 @@ pub(super) async fn failovers(
     }
     server.stop().await?;
     outcome?;
-    // Lost: not processed. Twice: more than one accepted completion (a
-    // 'released' event by the processor is what a completion writes).
+    let (lost, twice) = lost_and_twice(pool, &ids).await?;
+    let poll = WorkerConfig::new(FAILOVER_TTL, FAILOVER_TTL / 4).poll;
+    Ok(Failover {
+        times: Samples(times),
+        bound: FAILOVER_TTL + *poll.end(),
+        lost,
+        twice,
+    })
+}
+
+/// Of tasks `ids`: how many were lost (not processed) and how many
+/// completed twice (more than one accepted completion: a `released` event
+/// is what a completion writes).
+pub(super) async fn lost_and_twice(pool: &PgPool, ids: &[i64]) -> Result<(usize, usize)> {
     let (lost, twice): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE t.status <> 'processed'),
                 count(*) FILTER (WHERE (SELECT count(*) FROM lease_events e
@@ -149,20 +161,14 @@ pub(super) async fn failovers(
                                            AND e.kind = 'released') > 1)
            FROM tasks t WHERE t.id = ANY($1)",
     )
-    .bind(&ids)
+    .bind(ids)
     .fetch_one(pool)
     .await?;
-    let poll = WorkerConfig::new(FAILOVER_TTL, FAILOVER_TTL / 4).poll;
-    Ok(Failover {
-        times: Samples(times),
-        bound: FAILOVER_TTL + *poll.end(),
-        lost: lost as usize,
-        twice: twice as usize,
-    })
+    Ok((lost as usize, twice as usize))
 }
 
 /// Polls `check` every 10 ms until it answers `Some`, for at most `limit`.
-async fn wait_for<T, F, Fut>(limit: Duration, mut check: F) -> Result<T>
+pub(super) async fn wait_for<T, F, Fut>(limit: Duration, mut check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,

@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 pub(crate) const NOOP: &str = "noop";
 /// Workers per runtime instance.
 pub(crate) const CONCURRENCY: usize = 16;
+/// The task kind the rescue phase holds: its first claim runs until its
+/// process dies (or the claim is lost); a later claim completes at once
+/// (see [`super::rescue`]).
+pub(crate) const HOLD: &str = "bench-hold";
 
 /// A runtime named `id` on `pool`, serving the default queue with
 /// `concurrency` workers, whose one handler ([`NOOP`]) completes at once;
@@ -156,6 +160,13 @@ pub(crate) async fn noop_runtime_with(
         .batching(settings.batching)
         .prefetch(settings.prefetch)
         .handler(NOOP, |_job: Job, _ctx: TaskContext| async {
+            HandlerResult::Ok(Done::empty())
+        })
+        .handler(HOLD, |job: Job, ctx: TaskContext| async move {
+            if job.fencing_token == 1 {
+                ctx.cancelled().await;
+                return HandlerResult::Err("the first claim was lost".into());
+            }
             HandlerResult::Ok(Done::empty())
         })
         .start()

@@ -83,12 +83,14 @@ mod leases;
 pub mod peers;
 mod pickup;
 pub(crate) mod race;
+mod rescue;
 mod scale_out;
 mod throughput;
 pub mod tune;
 mod wakeup;
 
 pub use fleet::Settings as RuntimeSettings;
+pub use rescue::rescue_only;
 pub use scale_out::runtime_process;
 
 use super::{
@@ -120,7 +122,7 @@ const BATCH_WORKERS: usize = 4;
 const LEASE_CLIENTS: usize = 16;
 /// Runtime processes of the scale-out phases.
 const INSTANCES: [usize; 3] = [1, 2, 4];
-const PHASES: u64 = 21;
+const PHASES: u64 = 22;
 
 /// How long and how much: full or `--quick`.
 struct Plan {
@@ -452,6 +454,15 @@ async fn run(
     r.push(("failover_bound_s", failover.bound.as_secs_f64()));
     r.push(("failover_tasks_lost", failover.lost as f64));
     r.push(("failover_tasks_completed_twice", failover.twice as f64));
+
+    progress.phase(&format!(
+        "rescue: kill -9 of a runtime process holding {} claims at the default TTL, {} times",
+        rescue::HELD,
+        plan.failovers
+    ));
+    rescue::rescues(db, plan.failovers, progress)
+        .await?
+        .report(&mut r);
 
     progress.phase("ratios");
     r.push(("w16_vs_raw_ceiling", ratio(ours16, raw)));
