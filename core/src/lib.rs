@@ -92,6 +92,7 @@ pub mod instance;
 pub mod json;
 pub mod lease;
 pub mod live;
+#[cfg(feature = "postgres")]
 pub mod liveness;
 pub mod paging;
 pub mod queue;
