@@ -19,7 +19,8 @@ pub async fn assert_terms_do_not_overlap(pool: &PgPool) -> BTreeMap<i64, String>
     );
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT fencing_token, holder, kind, expires_at, at FROM lease_events
-          WHERE resource = $1 AND kind IN ('acquired', 'taken_over', 'renewed', 'released')
+          WHERE resource = $1
+            AND kind IN ('acquired', 'taken_over', 'renewed', 'released', 'session_ended')
           ORDER BY id",
     )
     .bind(RESOURCE)
@@ -52,6 +53,7 @@ pub async fn assert_terms_do_not_overlap(pool: &PgPool) -> BTreeMap<i64, String>
                 assert!(!term.3, "token {token} renewed after its release");
                 term.2 = term.2.max(expires_at);
             }
+            // A release, or the end of the holder's liveness session.
             _ => {
                 let term = terms.get_mut(&token).expect("release of a known term");
                 term.2 = expires_at;

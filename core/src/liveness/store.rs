@@ -216,9 +216,10 @@ async fn end_locked(
                  WHERE l.instance_id = ANY($1)
                    AND l.server_started_at = pg_catalog.pg_postmaster_start_time()
                    AND NOT {LISTED}
-                RETURNING l.holders
+                RETURNING l.instance_id, l.holders
              ), holder AS (
-                SELECT DISTINCT unnest(holders) AS name FROM dead
+                SELECT DISTINCT ON (h.name) h.name, dead.instance_id
+                  FROM dead CROSS JOIN LATERAL unnest(dead.holders) AS h(name)
              ), late AS (
                 UPDATE $schema.tasks t SET must_heartbeat_before = now()
                  WHERE t.status = 'started' AND t.processor IN (SELECT name FROM holder)
@@ -229,15 +230,27 @@ async fn end_locked(
                   FROM late
                  WHERE l.resource = 'task:' || late.id AND l.holder = late.processor
                    AND l.released_at IS NULL AND l.expires_at > now()
-                RETURNING 1
+                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
              ), other_leases AS (
                 UPDATE $schema.leases l SET expires_at = now()
                  WHERE l.resource NOT LIKE 'task:%' AND l.expires_at > now()
                    AND l.released_at IS NULL AND l.holder IN (SELECT name FROM holder)
+                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
+             ), ended AS (
+                SELECT * FROM task_leases UNION ALL SELECT * FROM other_leases
+             ), recorded AS (
+                -- The history says how each term ended, like a release: a
+                -- reader of lease_events (the timeline, the split-brain
+                -- check) sees it end now, not at its old expiry.
+                INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, expires_at, detail)
+                SELECT e.resource, e.holder, e.fencing_token, 'session_ended', e.expires_at,
+                       jsonb_build_object('instance', h.instance_id)
+                  FROM ended e JOIN holder h ON h.name = e.holder
+                 ORDER BY e.resource
                 RETURNING 1
              )
              SELECT (SELECT count(*) FROM dead),
-                    (SELECT count(*) FROM task_leases) + (SELECT count(*) FROM other_leases),
+                    (SELECT count(*) FROM recorded),
                     (SELECT count(*) FROM late)"
         ))
         .bind(ids)

@@ -5,7 +5,7 @@
 //! is noticed, registered again, and its old claims ended; and registering
 //! again races a reaper for real without ending a claim of the new session.
 
-use crate::common::{TestDb, holder, resource, until};
+use crate::common::{TestDb, event_kinds, holder, resource, until};
 use leasekeeper_core::db::Schema;
 use leasekeeper_core::lease::store as leases;
 use leasekeeper_core::liveness::{Liveness, LivenessSignal, store as liveness};
@@ -131,6 +131,15 @@ async fn a_crashed_holder_s_claims_and_singleton_are_taken_over_within_a_second(
     assert!(
         matches!(singleton_moved, Ok(leases::Acquired::New(ref l)) if l.fencing_token == 2),
         "the singleton moved too: {singleton_moved:?}"
+    );
+    // The history says how each term ended: by the session, then taken over.
+    assert_eq!(
+        event_kinds(&pool, "singleton:generator").await,
+        ["acquired", "session_ended", "taken_over"]
+    );
+    assert_eq!(
+        event_kinds(&pool, &format!("task:{first}")).await,
+        ["acquired", "session_ended", "taken_over"]
     );
     // Had the holder lived after all, its write is refused by the fence.
     let late = store::complete(

@@ -131,7 +131,8 @@ pub async fn check(
                     SELECT e.holder, e.fencing_token, e.kind, e.expires_at
                       FROM $schema.lease_events e
                      WHERE e.resource = s.resource AND e.id < s.id
-                       AND e.kind IN ('acquired', 'renewed', 'released', 'taken_over', 'deleted')
+                       AND e.kind IN ('acquired', 'renewed', 'released', 'taken_over', 'deleted',
+                                      'session_ended')
                      ORDER BY e.id DESC
                      LIMIT 1) p
               WHERE s.id > (SELECT coalesce(max(id), 0) FROM $schema.lease_events) - $2

@@ -71,7 +71,9 @@ pub(super) fn scan_terms(events: &[EventRow], c: &mut Checks) -> TermsByResource
                 }
                 current.insert(resource, token);
             }
-            "renewed" | "released" | "deleted" => {
+            // A term ended by its holder's lost liveness session ends like
+            // a release, at the event's expires_at (now).
+            "renewed" | "released" | "deleted" | "session_ended" => {
                 let in_force = current.get(resource.as_str()).copied();
                 if in_force != Some(token) {
                     c.stale_accepted.push(format!(
