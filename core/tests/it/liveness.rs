@@ -63,6 +63,17 @@ async fn registered_pid(pool: &PgPool, id: &str) -> Option<i32> {
         .unwrap()
 }
 
+/// No registration is found dead, and even asked to judge instance `a`,
+/// the reaper ends nothing.
+async fn nothing_judged_dead(conn: &mut PgConnection) {
+    let suspects = liveness::suspects(conn, &Schema::default()).await.unwrap();
+    assert!(suspects.is_empty(), "{suspects:?}");
+    let done = liveness::end_dead(conn, &Schema::default(), &["a".to_string()])
+        .await
+        .unwrap();
+    assert!(!done.any(), "{done:?}");
+}
+
 /// Whether task `id`'s claim is past its deadline (ended).
 async fn ended(pool: &PgPool, id: i64) -> bool {
     sqlx::query_scalar("SELECT must_heartbeat_before <= now() FROM tasks WHERE id = $1")
@@ -174,15 +185,7 @@ async fn a_live_session_is_never_judged_dead() {
     assert_eq!(claim(&pool, "a-w1").await.map(|c| c.0), Some(task));
     let mut conn = pool.acquire().await.unwrap();
     for _ in 0..20 {
-        let suspects = liveness::suspects(&mut conn, &Schema::default())
-            .await
-            .unwrap();
-        assert!(suspects.is_empty(), "{suspects:?}");
-        // Even asked to judge it, the reaper finds it listed.
-        let done = liveness::end_dead(&mut conn, &Schema::default(), &["a".to_string()])
-            .await
-            .unwrap();
-        assert!(!done.any(), "{done:?}");
+        nothing_judged_dead(&mut conn).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!ended(&pool, task).await);
@@ -214,14 +217,7 @@ async fn a_session_of_another_server_incarnation_is_left_to_the_ttl() {
         .unwrap()
     })
     .await;
-    let suspects = liveness::suspects(&mut conn, &Schema::default())
-        .await
-        .unwrap();
-    assert!(suspects.is_empty(), "{suspects:?}");
-    let done = liveness::end_dead(&mut conn, &Schema::default(), &["a".to_string()])
-        .await
-        .unwrap();
-    assert!(!done.any(), "{done:?}");
+    nothing_judged_dead(&mut conn).await;
     assert!(!ended(&pool, task).await, "the TTL rules");
     assert_eq!(claim(&pool, "b-w1").await, None);
 }
@@ -263,7 +259,17 @@ async fn a_session_cut_while_its_process_lives_is_noticed_registered_again_and_i
         "{:?}",
         cut.elapsed()
     );
-    assert!(ended(&pool, task).await || claim(&pool, "b-w1").await.is_none());
+    let (processor, token): (String, i64) =
+        sqlx::query_as("SELECT processor, fencing_token FROM tasks WHERE id = $1")
+            .bind(task)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (processor.as_str(), token),
+        ("b-w1", 2),
+        "the old claim, taken over"
+    );
     // Still serving: a new claim under the new session stands.
     let next = enqueue(&pool).await;
     assert_eq!(claim(&pool, "a-w1").await.map(|c| c.0), Some(next));
