@@ -231,6 +231,7 @@ mod server {
             match err {
                 FleetError::NotHere { .. } => AppError::NotFound(err.to_string()),
                 FleetError::ShuttingDown => AppError::Conflict(err.to_string()),
+                FleetError::NoSession => AppError::Unavailable(err.to_string()),
                 FleetError::BadId(_) | FleetError::Db(_) => AppError::internal(err),
             }
         }

@@ -125,6 +125,7 @@ library's own leases and audit trails.";
         workers::report,
         workers::pause,
         workers::kill,
+        workers::session,
         generator::status,
         generator::start,
         generator::stop,

@@ -28,6 +28,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/workers/{id}", get(get_one).put(report))
         .route("/api/workers/{id}/pause", post(pause))
         .route("/api/workers/{id}/kill", post(kill))
+        .route("/api/workers/{id}/session", post(session))
 }
 
 /// `GET /api/workers?before=SEQ&limit=N`: newest first, paged.
@@ -222,4 +223,78 @@ async fn report(
              a new run must send fresh: true first"
         ))
     })
+}
+
+/// How often a session stream carries a keep-alive: the instance finds a
+/// closed connection at its second write after the close, so a worker
+/// process that died is found within about twice this.
+const SESSION_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// What a worker process sends to open its session stream (nothing yet:
+/// its id is the path's).
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSession {}
+
+/// `POST /api/workers/{id}/session`: a worker process's liveness, carried
+/// by one open answer (see [`crate::worker::fleet::Fleet::open_stream`]).
+#[utoipa::path(
+    post,
+    path = "/api/workers/{id}/session",
+    tag = "workers",
+    summary = "A worker process's session stream",
+    description = "An endless `text/event-stream` kept open by a worker process (`leasekeeper worker`): `ready` (data: this instance's id) once this instance's liveness session vouches for the worker as a new term (whatever the worker held before, through an earlier stream, is ended first), then a keep-alive comment every 200 ms. While it is open a crash of this instance rescues the worker's claims within a second; when it closes (the process died), the worker's live claims are ended at once and an idle worker takes them over. A worker whose stream broke gives up its claims and opens a new one. 409 for a simulated worker's id; 503 when this instance's liveness session is not registered.",
+    params(WorkerIdPath),
+    request_body = OpenSession,
+    security((), ("worker_token" = []), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "An endless `text/event-stream`", content_type = "text/event-stream", body = super::events::StreamEvent),
+        (status = 400, description = "Bad JSON or a bad id", body = ErrorBody),
+        (status = 409, description = "A simulated worker's id, or the instance is shutting down", body = ErrorBody),
+        (status = 503, description = "This instance's liveness session is not registered now", body = ErrorBody),
+        NeedsCredential,
+        TooLarge,
+        NotJson,
+    )
+)]
+async fn session(
+    State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
+    WorkerId(id): WorkerId,
+    JsonBody(OpenSession {}): JsonBody<OpenSession>,
+) -> Result<axum::response::Response, AppError> {
+    use axum::response::IntoResponse;
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let known = crate::reads::read!(s, |c| registry::get(
+        c,
+        s.schema(),
+        id.as_str(),
+        s.settings.lease_ttl
+    )
+    .await)?;
+    if known.is_some_and(|w| w.kind == WorkerKind::Simulated) {
+        return Err(AppError::Conflict(format!(
+            "worker {id} is a simulated worker; a worker process needs an id of its own"
+        )));
+    }
+    let guard = s.fleet.open_stream(&id).await?;
+    let ready = Event::default().event("ready").data(s.instance_id.to_string());
+    let stop = s.live.stopped();
+    // The guard lives as long as the answer's body: hyper drops the body
+    // when its connection fails, and the guard's drop ends the claims.
+    let stream = futures::stream::unfold(
+        (Some(ready), guard, stop),
+        |(ready, guard, stop)| async move {
+            if let Some(ready) = ready {
+                return Some((Ok::<_, std::convert::Infallible>(ready), (None, guard, stop)));
+            }
+            // Nothing more to say but keep-alives, until this instance
+            // stops: then the guard goes with the body.
+            stop.cancelled().await;
+            None
+        },
+    );
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(SESSION_KEEP_ALIVE))
+        .into_response())
 }

@@ -25,7 +25,7 @@ use leasekeeper_core::worker::run::{Controls, Exit, Worker, WorkerConfig};
 use leasekeeper_core::worker::simulated;
 use leasekeeper_core::worker::{WorkerInfo, WorkerKind, WorkerState};
 use sqlx::{Connection, PgPool};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,6 +88,54 @@ pub enum FleetError {
     /// The database failed.
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    /// This instance's liveness session is down (or it has none): it
+    /// cannot vouch for a worker process's stream now.
+    #[error(
+        "this instance's liveness session is not registered now; \
+         try again in a moment, or on another instance"
+    )]
+    NoSession,
+}
+
+/// A worker process's open session stream (see [`Fleet::open_stream`]).
+/// Dropped without [`goodbye`](Self::goodbye), the worker is taken for
+/// dead and its claims are ended, unless a newer stream of the same
+/// worker was opened on this instance since (a reconnection: the newer
+/// stream's adoption already ended what the old one held).
+#[derive(Debug)]
+pub struct StreamGuard {
+    fleet: Fleet,
+    holder: String,
+    n: u64,
+    goodbye: bool,
+}
+
+impl StreamGuard {
+    /// The worker said goodbye: it gave back or completed every claim, so
+    /// closing its stream ends nothing.
+    pub fn goodbye(&mut self) {
+        self.goodbye = true;
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        {
+            let mut streams = self.fleet.streams();
+            if streams.get(&self.holder) != Some(&self.n) {
+                return;
+            }
+            streams.remove(&self.holder);
+        }
+        let fleet = self.fleet.clone();
+        let holder = std::mem::take(&mut self.holder);
+        let end = !self.goodbye;
+        if end {
+            tracing::warn!(worker = %holder,
+                "the session stream of a worker process closed without a goodbye: its claims are ended now");
+        }
+        tokio::spawn(async move { fleet.disown(&holder, end).await });
+    }
 }
 
 /// A worker named and recorded, not yet running.
@@ -123,6 +171,11 @@ struct Inner {
     /// The instance's liveness session, which vouches for each worker
     /// before it runs (see [`Fleet::vouched_by`]).
     liveness: Option<(LivenessSignal, Voucher)>,
+    /// The session streams of worker processes open to this instance: the
+    /// newest stream's number per worker (see [`Fleet::open_stream`]).
+    streams: Mutex<HashMap<String, u64>>,
+    /// The number of the next session stream.
+    next_stream: AtomicU64,
 }
 
 /// The simulated workers of this instance. Cheap to clone.
@@ -172,6 +225,8 @@ impl Fleet {
                 slots: Mutex::new(BTreeMap::new()),
                 shutdown: CancellationToken::new(),
                 liveness: None,
+                streams: Mutex::new(HashMap::new()),
+                next_stream: AtomicU64::new(1),
             }),
         }
     }
@@ -327,11 +382,16 @@ impl Fleet {
     async fn exited(&self, name: &str, exit: Exit) {
         self.slots().remove(name);
         if exit != Exit::Crashed {
+            // It gave its claims back or completed them: nothing to end.
+            self.disown(name, false).await;
             return;
         }
         if let Err(e) = self.mark(name, WorkerState::Crashed).await {
             tracing::warn!(worker = name, error = %e, "cannot record the crash");
         }
+        // A crashed worker is certainly dead: its claims go now, not at
+        // the end of their TTL, as a crashed process's would.
+        self.disown(name, true).await;
         let Some(delay) = self.inner.config.respawn_after else {
             return;
         };
@@ -343,6 +403,21 @@ impl Fleet {
                     Err(e) => tracing::warn!(crashed = name, error = %e, "cannot replace a crashed worker"),
                 }
             }
+        }
+    }
+
+    /// Stops vouching for worker `name`; with `end` (it was killed or
+    /// crashed), its live claims are ended now, so an idle worker takes
+    /// them over within a second (see [`Voucher::disown`]). Without a
+    /// liveness session, or with the session down, its claims wait out
+    /// their TTL, as before.
+    async fn disown(&self, name: &str, end: bool) {
+        if let Some((_, voucher)) = &self.inner.liveness
+            && !voucher.disown(name, end, VOUCH_WITHIN).await
+            && end
+        {
+            tracing::warn!(worker = name,
+                "the liveness session is down: this worker's claims wait out their TTL");
         }
     }
 
@@ -378,10 +453,13 @@ impl Fleet {
     }
 
     /// Kills worker `id` abruptly: its task is aborted mid-step, nothing is
-    /// completed or released, and it is recorded as crashed.
+    /// completed or released, and it is recorded as crashed. Its claims
+    /// are then ended by the instance's liveness session, as a crashed
+    /// process's would be: another worker takes them over within a second.
     pub async fn kill(&self, id: &str) -> Result<(), FleetError> {
         self.abort(id).await?;
         self.mark(id, WorkerState::Crashed).await?;
+        self.disown(id, true).await;
         Ok(())
     }
 
@@ -415,6 +493,10 @@ impl Fleet {
         )
         .await?;
         tx.commit().await?;
+        // Dead for certain: its claims end now and the stopwatch stops at
+        // the takeover, within a second; a paused worker still waits out
+        // its TTL.
+        self.disown(id, true).await;
         Ok(())
     }
 
@@ -429,6 +511,47 @@ impl Fleet {
         self.inner.transport.flush().await;
         tracing::warn!(worker = id, "killed (no completion, no release)");
         Ok(())
+    }
+
+    /// Opens the session stream of worker process `holder`: this
+    /// instance's liveness session vouches for it as a new term (its
+    /// earlier claims, made through an earlier stream here or elsewhere,
+    /// are ended: it gave them up when that stream broke), until the
+    /// answered [`StreamGuard`] is dropped. Dropped without
+    /// [`StreamGuard::goodbye`] (the connection closed: the process died,
+    /// or its network did), the worker's live claims are ended at once,
+    /// so an idle worker takes them over within a second. Without a
+    /// liveness session (none, or down), the stream carries no promise
+    /// and the TTL rules: `Err(ShuttingDown)` only when stopping.
+    pub async fn open_stream(&self, holder: &Holder) -> Result<StreamGuard, FleetError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(FleetError::ShuttingDown);
+        }
+        let name = holder.as_str().to_string();
+        let n = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        self.streams().insert(name.clone(), n);
+        let vouched = match &self.inner.liveness {
+            Some((_, voucher)) => voucher.adopt(&name, VOUCH_WITHIN).await,
+            None => false,
+        };
+        if !vouched {
+            self.streams().remove(&name);
+            return Err(FleetError::NoSession);
+        }
+        Ok(StreamGuard {
+            fleet: self.clone(),
+            holder: name,
+            n,
+            goodbye: false,
+        })
+    }
+
+    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // Every change is one insert or remove: a poisoned map is whole.
+        self.inner
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The ids of the workers running now, in id order.

@@ -2,9 +2,12 @@
 //! over the REST API of an instance, until SIGINT or SIGTERM.
 //!
 //! A graceful stop gives the current task back (as a failed attempt, soon
-//! retried). `kill -9` is the real crash: nothing is given back, the task's
-//! lease runs out and another worker takes the task over. A chaos crash
-//! imitates that: the process exits at once with status 1, writing nothing.
+//! retried). `kill -9` is the real crash: nothing is given back; the
+//! worker's session stream to its instance closes, the instance ends its
+//! claims at once, and an idle worker takes the task over within a second
+//! (without the stream, an older instance or its liveness down, at the end
+//! of the lease's TTL). A chaos crash imitates that: the process exits at
+//! once with status 1, writing nothing.
 //!
 //! Its credential, sent as `Authorization: Bearer …` with every request:
 //! the token in `--token-file`, else the worker token
@@ -158,6 +161,10 @@ pub async fn run(
             );
         }
     }
+    // The session stream: while it is open the instance vouches for this
+    // worker, so a kill -9 of this process has its claims taken over within
+    // a second; when it breaks, the worker gives its claim up at once.
+    let (liveness, session) = transport.session(&id);
     let transport =
         super::history::Recorded::new(transport, faults.history.as_deref()).context("--history")?;
     let mut config = settings.worker_config();
@@ -169,6 +176,7 @@ pub async fn run(
         config,
         Chaos::from_os(settings.chaos_settings()),
     );
+    let worker = worker.vouched_by(liveness);
     tracing::info!(worker = %id, server, chaos = settings.chaos, credential = ?source,
         "worker process started");
     let stop = controls.stop_token();
@@ -176,7 +184,11 @@ pub async fn run(
         crate::signals::shutdown_signal().await;
         stop.cancel();
     });
-    match worker.run().await {
+    let exit = worker.run().await;
+    // Its claims were given back or completed: the stream's close ends
+    // nothing.
+    session.abort();
+    match exit {
         Exit::Stopped => Ok(()),
         Exit::Crashed => {
             bail!("worker {id} crashed (chaos; set LEASEKEEPER_CHAOS=0 to turn it off)")

@@ -116,16 +116,38 @@ pub struct Liveness {
     task: JoinHandle<()>,
 }
 
-/// A request to vouch for one more holder, and who waits for it.
-type Vouch = (String, tokio::sync::oneshot::Sender<()>);
+/// What a [`Voucher`] asks of the session, and who waits for the answer
+/// (whether this session's registration did it).
+enum Ask {
+    /// Vouch for one more holder ([`store::vouch`]).
+    Vouch(String),
+    /// Vouch for a holder as a new term ([`store::adopt`]).
+    Adopt(String),
+    /// Stop vouching for a holder; with `end`, end its claims now
+    /// ([`store::disown`]).
+    Disown { holder: String, end: bool },
+}
 
-/// Adds holders to those a [`Liveness`] session vouches for (a worker
-/// started after the process). Cheap to clone.
+type Asked = (Ask, tokio::sync::oneshot::Sender<bool>);
+
+/// Changes the holders a [`Liveness`] session vouches for: a worker
+/// started after the process, a worker process streaming to this
+/// instance, a worker that died. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Voucher(
-    tokio::sync::mpsc::UnboundedSender<Vouch>,
+    tokio::sync::mpsc::UnboundedSender<Asked>,
     watch::Receiver<Standing>,
 );
+
+impl std::fmt::Debug for Ask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ask::Vouch(h) => write!(f, "vouch {h}"),
+            Ask::Adopt(h) => write!(f, "adopt {h}"),
+            Ask::Disown { holder, end } => write!(f, "disown {holder} (end: {end})"),
+        }
+    }
+}
 
 impl Voucher {
     /// Vouches for `holder` from now on, and in every registration after;
@@ -134,12 +156,45 @@ impl Voucher {
     /// is vouched for when registered again, and until then its claims
     /// wait out their TTL).
     pub async fn vouch(&self, holder: &str, within: Duration) -> bool {
-        let (done, written) = tokio::sync::oneshot::channel();
         vouched_holders().insert(holder.to_string(), self.1.clone());
-        if self.0.send((holder.to_string(), done)).is_err() {
+        self.ask(Ask::Vouch(holder.to_string()), within).await
+    }
+
+    /// [`vouch`](Self::vouch) for `holder` as a **new term**: every claim
+    /// and lease it held before (through an earlier stream, on this
+    /// instance or another) is ended first, and any other session stops
+    /// vouching for it ([`store::adopt`]). For a holder that lives in
+    /// another process (a worker process streaming to this instance),
+    /// which gave up its earlier claims when its earlier stream broke and
+    /// claims again only once this answers `true`.
+    pub async fn adopt(&self, holder: &str, within: Duration) -> bool {
+        self.ask(Ask::Adopt(holder.to_string()), within).await
+    }
+
+    /// Stops vouching for `holder`. With `end` (it died: its stream closed
+    /// without a goodbye, or it was killed), its live claims and leases
+    /// are ended now, so an idle worker takes its tasks over within a
+    /// second, as after a crash of its process ([`store::disown`]);
+    /// without, it said goodbye and held nothing. Answers `false` when the
+    /// session is down or did not answer within `within`: then its claims
+    /// wait out their TTL.
+    pub async fn disown(&self, holder: &str, end: bool, within: Duration) -> bool {
+        {
+            let mut map = vouched_holders();
+            if map.get(holder).is_some_and(|s| s.same_channel(&self.1)) {
+                map.remove(holder);
+            }
+        }
+        let holder = holder.to_string();
+        self.ask(Ask::Disown { holder, end }, within).await
+    }
+
+    async fn ask(&self, ask: Ask, within: Duration) -> bool {
+        let (done, answered) = tokio::sync::oneshot::channel();
+        if self.0.send((ask, done)).is_err() {
             return false;
         }
-        matches!(tokio::time::timeout(within, written).await, Ok(Ok(())))
+        matches!(tokio::time::timeout(within, answered).await, Ok(Ok(true)))
     }
 }
 
@@ -163,7 +218,7 @@ impl Liveness {
         }
         let (conn, server) = open(&options, &schema, &id, &holders).await?;
         let (standing_tx, standing) = watch::channel(Standing::Up(1));
-        let (vouch, vouched) = tokio::sync::mpsc::unbounded_channel();
+        let (vouch, asks) = tokio::sync::mpsc::unbounded_channel();
         let vouch = Voucher(vouch, standing.clone());
         {
             let mut map = vouched_holders();
@@ -178,7 +233,8 @@ impl Liveness {
             id: id.clone(),
             holders,
             standing: standing_tx,
-            vouched,
+            asks,
+            pending: Vec::new(),
             stop: stop.clone(),
             conn: Some(conn),
             server,
@@ -238,6 +294,14 @@ impl LivenessSignal {
     /// No liveness: always up, never lost.
     pub fn none() -> Self {
         LivenessSignal(None)
+    }
+
+    /// The signal of a session kept elsewhere than in a [`Liveness`] of
+    /// this process: a worker process's stream to its instance
+    /// ([`Http::session`](crate::worker::http::Http::session)), whose
+    /// instance vouches for it.
+    pub fn following(standing: watch::Receiver<Standing>) -> Self {
+        LivenessSignal(Some(standing))
     }
 
     /// The signal of the session in this process that vouches for
@@ -313,7 +377,9 @@ struct Keep {
     id: Arc<str>,
     holders: Vec<String>,
     standing: watch::Sender<Standing>,
-    vouched: tokio::sync::mpsc::UnboundedReceiver<Vouch>,
+    asks: tokio::sync::mpsc::UnboundedReceiver<Asked>,
+    /// Asks received while waiting for the next check.
+    pending: Vec<Asked>,
     stop: CancellationToken,
     conn: Option<PgConnection>,
     /// The server the registration in force was made on.
@@ -364,10 +430,12 @@ async fn keep(mut k: Keep) {
                 return;
             }
             () = tokio::time::sleep(CHECK_EVERY) => {}
+            // An ask (a worker killed, a stream opened) is done at once.
+            Some(ask) = k.asks.recv() => k.pending.push(ask),
         }
         let checked = tokio::time::timeout(
             CHECK_TIMEOUT,
-            check(conn, &k.schema, &k.id, &mut k.holders, &mut k.vouched),
+            check(conn, &k.schema, &k.id, &mut k.holders, &mut k.pending, &mut k.asks),
         )
         .await
         .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));
@@ -405,33 +473,64 @@ async fn reconnect(k: &Keep) -> sqlx::Result<((PgConnection, Incarnation), bool)
         .unwrap_or(Err(sqlx::Error::PoolTimedOut))
 }
 
-/// One check: vouches for the holders added since, then ends the claims
-/// of every registered session PostgreSQL no longer lists. An error means
-/// the liveness connection is no longer to be trusted.
+/// One check: does what was asked since (vouch, adopt, disown), then
+/// ends the claims of every registered session PostgreSQL no longer
+/// lists. An error means the liveness connection is no longer to be
+/// trusted.
 async fn check(
     conn: &mut PgConnection,
     schema: &Schema,
     id: &str,
     holders: &mut Vec<String>,
-    vouched: &mut tokio::sync::mpsc::UnboundedReceiver<Vouch>,
+    pending: &mut Vec<Asked>,
+    asks: &mut tokio::sync::mpsc::UnboundedReceiver<Asked>,
 ) -> sqlx::Result<store::Ended> {
-    while let Ok((holder, done)) = vouched.try_recv() {
-        // Kept first: a registration after a loss vouches for it too.
-        if !holders.contains(&holder) {
-            holders.push(holder.clone());
-        }
-        if !store::vouch(conn, schema, id, &holder).await? {
+    while let Ok(ask) = asks.try_recv() {
+        pending.push(ask);
+    }
+    let mut ended = store::Ended::default();
+    for (ask, done) in std::mem::take(pending) {
+        // The holders are kept first: a registration after a loss vouches
+        // for exactly these.
+        let registered = match &ask {
+            Ask::Vouch(holder) | Ask::Adopt(holder) => {
+                if !holders.contains(holder) {
+                    holders.push(holder.clone());
+                }
+                if let Ask::Adopt(_) = ask {
+                    let moved = store::adopt(conn, schema, id, holder).await?;
+                    add(&mut ended, moved.ended);
+                    moved.registered
+                } else {
+                    store::vouch(conn, schema, id, holder).await?
+                }
+            }
+            Ask::Disown { holder, end } => {
+                holders.retain(|h| h != holder);
+                let moved = store::disown(conn, schema, id, holder, *end).await?;
+                add(&mut ended, moved.ended);
+                moved.registered
+            }
+        };
+        if !registered {
             // Our registration was replaced or deleted: this session no
             // longer vouches for anyone.
             return Err(sqlx::Error::Protocol(
                 "the liveness registration is no longer this session's".into(),
             ));
         }
-        let _ = done.send(());
+        tracing::debug!(instance = id, ?ask, "liveness: done as asked");
+        let _ = done.send(true);
     }
     let suspects = store::suspects(conn, schema).await?;
-    if suspects.is_empty() {
-        return Ok(store::Ended::default());
+    if !suspects.is_empty() {
+        add(&mut ended, store::end_dead(conn, schema, &suspects).await?);
     }
-    store::end_dead(conn, schema, &suspects).await
+    Ok(ended)
+}
+
+fn add(total: &mut store::Ended, more: store::Ended) {
+    total.sessions += more.sessions;
+    total.leases += more.leases;
+    total.tasks += more.tasks;
 }

@@ -35,6 +35,55 @@ const LISTED: &str = "EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
                               WHERE a.pid = l.pid
                                 AND (a.backend_start = l.backend_start OR a.backend_start IS NULL))";
 
+/// The ending of every live claim and lease of the holders in a CTE
+/// `holder (name, instance_id)` that the statement defines before it:
+/// their started tasks made late now (`late`), their task leases (found
+/// through those tasks) and other leases ended now, each ended term
+/// recorded in the history as `session_ended` with the instance whose
+/// session vouched for it (`recorded`). One text for every way a holder
+/// is found dead: its process's session gone ([`end_dead`]), its stream
+/// to the instance closed or its simulated worker killed ([`disown`]), a
+/// new term of the same holder ([`adopt`]).
+///
+/// Races prevented (each caller names its own too):
+/// - **A completion or heartbeat racing the rescue.** Both lock the task's
+///   row: a completion first leaves the task processed (not `started`,
+///   so it is not touched here); the rescue first sets the deadline to
+///   now, and the completion's or heartbeat's own deadline test refuses
+///   it, as after an expiry. The takeover that follows is the claim
+///   rule's, which moves the fencing token as always.
+/// - **A lease already taken over** by someone else holds another holder
+///   name and is not touched; one released stays released.
+const ENDING: &str = "late AS (
+                UPDATE $schema.tasks t SET must_heartbeat_before = now()
+                 WHERE t.status = 'started' AND t.processor IN (SELECT name FROM holder)
+                   AND t.must_heartbeat_before > now()
+                RETURNING t.id, t.processor
+             ), task_leases AS (
+                UPDATE $schema.leases l SET expires_at = now()
+                  FROM late
+                 WHERE l.resource = 'task:' || late.id AND l.holder = late.processor
+                   AND l.released_at IS NULL AND l.expires_at > now()
+                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
+             ), other_leases AS (
+                UPDATE $schema.leases l SET expires_at = now()
+                 WHERE l.resource NOT LIKE 'task:%' AND l.expires_at > now()
+                   AND l.released_at IS NULL AND l.holder IN (SELECT name FROM holder)
+                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
+             ), ended AS (
+                SELECT * FROM task_leases UNION ALL SELECT * FROM other_leases
+             ), recorded AS (
+                -- The history says how each term ended, like a release: a
+                -- reader of lease_events (the timeline, the split-brain
+                -- check) sees it end now, not at its old expiry.
+                INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, expires_at, detail)
+                SELECT e.resource, e.holder, e.fencing_token, 'session_ended', e.expires_at,
+                       jsonb_build_object('instance', h.instance_id)
+                  FROM ended e JOIN holder h ON h.name = e.holder
+                 ORDER BY e.resource
+                RETURNING 1
+             )";
+
 /// Registers (or registers again) the session of `conn` as the liveness of
 /// instance `id`, vouching for `holders`. A registration of `id` left by
 /// an earlier session that PostgreSQL no longer lists is ended first (its
@@ -120,6 +169,132 @@ pub async fn vouch(
         .await
 }
 
+/// What [`disown`] and [`adopt`] answer: whether this session's
+/// registration was found (and changed as asked), and what was ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// This session's registration exists (it was not replaced by
+    /// another session); when `false`, nothing was done.
+    pub registered: bool,
+    /// What was ended of the holder's earlier claims and leases.
+    pub ended: Ended,
+}
+
+/// Vouches for `holder` under instance `id`'s session from now on, as a
+/// **new term** of that holder: whatever it held before (claims made
+/// through an earlier stream to this instance or another, by a process
+/// that used its name before) is ended now, and any other registration
+/// that vouched for it stops. What an instance runs when a worker process
+/// opens its session stream: the worker gave up every claim of its
+/// earlier stream when that broke, and claims again only once this has
+/// committed. Only by the session of `id` itself.
+///
+/// Race prevented: **the holder's old voucher disowning it while the new
+/// one adopts it** (a worker whose stream broke reconnects to another
+/// instance before the first noticed). Every registration that vouches for
+/// the holder is locked first, with this session's own, in id order: a
+/// [`disown`] that locked first ends the old claims and drops the holder,
+/// and this statement then finds no one else vouching; one that comes
+/// after finds the holder no longer in its row and ends nothing, so no
+/// claim of the new term is ever ended by the old stream's close.
+pub async fn adopt(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: &str,
+    holder: &str,
+) -> sqlx::Result<Moved> {
+    let mut tx = conn.begin().await?;
+    schema
+        .query(
+            "SELECT 1 FROM $schema.liveness
+              WHERE instance_id = $1 OR $2 = ANY(holders)
+              ORDER BY instance_id FOR UPDATE",
+        )
+        .bind(id)
+        .bind(holder)
+        .execute(&mut *tx)
+        .await?;
+    let (registered, leases, tasks): (bool, i64, i64) = schema
+        .query_as(&format!(
+            "WITH mine AS (
+                SELECT l.instance_id FROM $schema.liveness l
+                 WHERE l.instance_id = $1 AND l.pid = pg_backend_pid()
+             ), elsewhere AS (
+                UPDATE $schema.liveness l SET holders = array_remove(l.holders, $2)
+                 WHERE l.instance_id <> $1 AND $2 = ANY(l.holders) AND EXISTS (SELECT 1 FROM mine)
+                RETURNING l.instance_id
+             ), added AS (
+                UPDATE $schema.liveness l SET holders = array_append(l.holders, $2)
+                 WHERE l.instance_id = $1 AND l.pid = pg_backend_pid() AND NOT ($2 = ANY(l.holders))
+                RETURNING l.instance_id
+             ), holder AS (
+                SELECT $2::text AS name, mine.instance_id FROM mine
+             ), {ENDING}
+             SELECT EXISTS (SELECT 1 FROM mine),
+                    (SELECT count(*) FROM recorded),
+                    (SELECT count(*) FROM late)"
+        ))
+        .bind(id)
+        .bind(holder)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(moved(registered, leases, tasks))
+}
+
+/// Stops vouching for `holder` under instance `id`'s session; with `end`,
+/// also ends its live claims and leases now, as if its own session had
+/// gone (its stream to this instance closed without a goodbye, or the
+/// simulated worker was killed or crashed: it is certainly not working).
+/// Only by the session of `id` itself.
+///
+/// Race prevented: **a new term adopted elsewhere** ([`adopt`]). The
+/// holder is dropped from this registration only if it is still there,
+/// judged on the row's latest version under its lock; an adoption that
+/// committed first removed it, so nothing of the new term is ended.
+pub async fn disown(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: &str,
+    holder: &str,
+    end: bool,
+) -> sqlx::Result<Moved> {
+    let (registered, leases, tasks): (bool, i64, i64) = schema
+        .query_as(&format!(
+            "WITH mine AS (
+                SELECT l.instance_id FROM $schema.liveness l
+                 WHERE l.instance_id = $1 AND l.pid = pg_backend_pid()
+             ), dropped AS (
+                UPDATE $schema.liveness l SET holders = array_remove(l.holders, $2)
+                 WHERE l.instance_id = $1 AND l.pid = pg_backend_pid() AND $2 = ANY(l.holders)
+                RETURNING l.instance_id
+             ), holder AS (
+                SELECT $2::text AS name, dropped.instance_id FROM dropped WHERE $3
+             ), {ENDING}
+             SELECT EXISTS (SELECT 1 FROM mine),
+                    (SELECT count(*) FROM recorded),
+                    (SELECT count(*) FROM late)"
+        ))
+        .bind(id)
+        .bind(holder)
+        .bind(end)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(moved(registered, leases, tasks))
+}
+
+fn moved(registered: bool, leases: i64, tasks: i64) -> Moved {
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Moved {
+        registered,
+        ended: Ended {
+            sessions: 0,
+            leases: n(leases),
+            tasks: n(tasks),
+        },
+    }
+}
+
 /// Ends the registration of instance `id` on a clean shutdown (its claims
 /// were given back or completed; its leases released). Only by its own
 /// session.
@@ -196,14 +371,7 @@ async fn lock(conn: &mut PgConnection, schema: &Schema, ids: &[String]) -> sqlx:
 /// - **A restart or a failover**, every session gone at once: a row is
 ///   judged only when its server incarnation is the one answering
 ///   (`server_started_at`); otherwise the TTL rules.
-/// - **A completion or heartbeat racing the rescue.** Both lock the task's
-///   row: a completion first leaves the task processed (not `started`,
-///   so it is not touched here); the rescue first sets the deadline to
-///   now, and the completion's or heartbeat's own deadline test refuses
-///   it, as after an expiry. The takeover that follows
-///   is the claim rule's, which moves the fencing token as always.
-/// - **A lease already taken over** by someone else holds another holder
-///   name and is not touched; one released stays released.
+/// - the races of [`ENDING`].
 async fn end_locked(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -220,39 +388,10 @@ async fn end_locked(
              ), holder AS (
                 SELECT DISTINCT ON (h.name) h.name, dead.instance_id
                   FROM dead CROSS JOIN LATERAL unnest(dead.holders) AS h(name)
-             ), late AS (
-                UPDATE $schema.tasks t SET must_heartbeat_before = now()
-                 WHERE t.status = 'started' AND t.processor IN (SELECT name FROM holder)
-                   AND t.must_heartbeat_before > now()
-                RETURNING t.id, t.processor
-             ), task_leases AS (
-                UPDATE $schema.leases l SET expires_at = now()
-                  FROM late
-                 WHERE l.resource = 'task:' || late.id AND l.holder = late.processor
-                   AND l.released_at IS NULL AND l.expires_at > now()
-                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
-             ), other_leases AS (
-                UPDATE $schema.leases l SET expires_at = now()
-                 WHERE l.resource NOT LIKE 'task:%' AND l.expires_at > now()
-                   AND l.released_at IS NULL AND l.holder IN (SELECT name FROM holder)
-                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
-             ), ended AS (
-                SELECT * FROM task_leases UNION ALL SELECT * FROM other_leases
-             ), recorded AS (
-                -- The history says how each term ended, like a release: a
-                -- reader of lease_events (the timeline, the split-brain
-                -- check) sees it end now, not at its old expiry.
-                INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, expires_at, detail)
-                SELECT e.resource, e.holder, e.fencing_token, 'session_ended', e.expires_at,
-                       jsonb_build_object('instance', h.instance_id)
-                  FROM ended e JOIN holder h ON h.name = e.holder
-                 ORDER BY e.resource
-                RETURNING 1
-             )
+             ), {ENDING}
              SELECT (SELECT count(*) FROM dead),
                     (SELECT count(*) FROM recorded),
-                    (SELECT count(*) FROM late)"
-        ))
+                    (SELECT count(*) FROM late)"))
         .bind(ids)
         .fetch_one(&mut *conn)
         .await?;

@@ -172,6 +172,149 @@ impl Http {
     }
 }
 
+/// How long a session stream may stay silent (the instance sends a
+/// keep-alive every 200 ms) before the worker takes it for broken and
+/// gives up its claims: as long as an unanswered liveness check
+/// ([`crate::liveness`]), so a slow instance is not mistaken for a lost one.
+const SESSION_SILENCE: Duration = Duration::from_secs(5);
+
+/// The longest wait between two attempts to open the session stream.
+const SESSION_RETRY_AT_MOST: Duration = Duration::from_secs(2);
+
+/// How a session stream could not be opened.
+enum Unopened {
+    /// The instance has no session streams (an older version: 404, 405):
+    /// the TTL alone rules, as before.
+    Unsupported(String),
+    /// Anything else: tried again.
+    Failed(String),
+}
+
+impl Http {
+    /// Keeps worker `holder`'s **session stream** open to the instance
+    /// (`POST /api/workers/{id}/session`), in the background until the
+    /// answered handle is aborted or dropped with the runtime, and answers
+    /// what the worker loop watches ([`Worker::vouched_by`](super::run::Worker::vouched_by)).
+    ///
+    /// While the stream is open the instance's liveness session vouches
+    /// for the worker, so a crash of this process (its connection closed)
+    /// has its claims taken over within a second, not at the end of their
+    /// TTL. The standing is up once the instance says `ready`; when the
+    /// stream breaks (closed, or silent for 5 s) the worker stops trusting
+    /// every claim at once (the instance may already be ending them),
+    /// opens a new stream, and claims again under a new term once it is
+    /// ready. An instance without session streams (an older version)
+    /// leaves the worker up, under the TTL alone.
+    pub fn session(&self, holder: &Holder) -> (crate::liveness::LivenessSignal, tokio::task::JoinHandle<()>) {
+        let (standing, signal) = tokio::sync::watch::channel(crate::liveness::Standing::Down(0));
+        let http = self.clone();
+        let holder = holder.as_str().to_string();
+        let task = tokio::spawn(async move { http.keep_session(&holder, standing).await });
+        (crate::liveness::LivenessSignal::following(signal), task)
+    }
+
+    async fn keep_session(
+        &self,
+        holder: &str,
+        standing: tokio::sync::watch::Sender<crate::liveness::Standing>,
+    ) {
+        use crate::liveness::Standing;
+        // No total timeout: the answer never ends. Silence is judged below.
+        let client = match reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+        {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::warn!(worker = holder, error = %e,
+                    "cannot build the session stream's client; the TTL alone rules");
+                standing.send_replace(Standing::Up(1));
+                return;
+            }
+        };
+        let mut term = 1;
+        let mut backoff = Duration::ZERO;
+        loop {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).clamp(Duration::from_millis(100), SESSION_RETRY_AT_MOST);
+            let mut response = match self.open_session(&client, holder).await {
+                Ok(response) => response,
+                Err(Unopened::Unsupported(why)) => {
+                    tracing::warn!(worker = holder, why,
+                        "the instance has no session streams: a crash of this worker waits out its claims' TTL");
+                    standing.send_replace(Standing::Up(term));
+                    return;
+                }
+                Err(Unopened::Failed(why)) => {
+                    tracing::warn!(worker = holder, why, "cannot open the session stream; trying again");
+                    continue;
+                }
+            };
+            // Up once the instance says it vouches for this worker.
+            let mut seen = String::new();
+            let ready = loop {
+                match tokio::time::timeout(SESSION_SILENCE, response.chunk()).await {
+                    Ok(Ok(Some(bytes))) => {
+                        seen.push_str(&String::from_utf8_lossy(&bytes));
+                        if seen.contains("event: ready") {
+                            break true;
+                        }
+                    }
+                    _ => break false,
+                }
+            };
+            if !ready {
+                continue;
+            }
+            standing.send_replace(Standing::Up(term));
+            backoff = Duration::ZERO;
+            tracing::info!(worker = holder, term, "session stream open");
+            // Open while bytes come.
+            while let Ok(Ok(Some(_))) =
+                tokio::time::timeout(SESSION_SILENCE, response.chunk()).await
+            {}
+            // The instance may be ending this term's claims now.
+            standing.send_replace(Standing::Down(term));
+            term += 1;
+            tracing::warn!(worker = holder, term,
+                "session stream broken: claims given up; opening a new one");
+        }
+    }
+
+    async fn open_session(
+        &self,
+        client: &reqwest::Client,
+        holder: &str,
+    ) -> Result<reqwest::Response, Unopened> {
+        let url = self.url(&["api", "workers", holder, "session"]);
+        let mut request = client
+            .post(url.clone())
+            .json(&serde_json::json!({}))
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(authorization) = &self.authorization {
+            request = request.header(reqwest::header::AUTHORIZATION, authorization.clone());
+        }
+        // The head is awaited for a bounded time; the body, which never
+        // ends, under SESSION_SILENCE by the caller.
+        let response = tokio::time::timeout(Duration::from_secs(10), request.send())
+            .await
+            .map_err(|_| Unopened::Failed(format!("POST {url}: no answer within 10 s")))?
+            .map_err(|e| Unopened::Failed(format!("POST {url}: {e}")))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.json::<Value>().await.unwrap_or(Value::Null);
+        let why = format!("{status}: {}", body["error"].as_str().unwrap_or("no error message"));
+        match status {
+            reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::METHOD_NOT_ALLOWED => {
+                Err(Unopened::Unsupported(why))
+            }
+            _ => Err(Unopened::Failed(why)),
+        }
+    }
+}
+
 impl Transport for Http {
     async fn claim(&self, worker: &Holder) -> Result<Option<Claim>, TransportError> {
         let (status, body) = self

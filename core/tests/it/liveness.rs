@@ -571,3 +571,157 @@ async fn a_singleton_whose_session_is_cut_ends_its_term_at_once() {
     job.shutdown().await;
     s.shutdown().await;
 }
+
+/// The holders the registration of `id` vouches for.
+async fn holders_of(pool: &PgPool, id: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT holders FROM liveness WHERE instance_id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_disowned_worker_s_claims_end_at_once_and_a_goodbye_ends_nothing() {
+    let db = TestDb::new().await;
+    let pool = db.pool(8).await;
+    let a = start(&pool, "a", &[]).await;
+    let voucher = a.voucher();
+    assert!(voucher.vouch("a-w1", TTL).await);
+    assert!(voucher.vouch("a-w2", TTL).await);
+    let dead = enqueue(&pool).await;
+    let done = enqueue(&pool).await;
+    assert_eq!(claim(&pool, "a-w1").await.map(|c| c.0), Some(dead));
+    assert_eq!(claim(&pool, "a-w2").await.map(|c| c.0), Some(done));
+
+    // a-w1 is killed: its claim ends now, not in 15 s.
+    let killed = Instant::now();
+    assert!(voucher.disown("a-w1", true, TTL).await);
+    assert!(ended(&pool, dead).await);
+    assert!(
+        killed.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert_eq!(
+        claim(&pool, "b-w1").await,
+        Some((dead, 2)),
+        "taken over with a new token"
+    );
+    assert_eq!(
+        event_kinds(&pool, &format!("task:{dead}")).await,
+        ["acquired", "session_ended", "taken_over"]
+    );
+    assert_eq!(holders_of(&pool, "a").await, ["a", "a-w2"]);
+
+    // a-w2 says goodbye: nothing of it is ended (its claim, here still
+    // live, stays its own until its TTL).
+    assert!(voucher.disown("a-w2", false, TTL).await);
+    assert!(!ended(&pool, done).await);
+    assert_eq!(holders_of(&pool, "a").await, ["a"]);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn adopting_a_worker_ends_its_earlier_term_and_its_old_voucher_ends_nothing_after() {
+    let db = TestDb::new().await;
+    let pool = db.pool(8).await;
+    let a = start(&pool, "a", &[]).await;
+    let b = start(&pool, "b", &[]).await;
+    // Worker process p streams to instance a and claims.
+    assert!(a.voucher().adopt("p", TTL).await);
+    let old = enqueue(&pool).await;
+    assert_eq!(claim(&pool, "p").await, Some((old, 1)));
+    // Its stream breaks; it gives its claim up and streams to b, which
+    // adopts it as a new term: the old claim ends at once.
+    assert!(b.voucher().adopt("p", TTL).await);
+    assert!(ended(&pool, old).await);
+    assert_eq!(holders_of(&pool, "a").await, ["a"]);
+    assert_eq!(holders_of(&pool, "b").await, ["b", "p"]);
+    // p claims under its new term (the old task, late, comes first).
+    assert_eq!(claim(&pool, "p").await, Some((old, 2)));
+    // a notices the old stream's close only now: it ends nothing of the
+    // new term.
+    assert!(a.voucher().disown("p", true, TTL).await);
+    assert!(!ended(&pool, old).await, "the new term's claim was ended");
+    assert_eq!(holders_of(&pool, "b").await, ["b", "p"]);
+    // And b's own disown (p died) ends it.
+    assert!(b.voucher().disown("p", true, TTL).await);
+    assert!(ended(&pool, old).await);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// The race of [`liveness::disown`] against [`liveness::adopt`], for real:
+/// worker p's old instance notices its stream closed at the moment its new
+/// instance adopts it and p claims again. Over 30 rounds behind a barrier,
+/// the new term's claim is never ended and the old one always is.
+#[tokio::test]
+async fn disowning_races_adopting_and_never_ends_a_claim_of_the_new_term() {
+    let db = TestDb::new().await;
+    let pool = db.pool(8).await;
+    let schema = Schema::default();
+    let mut a = session(&pool).await;
+    liveness::register(&mut a, &schema, "a", &[]).await.unwrap();
+    let mut b = session(&pool).await;
+    liveness::register(&mut b, &schema, "b", &[]).await.unwrap();
+    for round in 0..30 {
+        // p streams to a (every other round to b first: both orders of
+        // the rows' ids) and claims.
+        let (old_voucher, new_voucher) = if round % 2 == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        let (old_id, new_id) = if round % 2 == 0 { ("a", "b") } else { ("b", "a") };
+        assert!(liveness::adopt(old_voucher, &schema, old_id, "p").await.unwrap().registered);
+        let old_task = enqueue(&pool).await;
+        let (claimed, _) = claim(&pool, "p").await.unwrap();
+        assert_eq!(claimed, old_task, "round {round}");
+        let new_task = enqueue(&pool).await;
+
+        let barrier = Arc::new(Barrier::new(2));
+        let (disowned, new_claim) = tokio::join!(
+            {
+                let barrier = barrier.clone();
+                let schema = &schema;
+                async move {
+                    barrier.wait().await;
+                    liveness::disown(old_voucher, schema, old_id, "p", true)
+                        .await
+                        .unwrap()
+                }
+            },
+            {
+                let barrier = barrier.clone();
+                let (schema, pool) = (&schema, &pool);
+                async move {
+                    barrier.wait().await;
+                    liveness::adopt(&mut *new_voucher, schema, new_id, "p").await.unwrap();
+                    // Claims under the new term as soon as adopted: the
+                    // old task (ended, so late, so first) or the new one.
+                    (claim(pool, "p").await.unwrap(), new_voucher)
+                }
+            }
+        );
+        assert!(disowned.registered);
+        let ((got, token), new_voucher) = new_claim;
+        assert!(got == old_task || got == new_task, "round {round}");
+        assert!(
+            !ended(&pool, got).await,
+            "round {round}: the new term's claim of {got} (token {token}) was ended: {disowned:?}"
+        );
+        // Whichever came first, p is vouched for by the new instance only.
+        assert!(!holders_of(&pool, old_id).await.contains(&"p".to_string()));
+        assert!(holders_of(&pool, new_id).await.contains(&"p".to_string()));
+        // Finish the round: p's claims done, nothing left to claim.
+        sqlx::query("DELETE FROM tasks")
+            .execute(&pool)
+            .await
+            .unwrap();
+        liveness::disown(new_voucher, &schema, new_id, "p", false)
+            .await
+            .unwrap();
+    }
+}

@@ -406,7 +406,7 @@ impl<T: Transport> Worker<T> {
                 () = self.liveness.ended(session) => {
                     drop(in_flight.take());
                     return self.lose(&claim, &lost, running,
-                        "its process's liveness session was lost").await;
+                        "its liveness (its process's session, or its stream to the instance) was lost").await;
                 }
                 () = sleep_until(time_up.unwrap_or(deadline)), if time_up.is_some() => {
                     drop(in_flight.take());
