@@ -1,7 +1,8 @@
 //! Worker processes against a real instance: one `leasekeeper serve` on its
 //! own embedded cluster, four `leasekeeper worker` processes over HTTP, 200
 //! tasks. Two workers are SIGKILLed mid-task (the real crash); their tasks
-//! must be taken over once their leases run out, and every task must end
+//! must be taken over as soon as the instance sees their session streams
+//! close, before their leases would run out, and every task must end
 //! processed exactly once, as the database's own history shows.
 //!
 //! The server keeps its tables in the schema [`SCHEMA`], not the default
@@ -237,10 +238,12 @@ async fn killed_worker_processes_lose_their_tasks_to_others_and_every_task_is_pr
         let status: String = row.get("status");
         let processor: String = row.get("processor");
         let now_token: i64 = row.get("fencing_token");
-        assert_eq!(
-            (status.as_str(), processor.as_str(), now_token),
-            ("started", name.as_str(), *token),
-            "{name} died holding task {task_id}"
+        // Still its claim, or already taken over (within milliseconds of
+        // the kill: its stream closed).
+        assert!(
+            (status.as_str(), processor.as_str(), now_token) == ("started", name.as_str(), *token)
+                || now_token > *token,
+            "{name} died holding task {task_id}: now {status} by {processor} with {now_token}"
         );
     }
 
@@ -298,8 +301,8 @@ async fn killed_worker_processes_lose_their_tasks_to_others_and_every_task_is_pr
         assert!(names.contains(processor), "task {id} by {processor}");
     }
 
-    // The killed workers' tasks were taken over by others, after their
-    // leases ran out, and completed with the new token.
+    // The killed workers' tasks were taken over by others and completed
+    // with the new token.
     for (name, (task_id, token)) in &killed {
         let (processor, final_token, attempts): (String, i64, i32) =
             sqlx::query_as("SELECT processor, fencing_token, attempts FROM tasks WHERE id = $1")
@@ -310,21 +313,29 @@ async fn killed_worker_processes_lose_their_tasks_to_others_and_every_task_is_pr
         assert_ne!(&processor, name, "task {task_id} was taken over");
         assert!(!killed.contains_key(&processor), "by a survivor");
         assert!(final_token > *token && attempts >= 2);
+        // Rescued through its session stream: the instance saw the
+        // stream close and ended the claim (`session_ended`), and the
+        // takeover came after that end but before the lease's TTL would
+        // have run out.
         let takeovers = count(
             &pool,
             &format!(
-                "SELECT count(*) FROM lease_events
-                  WHERE resource = 'task:{task_id}' AND kind = 'taken_over'
-                    AND previous_holder = '{name}' AND fencing_token = {}
-                    AND at >= (SELECT max(expires_at) FROM lease_events
-                                WHERE resource = 'task:{task_id}' AND fencing_token = {token})",
+                "SELECT count(*) FROM lease_events t
+                  WHERE t.resource = 'task:{task_id}' AND t.kind = 'taken_over'
+                    AND t.previous_holder = '{name}' AND t.fencing_token = {}
+                    AND t.at >= (SELECT e.at FROM lease_events e
+                                  WHERE e.resource = t.resource AND e.kind = 'session_ended'
+                                    AND e.holder = '{name}' AND e.fencing_token = {token})
+                    AND t.at < (SELECT max(a.expires_at) FROM lease_events a
+                                 WHERE a.resource = t.resource AND a.kind <> 'session_ended'
+                                   AND a.fencing_token = {token})",
                 token + 1
             ),
         )
         .await;
         assert_eq!(
             takeovers, 1,
-            "task {task_id} taken over from {name} after expiry"
+            "task {task_id} taken over from {name} once its stream closed, before its TTL"
         );
     }
 

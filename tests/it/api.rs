@@ -37,7 +37,34 @@ impl Api {
     }
 
     /// An API over `db` (its pool already in `settings.schema`).
-    pub fn over(db: TestDb, mut settings: Settings, adjust: impl FnOnce(&mut Settings)) -> Self {
+    pub fn over(db: TestDb, settings: Settings, adjust: impl FnOnce(&mut Settings)) -> Self {
+        Api::build(db, settings, adjust, None)
+    }
+
+    /// An API whose instance keeps a liveness session (as `serve` does),
+    /// which vouches for its simulated workers and its worker processes'
+    /// session streams; and that session.
+    pub async fn vouched() -> (Self, leasekeeper_core::liveness::Liveness) {
+        let db = TestDb::new().await;
+        let liveness = leasekeeper_core::liveness::Liveness::start(
+            (*db.pool.connect_options()).clone(),
+            leasekeeper_core::db::Schema::of(&db.pool),
+            Arc::from("i-test"),
+            vec!["i-test".to_string()],
+        )
+        .await
+        .unwrap();
+        let settings =
+            Settings::resolve(None, std::path::Path::new("none"), &SettingArgs::default()).unwrap();
+        (Api::build(db, settings, |_| {}, Some(&liveness)), liveness)
+    }
+
+    fn build(
+        db: TestDb,
+        mut settings: Settings,
+        adjust: impl FnOnce(&mut Settings),
+        liveness: Option<&leasekeeper_core::liveness::Liveness>,
+    ) -> Self {
         adjust(&mut settings);
         let instance_id: Arc<str> = Arc::from("i-test");
         let fleet = Fleet::new(
@@ -49,6 +76,10 @@ impl Api {
             },
             None,
         );
+        let fleet = match liveness {
+            Some(liveness) => fleet.vouched_by(liveness),
+            None => fleet,
+        };
         let live = leasekeeper_core::live::LiveHub::detached();
         let state = AppState {
             leptos_options: leptos_options(&settings),

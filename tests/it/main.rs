@@ -34,4 +34,5 @@ mod stopwatch;
 mod task_control;
 mod terms;
 mod worker_token;
+mod worker_session;
 mod workers;

@@ -2,7 +2,8 @@
 //! in-process transport, chaos off, with a 2 s lease TTL: tasks processed
 //! with their tokens; a paused worker's late completion refused by the
 //! fencing token after a takeover; a killed worker's task taken over only
-//! after its lease ran out; 32 workers sharing 100 tasks without overlap.
+//! after its lease ran out, or at once when its instance's liveness session
+//! vouches for it; 32 workers sharing 100 tasks without overlap.
 
 use crate::common::TestDb;
 use leasekeeper::worker::fleet::{Fleet, FleetConfig, FleetError};
@@ -273,6 +274,114 @@ async fn a_killed_workers_task_is_taken_over_only_after_its_lease_ran_out() {
     assert_eq!(released[0].holder.as_deref(), Some(b.as_str()));
     assert_eq!(fleet.running(), vec![b.clone()]);
     fleet.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A fleet vouched for by its instance's liveness session, at the
+/// default TTL (15 s), and that session.
+async fn vouched_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper_core::liveness::Liveness) {
+    let ttl = leasekeeper_core::worker::runtime::DEFAULT_LEASE_TTL;
+    let liveness = leasekeeper_core::liveness::Liveness::start(
+        (*db.pool.connect_options()).clone(),
+        leasekeeper_core::db::Schema::of(&db.pool),
+        Arc::from(instance),
+        vec![instance.to_string()],
+    )
+    .await
+    .unwrap();
+    let fleet = Fleet::new(
+        db.pool.clone(),
+        Arc::from(instance),
+        FleetConfig {
+            worker: WorkerConfig::new(ttl, ttl / 3),
+            chaos: ChaosSettings::off(),
+            respawn_after: None,
+            seed: Some(1),
+            prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(0),
+        },
+        None,
+    )
+    .vouched_by(&liveness);
+    (fleet, liveness)
+}
+
+/// Issue 38: a simulated worker has a liveness of its own within its
+/// instance's session. Killed, its claim is ended at once (as a crashed
+/// process's would be) and taken over within a second at the default
+/// 15 s TTL; paused, it is not dead, and its claim waits out the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_task_is_taken_over_at_once_and_a_paused_ones_waits_its_ttl() {
+    let db = TestDb::new().await;
+    let [killed_task, paused_task] = enqueue(&db, 30, 2).await[..] else {
+        unreachable!()
+    };
+    let (fleet, liveness) = vouched_fleet(&db, "inst-v").await;
+    let a = fleet.spawn().await.unwrap().id;
+    eventually("a's claim", Duration::from_secs(10), || async {
+        task(&db, killed_task).await.processor.as_deref() == Some(a.as_str())
+    })
+    .await;
+    let p = fleet.spawn().await.unwrap().id;
+    eventually("p's claim", Duration::from_secs(10), || async {
+        task(&db, paused_task).await.processor.as_deref() == Some(p.as_str())
+    })
+    .await;
+    fleet.pause(&p).unwrap();
+
+    let kill = Instant::now();
+    fleet.kill(&a).await.unwrap();
+    // Claimable at once by anyone: here by hand, token 2.
+    let mut conn = db.pool.acquire().await.unwrap();
+    let taken = loop {
+        assert!(
+            kill.elapsed() < Duration::from_secs(2),
+            "a's claim not ended within 2 s of the kill (TTL 15 s)"
+        );
+        if let Some(t) = store::claim_next(
+            &mut conn,
+            &Default::default(),
+            &leasekeeper_core::lease::Holder::parse("rescuer").unwrap(),
+            TTL,
+        )
+        .await
+        .unwrap()
+        {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (taken.id, taken.fencing_token),
+        (killed_task, Some(2)),
+        "a's task, a new term"
+    );
+    let kinds: Vec<String> = events(&db, killed_task)
+        .await
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["acquired", "session_ended", "taken_over"]);
+
+    // The paused worker is alive, if frozen: its claim is still its own
+    // (the TTL rules), and no one can take it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = task(&db, paused_task).await;
+    assert_eq!(held.processor.as_deref(), Some(p.as_str()));
+    assert_eq!(held.fencing_token, Some(1));
+    assert_eq!(held.status, TaskStatus::Started);
+    assert!(
+        store::claim_next(
+            &mut conn,
+            &Default::default(),
+            &leasekeeper_core::lease::Holder::parse("rescuer").unwrap(),
+            TTL,
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+    drop(conn);
+    fleet.shutdown(Duration::from_secs(5)).await;
+    liveness.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
