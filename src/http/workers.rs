@@ -278,7 +278,9 @@ async fn session(
         )));
     }
     let guard = s.fleet.open_stream(&id).await?;
-    let ready = Event::default().event("ready").data(s.instance_id.to_string());
+    let ready = Event::default()
+        .event("ready")
+        .data(s.instance_id.to_string());
     let stop = s.live.stopped();
     // The guard lives as long as the answer's body: hyper drops the body
     // when its connection fails, and the guard's drop ends the claims.
@@ -286,7 +288,10 @@ async fn session(
         (Some(ready), guard, stop),
         |(ready, guard, stop)| async move {
             if let Some(ready) = ready {
-                return Some((Ok::<_, std::convert::Infallible>(ready), (None, guard, stop)));
+                return Some((
+                    Ok::<_, std::convert::Infallible>(ready),
+                    (None, guard, stop),
+                ));
             }
             // Nothing more to say but keep-alives, until this instance
             // stops: then the guard goes with the body.

@@ -416,8 +416,10 @@ impl Fleet {
             && !voucher.disown(name, end, VOUCH_WITHIN).await
             && end
         {
-            tracing::warn!(worker = name,
-                "the liveness session is down: this worker's claims wait out their TTL");
+            tracing::warn!(
+                worker = name,
+                "the liveness session is down: this worker's claims wait out their TTL"
+            );
         }
     }
 

@@ -33,6 +33,6 @@ mod sfn_bad_input;
 mod stopwatch;
 mod task_control;
 mod terms;
-mod worker_token;
 mod worker_session;
+mod worker_token;
 mod workers;

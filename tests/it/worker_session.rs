@@ -84,9 +84,7 @@ async fn bad_requests_for_a_session_stream_are_refused_and_change_nothing() {
     // A simulated worker's id is not a worker process's.
     let (s, w) = api.post("/api/workers", json!({})).await;
     assert_eq!(s, StatusCode::CREATED, "{w}");
-    let (s, body) = api
-        .post("/api/workers/i-test-w1/session", json!({}))
-        .await;
+    let (s, body) = api.post("/api/workers/i-test-w1/session", json!({})).await;
     assert_eq!(s, StatusCode::CONFLICT, "{body}");
     assert!(error_of(&body).contains("simulated"), "{body}");
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM liveness")
@@ -152,7 +150,13 @@ async fn a_closed_stream_ends_its_workers_claims_at_once_and_an_older_one_ends_n
     .unwrap();
     assert_eq!(
         kinds,
-        ["acquired", "session_ended", "taken_over", "session_ended", "taken_over"]
+        [
+            "acquired",
+            "session_ended",
+            "taken_over",
+            "session_ended",
+            "taken_over"
+        ]
     );
     let holders: Vec<String> =
         sqlx::query_scalar("SELECT holders FROM liveness WHERE instance_id = 'i-test'")

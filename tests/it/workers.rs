@@ -278,7 +278,10 @@ async fn a_killed_workers_task_is_taken_over_only_after_its_lease_ran_out() {
 
 /// A fleet vouched for by its instance's liveness session, at the
 /// default TTL (15 s), and that session.
-async fn vouched_fleet(db: &TestDb, instance: &str) -> (Fleet, leasekeeper_core::liveness::Liveness) {
+async fn vouched_fleet(
+    db: &TestDb,
+    instance: &str,
+) -> (Fleet, leasekeeper_core::liveness::Liveness) {
     let ttl = leasekeeper_core::worker::runtime::DEFAULT_LEASE_TTL;
     let liveness = leasekeeper_core::liveness::Liveness::start(
         (*db.pool.connect_options()).clone(),

@@ -435,7 +435,14 @@ async fn keep(mut k: Keep) {
         }
         let checked = tokio::time::timeout(
             CHECK_TIMEOUT,
-            check(conn, &k.schema, &k.id, &mut k.holders, &mut k.pending, &mut k.asks),
+            check(
+                conn,
+                &k.schema,
+                &k.id,
+                &mut k.holders,
+                &mut k.pending,
+                &mut k.asks,
+            ),
         )
         .await
         .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));

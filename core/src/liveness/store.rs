@@ -391,7 +391,8 @@ async fn end_locked(
              ), {ENDING}
              SELECT (SELECT count(*) FROM dead),
                     (SELECT count(*) FROM recorded),
-                    (SELECT count(*) FROM late)"))
+                    (SELECT count(*) FROM late)"
+        ))
         .bind(ids)
         .fetch_one(&mut *conn)
         .await?;

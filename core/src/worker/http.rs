@@ -205,7 +205,10 @@ impl Http {
     /// opens a new stream, and claims again under a new term once it is
     /// ready. An instance without session streams (an older version)
     /// leaves the worker up, under the TTL alone.
-    pub fn session(&self, holder: &Holder) -> (crate::liveness::LivenessSignal, tokio::task::JoinHandle<()>) {
+    pub fn session(
+        &self,
+        holder: &Holder,
+    ) -> (crate::liveness::LivenessSignal, tokio::task::JoinHandle<()>) {
         let (standing, signal) = tokio::sync::watch::channel(crate::liveness::Standing::Down(0));
         let http = self.clone();
         let holder = holder.as_str().to_string();
@@ -240,13 +243,20 @@ impl Http {
             let mut response = match self.open_session(&client, holder).await {
                 Ok(response) => response,
                 Err(Unopened::Unsupported(why)) => {
-                    tracing::warn!(worker = holder, why,
-                        "the instance has no session streams: a crash of this worker waits out its claims' TTL");
+                    tracing::warn!(
+                        worker = holder,
+                        why,
+                        "the instance has no session streams: a crash of this worker waits out its claims' TTL"
+                    );
                     standing.send_replace(Standing::Up(term));
                     return;
                 }
                 Err(Unopened::Failed(why)) => {
-                    tracing::warn!(worker = holder, why, "cannot open the session stream; trying again");
+                    tracing::warn!(
+                        worker = holder,
+                        why,
+                        "cannot open the session stream; trying again"
+                    );
                     continue;
                 }
             };
@@ -276,8 +286,11 @@ impl Http {
             // The instance may be ending this term's claims now.
             standing.send_replace(Standing::Down(term));
             term += 1;
-            tracing::warn!(worker = holder, term,
-                "session stream broken: claims given up; opening a new one");
+            tracing::warn!(
+                worker = holder,
+                term,
+                "session stream broken: claims given up; opening a new one"
+            );
         }
     }
 
@@ -305,7 +318,10 @@ impl Http {
             return Ok(response);
         }
         let body = response.json::<Value>().await.unwrap_or(Value::Null);
-        let why = format!("{status}: {}", body["error"].as_str().unwrap_or("no error message"));
+        let why = format!(
+            "{status}: {}",
+            body["error"].as_str().unwrap_or("no error message")
+        );
         match status {
             reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::METHOD_NOT_ALLOWED => {
                 Err(Unopened::Unsupported(why))
@@ -439,6 +455,118 @@ impl Transport for Http {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A fake instance's answer to one request on `socket`: reads the
+    /// request (head and its `{}` body), answers `head`, and hands the
+    /// socket back for what follows.
+    async fn answer(socket: &mut tokio::net::TcpStream, head: &str) -> String {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("\r\n\r\n{}") {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        socket.write_all(head.as_bytes()).await.unwrap();
+        String::from_utf8_lossy(&seen).to_string()
+    }
+
+    const STREAM: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    /// One chunk of a chunked body.
+    fn chunk(text: &str) -> String {
+        format!("{:x}\r\n{text}\r\n", text.len())
+    }
+
+    #[tokio::test]
+    async fn a_worker_is_up_while_its_session_stream_is_open_and_stops_trusting_the_moment_it_breaks()
+     {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = Http::new(&format!("http://{}", listener.local_addr().unwrap()))
+            .unwrap()
+            .with_token("a-worker-token-0123456789")
+            .unwrap();
+        let (mut signal, task) = http.session(&Holder::parse("pw").unwrap());
+        assert_eq!(
+            signal.session(),
+            None,
+            "no claim before the instance vouches"
+        );
+
+        let (mut first, _) = listener.accept().await.unwrap();
+        let request = answer(&mut first, STREAM).await;
+        assert!(
+            request.starts_with("POST /api/workers/pw/session HTTP/1.1"),
+            "{request}"
+        );
+        assert!(
+            request.contains("authorization: Bearer a-worker-token-0123456789"),
+            "{request}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(signal.session(), None, "not before ready");
+        first
+            .write_all(chunk("event: ready\ndata: i\n\n").as_bytes())
+            .await
+            .unwrap();
+        let term = tokio::time::timeout(Duration::from_secs(2), signal.up())
+            .await
+            .unwrap();
+        assert_eq!(term, 1);
+        first.write_all(chunk(":\n\n").as_bytes()).await.unwrap();
+
+        // The instance goes away: the term's claims are not to be trusted
+        // from this moment.
+        let broken = std::time::Instant::now();
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(1), signal.ended(1))
+            .await
+            .expect("noticed within a second");
+        assert!(broken.elapsed() < Duration::from_secs(1));
+        assert_eq!(signal.session(), None);
+
+        // It opens a new stream at once, and is up under a new term.
+        let (mut second, _) = tokio::time::timeout(Duration::from_secs(3), listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        answer(&mut second, STREAM).await;
+        second
+            .write_all(chunk("event: ready\ndata: i\n\n").as_bytes())
+            .await
+            .unwrap();
+        let term = tokio::time::timeout(Duration::from_secs(2), signal.up())
+            .await
+            .unwrap();
+        assert_eq!(term, 2);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn an_instance_without_session_streams_leaves_the_worker_to_the_ttl() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = Http::new(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let (mut signal, task) = http.session(&Holder::parse("pw").unwrap());
+        let (mut socket, _) = listener.accept().await.unwrap();
+        answer(
+            &mut socket,
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .await;
+        let term = tokio::time::timeout(Duration::from_secs(2), signal.up())
+            .await
+            .unwrap();
+        assert_eq!(signal.session(), Some(term));
+        // And it never asks again.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), listener.accept())
+                .await
+                .is_err()
+        );
+        task.await.unwrap();
+    }
 
     #[test]
     fn http_urls_keep_the_base_path_and_encode_segments() {

@@ -674,8 +674,17 @@ async fn disowning_races_adopting_and_never_ends_a_claim_of_the_new_term() {
         } else {
             (&mut b, &mut a)
         };
-        let (old_id, new_id) = if round % 2 == 0 { ("a", "b") } else { ("b", "a") };
-        assert!(liveness::adopt(old_voucher, &schema, old_id, "p").await.unwrap().registered);
+        let (old_id, new_id) = if round % 2 == 0 {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        assert!(
+            liveness::adopt(old_voucher, &schema, old_id, "p")
+                .await
+                .unwrap()
+                .registered
+        );
         let old_task = enqueue(&pool).await;
         let (claimed, _) = claim(&pool, "p").await.unwrap();
         assert_eq!(claimed, old_task, "round {round}");
@@ -698,7 +707,9 @@ async fn disowning_races_adopting_and_never_ends_a_claim_of_the_new_term() {
                 let (schema, pool) = (&schema, &pool);
                 async move {
                     barrier.wait().await;
-                    liveness::adopt(&mut *new_voucher, schema, new_id, "p").await.unwrap();
+                    liveness::adopt(&mut *new_voucher, schema, new_id, "p")
+                        .await
+                        .unwrap();
                     // Claims under the new term as soon as adopted: the
                     // old task (ended, so late, so first) or the new one.
                     (claim(pool, "p").await.unwrap(), new_voucher)

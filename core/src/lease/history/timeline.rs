@@ -188,6 +188,17 @@ pub fn build(events: &[LeaseEvent], now: DateTime<Utc>) -> Timeline {
                     *exp = e.expires_at;
                 }
             }
+            // Its holder's liveness was found gone (a crash, a killed
+            // worker, a closed stream: see `crate::liveness`): the term ran
+            // out then, not at its old expiry; a takeover that follows
+            // closes it there, and without one it is expired from then.
+            "session_ended" => {
+                if let Some((term, exp)) = open.as_mut()
+                    && term.token == e.fencing_token.unwrap_or_default()
+                {
+                    *exp = Some(exp.map_or(e.at, |x| x.min(e.at)));
+                }
+            }
             "released" => close(&mut open, &mut terms, e.at, TermEnd::Released),
             "deleted" => close(&mut open, &mut terms, e.at, TermEnd::Deleted),
             "stale_write_refused" | "operator" => {
@@ -309,6 +320,34 @@ mod tests {
             tl,
             "a longer window is the whole"
         );
+    }
+
+    #[test]
+    fn a_term_ended_by_its_session_ends_there_and_the_gap_to_the_takeover_shows() {
+        let events = vec![
+            ev(1, "acquired", "a", 1, 0, 15),
+            ev(2, "session_ended", "a", 1, 3, 3),
+            ev(3, "taken_over", "b", 2, 4, 19),
+            ev(4, "released", "b", 2, 9, 9),
+            ev(5, "acquired", "c", 3, 30, 45),
+            ev(6, "session_ended", "c", 3, 32, 32),
+        ];
+        let tl = build(&events, t(40));
+        let ends: Vec<_> = tl
+            .terms
+            .iter()
+            .map(|t| (t.holder.as_str(), t.end, t.end_kind))
+            .collect();
+        assert_eq!(
+            ends,
+            vec![
+                ("a", t(3), TermEnd::TakenOver),
+                ("b", t(9), TermEnd::Released),
+                ("c", t(32), TermEnd::Expired),
+            ],
+            "ended when the session did, not at 15 s or 45 s"
+        );
+        assert_eq!(tl.gaps()[0], (t(3), t(4)));
     }
 
     #[test]
