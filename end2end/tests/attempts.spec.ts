@@ -23,7 +23,8 @@ test("the task page lists each attempt: the killed worker's taken over, the resc
   await killed.getByTestId("worker-kill").click();
   await expect(killed).toHaveAttribute("data-state", "crashed");
 
-  // Its lease runs out (3 s TTL) and the other worker takes the task over.
+  // Its claim is ended at once by the instance's liveness session, and the
+  // other worker takes the task over.
   await expect
     .poll(async () => (await (await request.get(`/api/tasks/${task.id}`)).json()).processor, { timeout: 10_000 })
     .toBe(rescuerId);

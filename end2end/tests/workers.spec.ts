@@ -34,7 +34,8 @@ test("kill a busy worker and see its task taken over by another worker", async (
   const killed = page.locator(`[data-testid="worker-row"][data-worker="${busyId}"]`);
   await expect(killed).toHaveAttribute("data-state", "crashed");
 
-  // Its lease runs out (3 s TTL) and the other worker takes the task over.
+  // The instance's liveness session ends the dead worker's claim at once
+  // (no waiting out the 3 s TTL) and the other worker takes the task over.
   await expect
     .poll(async () => (await (await request.get(`/api/tasks/${task.id}`)).json()).processor, { timeout: 10_000 })
     .not.toBe(busyId);
@@ -54,6 +55,11 @@ test("kill a busy worker and see its task taken over by another worker", async (
   const bound = Number(await watch.getByTestId("stopwatch-bound").getAttribute("data-ms"));
   expect(elapsed).toBeGreaterThan(0);
   expect(elapsed).toBeLessThanOrEqual(bound);
+  // Ended by its session, not by the TTL: sooner than the lease (3 s)
+  // could have run out.
+  await expect(watch.getByTestId("stopwatch-rule")).toHaveAttribute("data-rule", "session");
+  await expect(watch.getByTestId("stopwatch-rule")).toHaveText("by its session");
+  expect(elapsed).toBeLessThan(3_000);
 
   // The task page shows the takeover in the lease history, and the timeline
   // draws two terms: the killed worker's, ended by the takeover, and the
@@ -113,6 +119,12 @@ test("a paused worker's late completion is refused by its fencing token", async 
     .toBe("processed");
   const done = await (await request.get(`/api/tasks/${task.id}`)).json();
   expect(done.processor).not.toBe(pausedId);
+  // A paused worker is alive, only frozen: its term ended by the TTL, not
+  // by a session, and the stopwatch says so.
+  const silent = page.locator(`[data-testid="stopwatch-row"][data-resource="task:${task.id}"]`);
+  await expect(silent).toHaveAttribute("data-cause", "found_dead");
+  await expect(silent.getByTestId("stopwatch-rule")).toHaveAttribute("data-rule", "ttl");
+  await expect(silent.getByTestId("stopwatch-rule")).toHaveText("by the TTL");
 
   // The paused worker wakes, tries to complete, and is refused: recorded as a stale write.
   await page.goto(`/tasks?id=${task.id}`);
@@ -133,7 +145,10 @@ test("an operator's kill stays on the stopwatch however many failovers follow, a
   await busy.getByTestId("worker-kill").click();
   await expect(page.locator(`[data-testid="worker-row"][data-worker="${busyId}"]`)).toHaveAttribute("data-state", "crashed");
   const watch = page.locator(`[data-testid="stopwatch-row"][data-resource="task:${task.id}"]`);
-  await expect(watch).toHaveAttribute("data-state", "waiting");
+  // Its claim was ended at once by the instance's liveness session; out of
+  // attempts, nobody may take it over, and the rescuer (every 5 s) may
+  // already have failed it: waiting, or ended.
+  await expect(watch).toHaveAttribute("data-state", /^(waiting|ended)$/);
   await expect(watch).toHaveAttribute("data-cause", "killed");
   await expect(watch).toHaveAttribute("data-subject", busyId);
 
@@ -148,10 +163,10 @@ test("an operator's kill stays on the stopwatch however many failovers follow, a
     expect((await request.post("/api/leases", { data: { resource, holder: "pw-rescuer", ttl_seconds: 60 } })).status()).toBe(201);
   }
   await expect(page.locator('[data-testid="stopwatch-row"][data-cause="found_dead"]')).toHaveCount(10, { timeout: 5_000 });
-  // The operator's kill is still listed, still waiting.
-  await expect(watch).toHaveAttribute("data-state", "waiting");
+  // The operator's kill is still listed.
+  await expect(watch).toHaveAttribute("data-state", /^(waiting|ended)$/);
 
-  // Its lease runs out; the next claim finds the task out of attempts and
+  // The next claim (or the rescuer) finds the task out of attempts and
   // fails it instead of running it again: the stopwatch says so.
   await expect
     .poll(

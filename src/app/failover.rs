@@ -351,6 +351,16 @@ fn StopwatchRows(view: StopwatchView) -> impl IntoView {
                         <span class="text-slate-600">{format!("{who} (#{})", f.old_token.unwrap_or_default())}</span>
                         <span class="font-mono text-slate-600">{taken}</span>
                         <span class=format!("tabular-nums {class}") data-testid="stopwatch-elapsed" data-ms=f.elapsed_ms.map(|m| m.to_string())>{elapsed}</span>
+                        {f.rule.clone().map(|rule| {
+                            let (text, title) = if rule == "session" {
+                                ("by its session", "its holder was found dead (process crashed, worker killed, stream closed): ended at once")
+                            } else {
+                                ("by the TTL", "its holder went silent (paused, cut off, or nothing vouched for it): ended when its lease ran out")
+                            };
+                            view! {
+                                <span class="rounded bg-slate-100 px-1.5 text-xs text-slate-700" data-testid="stopwatch-rule" data-rule=rule title=title>{text}</span>
+                            }
+                        })}
                         {ended.is_none().then(|| view! {
                             <span class="tabular-nums text-slate-500" data-testid="stopwatch-bound" data-ms=view.bound_ms>
                                 {format!("bound {bound_s:.1} s{}", if over { " — over: no contender claimed it sooner" } else { "" })}

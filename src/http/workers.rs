@@ -150,7 +150,7 @@ async fn pause(
     path = "/api/workers/{id}/kill",
     tag = "workers",
     summary = "Kill a simulated worker (operator)",
-    description = "Aborted on the spot, nothing completed or released: its task is taken over once the lease runs out. A worker of another instance is killed through that instance.",
+    description = "Aborted on the spot, nothing completed or released. The instance's liveness session then ends its claim (`session_ended`), so an idle worker takes the task over within a second (without liveness, once the lease runs out). A worker of another instance is killed through that instance.",
     params(WorkerIdPath),
     security((), ("admin_token" = [])),
     responses(

@@ -36,6 +36,10 @@ pub enum OpKind {
     Heartbeat,
     Complete,
     Fail,
+    /// The worker stopped trusting its claim without a write (its local
+    /// deadline passed, or its session stream broke): its belief ends
+    /// here. Always `ok`, sent and returned at the same instant.
+    GaveUp,
     /// A worker's report of itself (`PUT /api/workers/{id}`), recorded
     /// only when its credential was refused: a worker's first call is its
     /// report, so a refused worker's history would otherwise be empty.
@@ -209,6 +213,19 @@ impl<T: Transport> Transport for Recorded<T> {
     // runs through this) never snoozes, so the checker knows no such op.
     async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
         self.inner.snooze(claim, delay).await
+    }
+
+    fn gave_up(&self, worker: &Holder, claim: &Claim) {
+        self.inner.gave_up(worker, claim);
+        let ok: Result<(), TransportError> = Ok(());
+        self.record(
+            worker,
+            OpKind::GaveUp,
+            Some(claim.task_id),
+            Some(claim.token),
+            now_ms(),
+            &ok,
+        );
     }
 
     async fn report(&self, worker: &Holder, report: &Report) -> Result<(), TransportError> {

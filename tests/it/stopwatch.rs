@@ -79,11 +79,13 @@ async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
     assert_eq!(one.new_token, Some(taken.lease().fencing_token));
     assert!(one.new_token > one.old_token);
     assert!(one.elapsed_ms.unwrap() >= 50, "{one:?}");
+    assert_eq!(one.rule.as_deref(), Some("ttl"), "it ran out: {one:?}");
     let two = rows.iter().find(|f| f.resource == "task:2").unwrap();
     assert!(
         two.taken_at.is_none(),
         "task:2 was never taken over: {two:?}"
     );
+    assert_eq!(two.rule, None, "no rule before a takeover");
     // A takeover the dashboard caused is not counted again as a silent death.
     assert_eq!(rows.iter().filter(|f| f.resource == "task:1").count(), 1);
 }
@@ -119,6 +121,7 @@ async fn a_silent_death_is_timed_from_the_last_renewal() {
     assert_eq!(f.new_holder.as_deref(), Some("i-b"));
     assert_eq!((f.old_token, f.new_token), (Some(1), Some(2)));
     assert!(f.elapsed_ms.unwrap() >= 30, "{f:?}");
+    assert_eq!(f.rule.as_deref(), Some("ttl"));
 }
 
 #[tokio::test]

@@ -331,7 +331,7 @@ async fn a_killed_workers_task_is_taken_over_at_once_and_a_paused_ones_waits_its
     fleet.pause(&p).unwrap();
 
     let kill = Instant::now();
-    fleet.kill(&a).await.unwrap();
+    fleet.kill_by(&a, "operator").await.unwrap();
     // Claimable at once by anyone: here by hand, token 2.
     let mut conn = db.pool.acquire().await.unwrap();
     let taken = loop {
@@ -363,6 +363,16 @@ async fn a_killed_workers_task_is_taken_over_at_once_and_a_paused_ones_waits_its
         .map(|e| e.kind)
         .collect();
     assert_eq!(kinds, ["acquired", "session_ended", "taken_over"]);
+    // The stopwatch says which rule ended the term.
+    let watch = leasekeeper_core::lease::stopwatch::recent(&mut conn, &Default::default(), 10)
+        .await
+        .unwrap();
+    let row = watch
+        .iter()
+        .find(|f| f.resource == format!("task:{killed_task}"))
+        .unwrap_or_else(|| panic!("{watch:?}"));
+    assert_eq!((row.cause.as_str(), row.rule.as_deref()), ("killed", Some("session")), "{row:?}");
+    assert!(row.elapsed_ms.unwrap() < 2000, "{row:?}");
 
     // The paused worker is alive, if frozen: its claim is still its own
     // (the TTL rules), and no one can take it.

@@ -112,7 +112,9 @@ pub struct LeaseEvent {
     pub holder: Option<String>,
     /// The fencing token of the term the event belongs to.
     pub fencing_token: Option<i64>,
-    /// acquired, renewed, released, taken_over, deleted, stale_write_refused or operator.
+    /// acquired, renewed, released, taken_over, session_ended (its holder's
+    /// liveness was found gone and the term ended then: see
+    /// [`crate::liveness`]), deleted, stale_write_refused or operator.
     pub kind: String,
     /// For a takeover, who held it before.
     pub previous_holder: Option<String>,
@@ -161,6 +163,12 @@ pub struct Failover {
     /// task ran out of attempts, so nobody took its lease) or
     /// `task cancelled`.
     pub ended: Option<String>,
+    /// Which rule ended the old term, once taken over: `session` (its
+    /// holder was found dead: its process's liveness session closed, its
+    /// worker killed, its stream to the instance closed; see
+    /// [`crate::liveness`]) or `ttl` (it ran out unrenewed: a pause, a
+    /// partition, or a holder nothing vouched for).
+    pub rule: Option<String>,
     /// Start to takeover, when taken over.
     pub elapsed_ms: Option<i64>,
     /// Start to now (database clock), for the running stopwatch.

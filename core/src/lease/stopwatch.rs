@@ -101,6 +101,12 @@ pub async fn recent(
              )
              SELECT cause, subject, resource, old_holder, old_token, started_at, taken_at,
                     new_holder, new_token, ended,
+                    CASE WHEN taken_at IS NULL THEN NULL
+                         WHEN EXISTS (SELECT 1 FROM $schema.lease_events s
+                                       WHERE s.resource = shown.resource
+                                         AND s.fencing_token = shown.old_token
+                                         AND s.kind = 'session_ended') THEN 'session'
+                         ELSE 'ttl' END AS rule,
                     (EXTRACT(EPOCH FROM (taken_at - started_at)) * 1000)::bigint AS elapsed_ms,
                     (EXTRACT(EPOCH FROM (now() - started_at)) * 1000)::bigint AS since_ms
                FROM shown

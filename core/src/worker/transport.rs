@@ -151,6 +151,14 @@ pub trait Transport: Send + Sync + 'static {
         std::future::ready(false)
     }
 
+    /// `worker` stopped trusting `claim` without writing anything (its
+    /// local deadline passed, or its liveness was lost): a hook for a
+    /// transport that records what its worker believed (the fault
+    /// harness's history); the default does nothing.
+    fn gave_up(&self, worker: &Holder, claim: &Claim) {
+        let _ = (worker, claim);
+    }
+
     /// `worker` stopped gracefully: a transport that claims ahead gives
     /// back what waits for it (the default does nothing).
     fn forget(&self, worker: &Holder) {

@@ -561,6 +561,7 @@ impl<T: Transport> Worker<T> {
         mut running: Running,
         why: &str,
     ) -> Flow {
+        self.transport.gave_up(&self.id, claim);
         lost.cancel();
         let _ = tokio::time::timeout(self.config.lost_grace, &mut running.0).await;
         drop(running);

@@ -48,16 +48,20 @@ pub(super) fn tokens_seen_by_clients(history: &[Op], c: &mut Checks) {
 
 /// Two holders at once, as the workers saw it: a worker trusts a claim
 /// until its local deadline (the claim's or last accepted heartbeat's send
-/// time plus nine tenths of the TTL; see the worker loop), unless a refusal
-/// or its own completion ended it first. Another worker granted the task
+/// time plus nine tenths of the TTL; see the worker loop), unless a refusal,
+/// its own completion or its giving the claim up (its session stream
+/// broke) ended it first. Another worker granted the task
 /// (its claim answered) before that deadline means two workers believed
 /// they held it at once. Workers in `trusting` ignore their deadlines on
-/// purpose and are not counted as believers; send and answer times are all
-/// from this machine's clock, so no database clock is involved.
+/// purpose and are not counted as believers; a worker in `killed` believes
+/// nothing after each time it was killed (kill -9 at those instants); send
+/// and answer times are all from this machine's clock, so no database clock
+/// is involved.
 pub(super) fn holders_believed_at_once(
     history: &[Op],
     ttl: Duration,
     trusting: &BTreeSet<String>,
+    killed: &BTreeMap<String, Vec<i64>>,
     c: &mut Checks,
 ) {
     let trusted_ms = (ttl.as_secs_f64() * 900.0) as i64;
@@ -83,13 +87,24 @@ pub(super) fn holders_believed_at_once(
             // abandons the task and stops), or its own completion or
             // failure report, ends the belief when its answer arrives (if
             // before the deadline).
+            // So does its giving up without a write (its session stream
+            // broke: its instance may be ending the claim at once).
             (_, Outcome::Refused | Outcome::Unauthorized)
-            | (OpKind::Complete | OpKind::Fail, Outcome::Ok) => {
+            | (OpKind::Complete | OpKind::Fail | OpKind::GaveUp, Outcome::Ok) => {
                 if let Some(b) = beliefs.get_mut(&key) {
                     b.1 = b.1.min(op.returned_ms);
                 }
             }
             _ => {}
+        }
+    }
+    // A killed worker believes nothing from its death on: with liveness
+    // its claims are taken over within a second, long before its deadline.
+    for ((_, worker, _), (from, until)) in beliefs.iter_mut() {
+        for &at in killed.get(worker).map_or(&[][..], Vec::as_slice) {
+            if *from <= at {
+                *until = (*until).min(at);
+            }
         }
     }
     let mut by_task: BTreeMap<i64, Vec<(&String, i64, i64, i64)>> = BTreeMap::new();
@@ -179,7 +194,7 @@ mod tests {
         let none = BTreeSet::new();
         let believed = |history: &[Op], trusting: &BTreeSet<String>| {
             let mut c = Checks::default();
-            holders_believed_at_once(history, ttl, trusting, &mut c);
+            holders_believed_at_once(history, ttl, trusting, &BTreeMap::new(), &mut c);
             c.believed_overlaps.len()
         };
         let a = op(OpKind::Claim, "a", 1, Outcome::Ok, 0, 10);
@@ -198,6 +213,26 @@ mod tests {
             believed(&[a.clone(), beat.clone(), refused, b_early.clone()], &none),
             0
         );
+        // So does its giving the claim up (its session stream broke)
+        // before the other's grant; not after it.
+        let gave_up = op(OpKind::GaveUp, "a", 1, Outcome::Ok, 2400, 2400);
+        assert_eq!(
+            believed(&[a.clone(), beat.clone(), gave_up, b_early.clone()], &none),
+            0
+        );
+        let gave_up_late = op(OpKind::GaveUp, "a", 1, Outcome::Ok, 2700, 2700);
+        assert_eq!(
+            believed(&[a.clone(), beat.clone(), gave_up_late, b_early.clone()], &none),
+            1
+        );
+        // A worker killed before the other's grant believes nothing after.
+        let mut c = Checks::default();
+        let killed = BTreeMap::from([("a".to_string(), vec![2400])]);
+        holders_believed_at_once(&[a.clone(), beat.clone(), b_early.clone()], ttl, &none, &killed, &mut c);
+        assert!(c.believed_overlaps.is_empty(), "{:?}", c.believed_overlaps);
+        let killed_after = BTreeMap::from([("a".to_string(), vec![2700])]);
+        holders_believed_at_once(&[a.clone(), beat.clone(), b_early.clone()], ttl, &none, &killed_after, &mut c);
+        assert_eq!(c.believed_overlaps.len(), 1);
         // A --trust-claims worker ignores deadlines on purpose.
         let trusting: BTreeSet<String> = ["a".to_string()].into();
         assert_eq!(believed(&[a, beat, b_early], &trusting), 0);
