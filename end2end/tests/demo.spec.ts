@@ -105,6 +105,11 @@ test("the README demo: generator on, a busy worker killed and the generator's in
   }
   expect(victim, "a worker killed while it held its task").toBeTruthy();
   const workerMs = await takenOverWithinBound(page, `task:${victim!.task}`, victim!.worker);
+  // A killed worker is certainly dead: its claim was ended by its
+  // instance's liveness session, not left to run out its 6 s TTL.
+  const killedRow = page.locator(`[data-testid="stopwatch-row"][data-resource="task:${victim!.task}"][data-subject="${victim!.worker}"]`);
+  await expect(killedRow.getByTestId("stopwatch-rule")).toHaveAttribute("data-rule", "session");
+  expect(workerMs, "rescued before the TTL could have run out").toBeLessThan(6_000);
 
   // Kill the generator's holder from another instance's page.
   const status = await json(`${urls[0]}/api/generator/status`);
