@@ -278,9 +278,7 @@ async fn session(
         )));
     }
     let guard = s.fleet.open_stream(&id).await?;
-    let ready = Event::default()
-        .event("ready")
-        .data(s.instance_id.to_string());
+    let ready = Event::default().event("ready").data(&*s.instance_id);
     let stop = s.live.stopped();
     // The guard lives as long as the answer's body: hyper drops the body
     // when its connection fails, and the guard's drop ends the claims.

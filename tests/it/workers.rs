@@ -371,7 +371,11 @@ async fn a_killed_workers_task_is_taken_over_at_once_and_a_paused_ones_waits_its
         .iter()
         .find(|f| f.resource == format!("task:{killed_task}"))
         .unwrap_or_else(|| panic!("{watch:?}"));
-    assert_eq!((row.cause.as_str(), row.rule.as_deref()), ("killed", Some("session")), "{row:?}");
+    assert_eq!(
+        (row.cause.as_str(), row.rule.as_deref()),
+        ("killed", Some("session")),
+        "{row:?}"
+    );
     assert!(row.elapsed_ms.unwrap() < 2000, "{row:?}");
 
     // The paused worker is alive, if frozen: its claim is still its own

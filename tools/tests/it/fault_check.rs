@@ -85,9 +85,16 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
         op("w1", OpKind::Complete, a.id, token, Outcome::Ok),
         op("w2", OpKind::Complete, a.id, token, Outcome::Refused),
     ];
-    let c = check(&db.pool, &honest, 0, TTL, &Default::default())
-        .await
-        .unwrap();
+    let c = check(
+        &db.pool,
+        &honest,
+        0,
+        TTL,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(c.lost, vec![b.id], "{c:?}");
     assert_eq!(c.confirmed_by_both, 1);
     assert_eq!(c.refused_completions, 1);
@@ -114,9 +121,16 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
     )
     .await
     .unwrap();
-    let c = check(&db.pool, &honest, 0, TTL, &Default::default())
-        .await
-        .unwrap();
+    let c = check(
+        &db.pool,
+        &honest,
+        0,
+        TTL,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
     assert!(c.violations().is_empty(), "{:?}", c.violations());
     let mut lying = honest.clone();
     // A second accepted completion of a (done twice).
@@ -125,9 +139,16 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
     lying.push(op("w4", OpKind::Heartbeat, b.id, 99, Outcome::Refused));
     // A claim that lease_events never saw.
     lying.push(op("w5", OpKind::Claim, b.id, 7, Outcome::Ok));
-    let c = check(&db.pool, &lying, 0, TTL, &Default::default())
-        .await
-        .unwrap();
+    let c = check(
+        &db.pool,
+        &lying,
+        0,
+        TTL,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(c.duplicates, vec![a.id], "{c:?}");
     assert_eq!(c.refusals_unrecorded, 1, "{c:?}");
     assert_eq!(c.claims_unrecorded, 1, "{c:?}");
@@ -136,9 +157,16 @@ async fn the_checker_reports_what_is_wrong_and_only_that() {
 
     // A completion accepted with a token the database did not keep.
     let stale = vec![op("w1", OpKind::Complete, b.id, 1, Outcome::Ok)];
-    let c = check(&db.pool, &stale, 0, TTL, &Default::default())
-        .await
-        .unwrap();
+    let c = check(
+        &db.pool,
+        &stale,
+        0,
+        TTL,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(c.stale_accepted.len(), 1, "{c:?}");
 }
 

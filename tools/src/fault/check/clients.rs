@@ -222,16 +222,31 @@ mod tests {
         );
         let gave_up_late = op(OpKind::GaveUp, "a", 1, Outcome::Ok, 2700, 2700);
         assert_eq!(
-            believed(&[a.clone(), beat.clone(), gave_up_late, b_early.clone()], &none),
+            believed(
+                &[a.clone(), beat.clone(), gave_up_late, b_early.clone()],
+                &none
+            ),
             1
         );
         // A worker killed before the other's grant believes nothing after.
         let mut c = Checks::default();
         let killed = BTreeMap::from([("a".to_string(), vec![2400])]);
-        holders_believed_at_once(&[a.clone(), beat.clone(), b_early.clone()], ttl, &none, &killed, &mut c);
+        holders_believed_at_once(
+            &[a.clone(), beat.clone(), b_early.clone()],
+            ttl,
+            &none,
+            &killed,
+            &mut c,
+        );
         assert!(c.believed_overlaps.is_empty(), "{:?}", c.believed_overlaps);
         let killed_after = BTreeMap::from([("a".to_string(), vec![2700])]);
-        holders_believed_at_once(&[a.clone(), beat.clone(), b_early.clone()], ttl, &none, &killed_after, &mut c);
+        holders_believed_at_once(
+            &[a.clone(), beat.clone(), b_early.clone()],
+            ttl,
+            &none,
+            &killed_after,
+            &mut c,
+        );
         assert_eq!(c.believed_overlaps.len(), 1);
         // A --trust-claims worker ignores deadlines on purpose.
         let trusting: BTreeSet<String> = ["a".to_string()].into();
