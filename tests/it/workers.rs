@@ -22,11 +22,16 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_secs(2);
 
 fn fleet(db: &TestDb, instance: &str) -> Fleet {
+    fleet_of(db, instance, TTL)
+}
+
+/// A fleet of workers with lease TTL `ttl`, chaos off.
+fn fleet_of(db: &TestDb, instance: &str, ttl: Duration) -> Fleet {
     Fleet::new(
         db.pool.clone(),
         Arc::from(instance),
         FleetConfig {
-            worker: WorkerConfig::new(TTL, TTL / 3),
+            worker: WorkerConfig::new(ttl, ttl / 3),
             chaos: ChaosSettings::off(),
             respawn_after: None,
             seed: Some(1),
@@ -291,19 +296,7 @@ async fn vouched_fleet(
     )
     .await
     .unwrap();
-    let fleet = Fleet::new(
-        db.pool.clone(),
-        Arc::from(instance),
-        FleetConfig {
-            worker: WorkerConfig::new(ttl, ttl / 3),
-            chaos: ChaosSettings::off(),
-            respawn_after: None,
-            seed: Some(1),
-            prefetch: leasekeeper_core::worker::batch::Prefetch::per_worker(0),
-        },
-        None,
-    )
-    .vouched_by(&liveness);
+    let fleet = fleet_of(db, instance, ttl).vouched_by(&liveness);
     (fleet, liveness)
 }
 

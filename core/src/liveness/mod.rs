@@ -298,7 +298,7 @@ impl LivenessSignal {
 
     /// The signal of a session kept elsewhere than in a [`Liveness`] of
     /// this process: a worker process's stream to its instance
-    /// ([`Http::session`](crate::worker::http::Http::session)), whose
+    /// (`Http::session` in `worker::http`, feature `http-client`), whose
     /// instance vouches for it.
     pub fn following(standing: watch::Receiver<Standing>) -> Self {
         LivenessSignal(Some(standing))

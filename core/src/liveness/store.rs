@@ -215,11 +215,8 @@ pub async fn adopt(
         .execute(&mut *tx)
         .await?;
     let (registered, leases, tasks): (bool, i64, i64) = schema
-        .query_as(&format!(
-            "WITH mine AS (
-                SELECT l.instance_id FROM $schema.liveness l
-                 WHERE l.instance_id = $1 AND l.pid = pg_backend_pid()
-             ), elsewhere AS (
+        .query_as(&moving(
+            "elsewhere AS (
                 UPDATE $schema.liveness l SET holders = array_remove(l.holders, $2)
                  WHERE l.instance_id <> $1 AND $2 = ANY(l.holders) AND EXISTS (SELECT 1 FROM mine)
                 RETURNING l.instance_id
@@ -229,10 +226,7 @@ pub async fn adopt(
                 RETURNING l.instance_id
              ), holder AS (
                 SELECT $2::text AS name, mine.instance_id FROM mine
-             ), {ENDING}
-             SELECT EXISTS (SELECT 1 FROM mine),
-                    (SELECT count(*) FROM recorded),
-                    (SELECT count(*) FROM late)"
+             )",
         ))
         .bind(id)
         .bind(holder)
@@ -260,20 +254,14 @@ pub async fn disown(
     end: bool,
 ) -> sqlx::Result<Moved> {
     let (registered, leases, tasks): (bool, i64, i64) = schema
-        .query_as(&format!(
-            "WITH mine AS (
-                SELECT l.instance_id FROM $schema.liveness l
-                 WHERE l.instance_id = $1 AND l.pid = pg_backend_pid()
-             ), dropped AS (
+        .query_as(&moving(
+            "dropped AS (
                 UPDATE $schema.liveness l SET holders = array_remove(l.holders, $2)
                  WHERE l.instance_id = $1 AND l.pid = pg_backend_pid() AND $2 = ANY(l.holders)
                 RETURNING l.instance_id
              ), holder AS (
                 SELECT $2::text AS name, dropped.instance_id FROM dropped WHERE $3
-             ), {ENDING}
-             SELECT EXISTS (SELECT 1 FROM mine),
-                    (SELECT count(*) FROM recorded),
-                    (SELECT count(*) FROM late)"
+             )",
         ))
         .bind(id)
         .bind(holder)
@@ -281,6 +269,22 @@ pub async fn disown(
         .fetch_one(&mut *conn)
         .await?;
     Ok(moved(registered, leases, tasks))
+}
+
+/// The statement of [`adopt`] and [`disown`]: `mine` (this session's own
+/// registration of `$1`), then `changes` (which must define the `holder`
+/// CTE), then [`ENDING`]; answers whether `mine` was found, the terms
+/// recorded as ended, and the tasks made late.
+fn moving(changes: &str) -> String {
+    format!(
+        "WITH mine AS (
+            SELECT l.instance_id FROM $schema.liveness l
+             WHERE l.instance_id = $1 AND l.pid = pg_backend_pid()
+         ), {changes}, {ENDING}
+         SELECT EXISTS (SELECT 1 FROM mine),
+                (SELECT count(*) FROM recorded),
+                (SELECT count(*) FROM late)"
+    )
 }
 
 fn moved(registered: bool, leases: i64, tasks: i64) -> Moved {
