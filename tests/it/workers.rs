@@ -300,6 +300,18 @@ async fn vouched_fleet(
     (fleet, liveness)
 }
 
+/// A claim by hand, as an idle rescuer's.
+async fn rescue(conn: &mut sqlx::PgConnection) -> Option<Task> {
+    store::claim_next(
+        conn,
+        &Default::default(),
+        &leasekeeper_core::lease::Holder::parse("rescuer").unwrap(),
+        TTL,
+    )
+    .await
+    .unwrap()
+}
+
 /// Issue 38: a simulated worker has a liveness of its own within its
 /// instance's session. Killed, its claim is ended at once (as a crashed
 /// process's would be) and taken over within a second at the default
@@ -332,15 +344,7 @@ async fn a_killed_workers_task_is_taken_over_at_once_and_a_paused_ones_waits_its
             kill.elapsed() < Duration::from_secs(2),
             "a's claim not ended within 2 s of the kill (TTL 15 s)"
         );
-        if let Some(t) = store::claim_next(
-            &mut conn,
-            &Default::default(),
-            &leasekeeper_core::lease::Holder::parse("rescuer").unwrap(),
-            TTL,
-        )
-        .await
-        .unwrap()
-        {
+        if let Some(t) = rescue(&mut conn).await {
             break t;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -378,17 +382,7 @@ async fn a_killed_workers_task_is_taken_over_at_once_and_a_paused_ones_waits_its
     assert_eq!(held.processor.as_deref(), Some(p.as_str()));
     assert_eq!(held.fencing_token, Some(1));
     assert_eq!(held.status, TaskStatus::Started);
-    assert!(
-        store::claim_next(
-            &mut conn,
-            &Default::default(),
-            &leasekeeper_core::lease::Holder::parse("rescuer").unwrap(),
-            TTL,
-        )
-        .await
-        .unwrap()
-        .is_none()
-    );
+    assert!(rescue(&mut conn).await.is_none());
     drop(conn);
     fleet.shutdown(Duration::from_secs(5)).await;
     liveness.shutdown().await;
