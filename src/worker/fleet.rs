@@ -522,21 +522,28 @@ impl Fleet {
     /// answered [`StreamGuard`] is dropped. Dropped without
     /// [`StreamGuard::goodbye`] (the connection closed: the process died,
     /// or its network did), the worker's live claims are ended at once,
-    /// so an idle worker takes them over within a second. Without a
-    /// liveness session (none, or down), the stream carries no promise
-    /// and the TTL rules: `Err(ShuttingDown)` only when stopping.
+    /// so an idle worker takes them over within a second. On an instance
+    /// without liveness the stream opens but promises nothing (the TTL
+    /// rules); with its liveness session down, `Err(NoSession)` (the worker
+    /// tries again).
     pub async fn open_stream(&self, holder: &Holder) -> Result<StreamGuard, FleetError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(FleetError::ShuttingDown);
         }
         let name = holder.as_str().to_string();
+        let Some((_, voucher)) = &self.inner.liveness else {
+            // No liveness here at all (behind a transaction pooler, or a
+            // test's instance): the stream promises nothing, the TTL rules.
+            return Ok(StreamGuard {
+                fleet: self.clone(),
+                holder: name,
+                n: 0,
+                goodbye: true,
+            });
+        };
         let n = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         self.streams().insert(name.clone(), n);
-        let vouched = match &self.inner.liveness {
-            Some((_, voucher)) => voucher.adopt(&name, VOUCH_WITHIN).await,
-            None => false,
-        };
-        if !vouched {
+        if !voucher.adopt(&name, VOUCH_WITHIN).await {
             self.streams().remove(&name);
             return Err(FleetError::NoSession);
         }

@@ -1,5 +1,6 @@
 //! A worker process's session stream (`POST /api/workers/{id}/session`,
-//! issue 38): its refusals, and what its close does. While a stream is
+//! issue 38): its refusals, and what its close does, with the instance's
+//! liveness and without. While a stream is
 //! open the instance's liveness session vouches for the worker; when it
 //! closes without a goodbye the worker's claims end at once; a newer
 //! stream of the same worker (a reconnection) starts a new term, and the
@@ -43,6 +44,17 @@ async fn open(api: &Api, id: &str) -> axum::response::Response {
     response
 }
 
+async fn enqueue(api: &Api) -> i64 {
+    store::enqueue(
+        &mut api.db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        &NewTask::new("k", json!({})),
+    )
+    .await
+    .unwrap()
+    .id
+}
+
 async fn claim(api: &Api, holder: &str) -> Option<(i64, i64)> {
     store::claim_next(
         &mut api.db.pool.acquire().await.unwrap(),
@@ -77,10 +89,6 @@ async fn bad_requests_for_a_session_stream_are_refused_and_change_nothing() {
         )
         .await;
     assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    // This instance has no liveness session to vouch with.
-    let (s, body) = api.post("/api/workers/pw/session", json!({})).await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(error_of(&body).contains("liveness session"), "{body}");
     // A simulated worker's id is not a worker process's.
     let (s, w) = api.post("/api/workers", json!({})).await;
     assert_eq!(s, StatusCode::CREATED, "{w}");
@@ -92,6 +100,24 @@ async fn bad_requests_for_a_session_stream_are_refused_and_change_nothing() {
         .await
         .unwrap();
     assert_eq!(rows, 0);
+}
+
+/// An instance without liveness (behind a transaction pooler) opens the
+/// stream, so its workers run, but promises nothing: its close ends
+/// nothing, and the claim waits out its TTL.
+#[tokio::test]
+async fn without_liveness_the_stream_opens_and_its_close_ends_nothing() {
+    let api = Api::new().await;
+    let task = enqueue(&api).await;
+    let stream = open(&api, "pw").await;
+    assert_eq!(claim(&api, "pw").await, Some((task, 1)));
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        claim(&api, "other").await,
+        None,
+        "still pw's, under its TTL"
+    );
 }
 
 #[tokio::test]
@@ -107,14 +133,7 @@ async fn a_session_stream_needs_a_worker_credential() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stream_ends_its_workers_claims_at_once_and_an_older_one_ends_nothing() {
     let (api, liveness) = Api::vouched().await;
-    let task = store::enqueue(
-        &mut api.db.pool.acquire().await.unwrap(),
-        &Schema::default(),
-        &NewTask::new("k", json!({})),
-    )
-    .await
-    .unwrap()
-    .id;
+    let task = enqueue(&api).await;
     let first = open(&api, "pw").await;
     assert_eq!(claim(&api, "pw").await, Some((task, 1)));
     // The worker reconnects (its first stream broke on its side): the new

@@ -54,6 +54,8 @@ const KEYS: &[&str] = &[
     "rescue_p50_ms",
     "rescue_p99_ms",
     "rescue_ttl_s",
+    "rescue_worker_p50_ms",
+    "rescue_worker_p99_ms",
     "w16_vs_raw_ceiling",
     "batched_vs_w16",
     "fleet_w16_vs_graphile_best",
@@ -157,6 +159,17 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
     // Rescued by the closed session, not by the leases running out.
     assert!(
         results["rescue_max_ms"].as_f64()
+            < Some(results["rescue_ttl_s"].as_f64().unwrap() * 1000.0),
+        "{results}"
+    );
+    // Worker processes too, by their closed session streams.
+    assert_eq!(results["rescue_worker_tasks_lost"], 0.0, "{results}");
+    assert_eq!(
+        results["rescue_worker_tasks_completed_twice"], 0.0,
+        "{results}"
+    );
+    assert!(
+        results["rescue_worker_max_ms"].as_f64()
             < Some(results["rescue_ttl_s"].as_f64().unwrap() * 1000.0),
         "{results}"
     );

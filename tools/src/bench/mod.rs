@@ -152,11 +152,36 @@ pub(crate) struct BenchServer {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
     sampler: leasekeeper::overview::sampler::Sampler,
+    /// Its liveness session, when it keeps one ([`BenchServer::start_vouched`]).
+    liveness: Option<leasekeeper_core::liveness::Liveness>,
 }
 
 impl BenchServer {
     /// Starts it with `settings` (its address is replaced) and `live`.
-    pub async fn start(mut settings: Settings, pool: &PgPool, live: LiveHub) -> Result<Self> {
+    pub async fn start(settings: Settings, pool: &PgPool, live: LiveHub) -> Result<Self> {
+        Self::open(settings, pool, live, None).await
+    }
+
+    /// [`start`](Self::start) keeping a liveness session, as `serve` does:
+    /// the worker processes' session streams are vouched for, so a killed
+    /// worker process is rescued by its closed stream.
+    pub async fn start_vouched(settings: Settings, pool: &PgPool, live: LiveHub) -> Result<Self> {
+        let liveness = leasekeeper_core::liveness::Liveness::start(
+            (*pool.connect_options()).clone(),
+            leasekeeper_core::db::Schema::of(pool),
+            Arc::from("i-bench"),
+            vec!["i-bench".to_string()],
+        )
+        .await?;
+        Self::open(settings, pool, live, Some(liveness)).await
+    }
+
+    async fn open(
+        mut settings: Settings,
+        pool: &PgPool,
+        live: LiveHub,
+        liveness: Option<leasekeeper_core::liveness::Liveness>,
+    ) -> Result<Self> {
         settings.admin_token = None;
         settings.worker_token = None;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -168,12 +193,18 @@ impl BenchServer {
             leptos_options: leptos_options(&settings),
             pool: pool.clone(),
             read_pool: leasekeeper::reads::read_pool(pool),
-            fleet: Fleet::new(
-                pool.clone(),
-                instance_id.clone(),
-                FleetConfig::from_settings(&settings),
-                None,
-            ),
+            fleet: {
+                let fleet = Fleet::new(
+                    pool.clone(),
+                    instance_id.clone(),
+                    FleetConfig::from_settings(&settings),
+                    None,
+                );
+                match &liveness {
+                    Some(liveness) => fleet.vouched_by(liveness),
+                    None => fleet,
+                }
+            },
             settings: Arc::new(settings),
             instance_id,
             generator: None,
@@ -195,6 +226,7 @@ impl BenchServer {
             stop,
             task,
             sampler,
+            liveness,
         })
     }
 
@@ -203,6 +235,9 @@ impl BenchServer {
         self.sampler.stop();
         self.stop.cancel();
         self.task.await??;
+        if let Some(liveness) = self.liveness {
+            liveness.shutdown().await;
+        }
         Ok(())
     }
 }

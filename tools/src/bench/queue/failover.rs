@@ -35,23 +35,48 @@ pub(super) async fn failovers(
     rounds: usize,
     progress: &Progress,
 ) -> Result<Failover> {
+    failovers_by(settings, pool, rounds, progress, Rule::Ttl).await
+}
+
+/// What ends a killed worker process's claim in a run of [`failovers_by`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rule {
+    /// Its lease running out: a server without liveness, a 2 s TTL.
+    Ttl,
+    /// Its session stream closing: a server with liveness (as `serve`),
+    /// the default TTL (15 s), which never runs out here.
+    Session,
+}
+
+/// [`failovers`] with the server and TTL of `rule`.
+pub(super) async fn failovers_by(
+    settings: &Settings,
+    pool: &PgPool,
+    rounds: usize,
+    progress: &Progress,
+    rule: Rule,
+) -> Result<Failover> {
     let schema = &leasekeeper_core::db::Schema::of(pool);
     prepare(pool, 0).await?;
+    let ttl = match rule {
+        Rule::Ttl => FAILOVER_TTL,
+        Rule::Session => leasekeeper_core::worker::runtime::DEFAULT_LEASE_TTL,
+    };
     let mut settings = settings.clone();
-    settings.lease_ttl = FAILOVER_TTL;
-    settings.heartbeat_interval = FAILOVER_TTL / 4;
-    let server = BenchServer::start(settings, pool, LiveHub::detached()).await?;
+    settings.lease_ttl = ttl;
+    settings.heartbeat_interval = ttl / 4;
+    let server = match rule {
+        Rule::Ttl => BenchServer::start(settings, pool, LiveHub::detached()).await?,
+        Rule::Session => BenchServer::start_vouched(settings, pool, LiveHub::detached()).await?,
+    };
     let server_url = server.base.clone();
     let spawn = |id: String| -> Result<tokio::process::Child> {
         crate::dashboard_command()?
             .args(["worker", "--server", &server_url, "--id", &id])
-            .env(
-                "LEASEKEEPER_LEASE_TTL_SECS",
-                FAILOVER_TTL.as_secs_f64().to_string(),
-            )
+            .env("LEASEKEEPER_LEASE_TTL_SECS", ttl.as_secs_f64().to_string())
             .env(
                 "LEASEKEEPER_HEARTBEAT_INTERVAL_SECS",
-                (FAILOVER_TTL / 4).as_secs_f64().to_string(),
+                (ttl / 4).as_secs_f64().to_string(),
             )
             .env("LEASEKEEPER_CHAOS", "0")
             .env("RUST_LOG", "error")
@@ -88,8 +113,13 @@ pub(super) async fn failovers(
             })
             .await
             .context("no worker process claimed the task")?;
-            // Somewhere in the holder's heartbeat cycle.
-            let pause = rand::rng().random_range(0..(FAILOVER_TTL / 4).as_millis() as u64);
+            // Somewhere in the holder's heartbeat cycle (by the TTL), or in
+            // its stream's keep-alive cycle (by the session).
+            let cycle = match rule {
+                Rule::Ttl => ttl / 4,
+                Rule::Session => Duration::from_millis(200),
+            };
+            let pause = rand::rng().random_range(0..cycle.as_millis() as u64);
             tokio::time::sleep(Duration::from_millis(pause)).await;
             let idx = workers
                 .iter()
@@ -141,10 +171,10 @@ pub(super) async fn failovers(
     server.stop().await?;
     outcome?;
     let (lost, twice) = lost_and_twice(pool, &ids).await?;
-    let poll = WorkerConfig::new(FAILOVER_TTL, FAILOVER_TTL / 4).poll;
+    let poll = WorkerConfig::new(ttl, ttl / 4).poll;
     Ok(Failover {
         times: Samples(times),
-        bound: FAILOVER_TTL + *poll.end(),
+        bound: ttl + *poll.end(),
         lost,
         twice,
     })

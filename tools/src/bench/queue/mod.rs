@@ -122,7 +122,7 @@ const BATCH_WORKERS: usize = 4;
 const LEASE_CLIENTS: usize = 16;
 /// Runtime processes of the scale-out phases.
 const INSTANCES: [usize; 3] = [1, 2, 4];
-const PHASES: u64 = 22;
+const PHASES: u64 = 23;
 
 /// How long and how much: full or `--quick`.
 struct Plan {
@@ -460,9 +460,13 @@ async fn run(
         rescue::HELD,
         plan.failovers
     ));
-    rescue::rescues(db, plan.failovers, progress)
-        .await?
-        .report(&mut r);
+    let mut rescue = rescue::rescues(db, plan.failovers, progress).await?;
+    progress.phase(&format!(
+        "rescue: kill -9 of a worker process holding a task at the default TTL, {} times",
+        plan.failovers
+    ));
+    rescue.workers = Some(rescue::worker_rescues(settings, db, plan.failovers, progress).await?);
+    rescue.report(&mut r);
 
     progress.phase("ratios");
     r.push(("w16_vs_raw_ceiling", ratio(ours16, raw)));

@@ -13,7 +13,7 @@
 //! then to its `taken_over` event (the rescuer's claim, by the database
 //! clock). The rescuer completes each rescued task at once and stops.
 
-use super::failover::{lost_and_twice, wait_for};
+use super::failover::{Failover, Rule, failovers_by, lost_and_twice, wait_for};
 use super::fleet::{HOLD, start_process};
 use super::{BenchDb, Progress, Samples, prepare};
 use crate::bench::{Details, Options, Results, fresh_database, report_with};
@@ -37,6 +37,9 @@ pub(super) struct Rescue {
     pub(super) kills: usize,
     pub(super) lost: usize,
     pub(super) twice: usize,
+    /// The same for `leasekeeper worker` processes, rescued by their
+    /// closed session streams ([`worker_rescues`]).
+    pub(super) workers: Option<Failover>,
 }
 
 impl Rescue {
@@ -51,18 +54,57 @@ impl Rescue {
         r.push(("rescue_ttl_s", DEFAULT_LEASE_TTL.as_secs_f64()));
         r.push(("rescue_tasks_lost", self.lost as f64));
         r.push(("rescue_tasks_completed_twice", self.twice as f64));
+        if let Some(w) = &self.workers {
+            r.push((
+                "rescue_worker_p50_ms",
+                w.times.percentile_fine(50.0) * 1000.0,
+            ));
+            r.push((
+                "rescue_worker_p99_ms",
+                w.times.percentile_fine(99.0) * 1000.0,
+            ));
+            r.push((
+                "rescue_worker_max_ms",
+                w.times.percentile_fine(100.0) * 1000.0,
+            ));
+            r.push(("rescue_worker_kills", w.times.0.len() as f64));
+            r.push(("rescue_worker_tasks_lost", w.lost as f64));
+            r.push(("rescue_worker_tasks_completed_twice", w.twice as f64));
+        }
     }
+}
+
+/// `rounds` kills of a `leasekeeper worker` process holding a task, on a
+/// server with liveness, at the default TTL: each task's time from the
+/// kill to its takeover by another worker process, which comes from the
+/// killed process's session stream closing (see
+/// [`leasekeeper_core::liveness`]).
+pub(super) async fn worker_rescues(
+    settings: &Settings,
+    db: &BenchDb,
+    rounds: usize,
+    progress: &Progress,
+) -> Result<Failover> {
+    failovers_by(settings, &db.pool, rounds, progress, Rule::Session).await
 }
 
 /// `bench rescue [--kills N] [--json PATH]`: the rescue phase alone, on a
 /// fresh bench database, with the suite's keys.
 pub async fn rescue_only(settings: Settings, kills: usize, options: Options) -> Result<()> {
     let db = fresh_database(&settings, super::DB, 40).await?;
-    let progress = Progress::new(1);
+    let progress = Progress::new(2);
     progress.phase(&format!(
         "rescue: kill -9 of a runtime process holding {HELD} claims at the default TTL, {kills} times"
     ));
-    let result = rescues(&db, kills, &progress).await;
+    let result = async {
+        let mut rescue = rescues(&db, kills, &progress).await?;
+        progress.phase(&format!(
+            "rescue: kill -9 of a worker process holding a task at the default TTL, {kills} times"
+        ));
+        rescue.workers = Some(worker_rescues(&settings, &db, kills, &progress).await?);
+        anyhow::Ok(rescue)
+    }
+    .await;
     progress.finish();
     db.close().await?;
     let mut r = Results::new();
@@ -166,5 +208,6 @@ pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) ->
         kills: rounds,
         lost,
         twice,
+        workers: None,
     })
 }
