@@ -292,8 +292,14 @@ async fn session(
                 ));
             }
             // Nothing more to say but keep-alives, until this instance
-            // stops: then the guard goes with the body.
-            stop.cancelled().await;
+            // stops or loses the liveness session that vouched for the
+            // worker: then the stream ends (the worker gives its claims up
+            // and opens a new one) and the guard goes with the body.
+            let mut guard = guard;
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = guard.ended() => {}
+            }
             None
         },
     );

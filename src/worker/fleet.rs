@@ -108,6 +108,8 @@ pub struct StreamGuard {
     holder: String,
     n: u64,
     goodbye: bool,
+    /// The instance's liveness, and the term the stream was vouched in.
+    term: Option<(LivenessSignal, u64)>,
 }
 
 impl StreamGuard {
@@ -115,6 +117,18 @@ impl StreamGuard {
     /// closing its stream ends nothing.
     pub fn goodbye(&mut self) {
         self.goodbye = true;
+    }
+
+    /// Resolves when this instance's liveness session that vouched for the
+    /// stream is lost (while its server runs, so others may be ending the
+    /// worker's claims): the stream must end then, so that the worker
+    /// stops trusting its claims at once, as this instance's own workers
+    /// do. Never without liveness.
+    pub async fn ended(&mut self) {
+        match &mut self.term {
+            Some((signal, term)) => signal.ended(*term).await,
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -531,7 +545,7 @@ impl Fleet {
             return Err(FleetError::ShuttingDown);
         }
         let name = holder.as_str().to_string();
-        let Some((_, voucher)) = &self.inner.liveness else {
+        let Some((signal, voucher)) = &self.inner.liveness else {
             // No liveness here at all (behind a transaction pooler, or a
             // test's instance): the stream promises nothing, the TTL rules.
             return Ok(StreamGuard {
@@ -539,11 +553,15 @@ impl Fleet {
                 holder: name,
                 n: 0,
                 goodbye: true,
+                term: None,
             });
         };
         let n = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         self.streams().insert(name.clone(), n);
-        if !voucher.adopt(&name, VOUCH_WITHIN).await {
+        // The term is read before the adoption: if the session is lost in
+        // between, the stream ends at once and the worker tries again.
+        let term = signal.session();
+        if term.is_none() || !voucher.adopt(&name, VOUCH_WITHIN).await {
             self.streams().remove(&name);
             return Err(FleetError::NoSession);
         }
@@ -552,6 +570,7 @@ impl Fleet {
             holder: name,
             n,
             goodbye: false,
+            term: term.map(|t| (signal.clone(), t)),
         })
     }
 

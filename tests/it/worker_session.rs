@@ -185,3 +185,55 @@ async fn a_closed_stream_ends_its_workers_claims_at_once_and_an_older_one_ends_n
     assert_eq!(holders, ["i-test"], "no longer vouched for");
     liveness.shutdown().await;
 }
+
+/// The instance's own liveness session is cut while its server runs: it
+/// may be judged dead and its holders' claims ended, so every session
+/// stream it vouched for ends at once (the workers give their claims up),
+/// and a worker can open a new one once it is registered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_end_when_the_instance_loses_its_liveness_session() {
+    let (api, liveness) = Api::vouched().await;
+    let mut stream = open(&api, "pw").await;
+    let pid: i32 = sqlx::query_scalar("SELECT pid FROM liveness WHERE instance_id = 'i-test'")
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap();
+    let cut = Instant::now();
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&api.db.pool)
+        .await
+        .unwrap();
+    // Keep-alives may come first; then the body ends.
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(2), stream.body_mut().frame())
+            .await
+            .expect("the stream ended within 2 s of the cut");
+        match frame {
+            None | Some(Err(_)) => break,
+            Some(Ok(_)) => assert!(cut.elapsed() < Duration::from_secs(2)),
+        }
+    }
+    drop(stream);
+    // Registered again, the instance vouches for a new stream.
+    let again = Instant::now();
+    loop {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/api/workers/pw/session")
+            .header("content-type", "application/json")
+            .body(Body::from("{}"))
+            .unwrap();
+        let response = api.app().oneshot(req).await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            again.elapsed() < Duration::from_secs(5),
+            "not registered again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    liveness.shutdown().await;
+}
