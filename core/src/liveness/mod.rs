@@ -449,7 +449,7 @@ async fn keep(mut k: Keep) {
         match checked {
             Ok(ended) if ended.any() => {
                 tracing::info!(instance = %k.id, sessions = ended.sessions, leases = ended.leases,
-                    tasks = ended.tasks, "ended the claims of dead sessions");
+                    tasks = ended.tasks, "ended the claims of dead holders (sessions gone, workers killed, streams closed)");
                 crate::live::announce(
                     crate::live::Topics::WORK
                         | crate::live::Topics::TASKS
