@@ -243,14 +243,14 @@ pub struct OpenSession {}
     path = "/api/workers/{id}/session",
     tag = "workers",
     summary = "A worker process's session stream",
-    description = "An endless `text/event-stream` kept open by a worker process (`leasekeeper worker`): `ready` (data: this instance's id) once this instance's liveness session vouches for the worker as a new term (whatever the worker held before, through an earlier stream, is ended first), then a keep-alive comment every 200 ms. While it is open a crash of this instance rescues the worker's claims within a second; when it closes (the process died), the worker's live claims are ended at once and an idle worker takes them over. A worker whose stream broke gives up its claims and opens a new one. On an instance without liveness (behind a transaction pooler) the stream opens but promises nothing: the TTL rules. 409 for a simulated worker's id; 503 while this instance's liveness session is not registered (the worker tries again).",
+    description = "An endless `text/event-stream` kept open by a worker process (`leasekeeper worker`): `ready` (data: this instance's id) once this instance's liveness session vouches for the worker as a new term (whatever the worker held before, through an earlier stream, is ended first), then a keep-alive comment every 200 ms. While it is open a crash of this instance rescues the worker's claims within a second; when it closes (the process died), the worker's live claims are ended at once and an idle worker takes them over. A worker whose stream broke gives up its claims and opens a new one. On an instance without liveness (behind a transaction pooler) the stream opens but promises nothing: the TTL rules. 409 for a simulated or embedded worker's id or an instance's or runtime's own id (adopting a name ends what it holds); 503 while this instance's liveness session is not registered (the worker tries again).",
     params(WorkerIdPath),
     request_body = OpenSession,
     security((), ("worker_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "An endless `text/event-stream`", content_type = "text/event-stream", body = super::events::StreamEvent),
         (status = 400, description = "Bad JSON or a bad id", body = ErrorBody),
-        (status = 409, description = "A simulated worker's id, or the instance is shutting down", body = ErrorBody),
+        (status = 409, description = "A simulated or embedded worker's id, an instance's or a runtime's id, or the instance is shutting down", body = ErrorBody),
         (status = 503, description = "This instance's liveness session is not registered now", body = ErrorBody),
         NeedsCredential,
         TooLarge,
@@ -272,9 +272,26 @@ async fn session(
         s.settings.lease_ttl
     )
     .await)?;
-    if known.is_some_and(|w| w.kind == WorkerKind::Simulated) {
+    if known.is_some_and(|w| w.kind != WorkerKind::Http) {
         return Err(AppError::Conflict(format!(
-            "worker {id} is a simulated worker; a worker process needs an id of its own"
+            "worker {id} is a simulated worker or a service runtime's; \
+             a worker process needs an id of its own"
+        )));
+    }
+    // Adopting a name ends whatever it holds: never an instance's or a
+    // runtime's own (their singleton terms), whoever asks.
+    let process: bool = crate::reads::read!(s, |c| s
+        .schema()
+        .query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM $schema.instances WHERE id = $1)
+                 OR EXISTS (SELECT 1 FROM $schema.liveness WHERE instance_id = $1)",
+        )
+        .bind(id.as_str())
+        .fetch_one(&mut *c)
+        .await)?;
+    if process {
+        return Err(AppError::Conflict(format!(
+            "{id} is an instance's or a runtime's id; a worker process needs an id of its own"
         )));
     }
     let guard = s.fleet.open_stream(&id).await?;

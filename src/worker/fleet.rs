@@ -98,27 +98,22 @@ pub enum FleetError {
 }
 
 /// A worker process's open session stream (see [`Fleet::open_stream`]).
-/// Dropped without [`goodbye`](Self::goodbye), the worker is taken for
-/// dead and its claims are ended, unless a newer stream of the same
-/// worker was opened on this instance since (a reconnection: the newer
-/// stream's adoption already ended what the old one held).
+/// Dropped (the connection closed), the worker is taken for dead and its
+/// live claims are ended (after a graceful exit it holds none), unless a
+/// newer stream of the same worker was opened on this instance since (a
+/// reconnection: the newer stream's adoption already ended what the old
+/// one held).
 #[derive(Debug)]
 pub struct StreamGuard {
     fleet: Fleet,
     holder: String,
     n: u64,
-    goodbye: bool,
-    /// The instance's liveness, and the term the stream was vouched in.
+    /// The instance's liveness, and the term the stream was vouched in;
+    /// `None` on an instance without liveness (its drop ends nothing).
     term: Option<(LivenessSignal, u64)>,
 }
 
 impl StreamGuard {
-    /// The worker said goodbye: it gave back or completed every claim, so
-    /// closing its stream ends nothing.
-    pub fn goodbye(&mut self) {
-        self.goodbye = true;
-    }
-
     /// Resolves when this instance's liveness session that vouched for the
     /// stream is lost (while its server runs, so others may be ending the
     /// worker's claims): the stream must end then, so that the worker
@@ -134,6 +129,9 @@ impl StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
+        if self.term.is_none() {
+            return;
+        }
         {
             let mut streams = self.fleet.streams();
             if streams.get(&self.holder) != Some(&self.n) {
@@ -143,12 +141,9 @@ impl Drop for StreamGuard {
         }
         let fleet = self.fleet.clone();
         let holder = std::mem::take(&mut self.holder);
-        let end = !self.goodbye;
-        if end {
-            tracing::warn!(worker = %holder,
-                "the session stream of a worker process closed without a goodbye: its claims are ended now");
-        }
-        tokio::spawn(async move { fleet.disown(&holder, end).await });
+        tracing::info!(worker = %holder,
+            "the session stream of a worker process closed: its live claims, if any, are ended now");
+        tokio::spawn(async move { fleet.disown(&holder, true).await });
     }
 }
 
@@ -533,9 +528,9 @@ impl Fleet {
     /// instance's liveness session vouches for it as a new term (its
     /// earlier claims, made through an earlier stream here or elsewhere,
     /// are ended: it gave them up when that stream broke), until the
-    /// answered [`StreamGuard`] is dropped. Dropped without
-    /// [`StreamGuard::goodbye`] (the connection closed: the process died,
-    /// or its network did), the worker's live claims are ended at once,
+    /// answered [`StreamGuard`] is dropped. Dropped (the connection
+    /// closed: the process died, or its network did), the worker's live
+    /// claims are ended at once,
     /// so an idle worker takes them over within a second. On an instance
     /// without liveness the stream opens but promises nothing (the TTL
     /// rules); with its liveness session down, `Err(NoSession)` (the worker
@@ -552,7 +547,6 @@ impl Fleet {
                 fleet: self.clone(),
                 holder: name,
                 n: 0,
-                goodbye: true,
                 term: None,
             });
         };
@@ -569,7 +563,6 @@ impl Fleet {
             fleet: self.clone(),
             holder: name,
             n,
-            goodbye: false,
             term: term.map(|t| (signal.clone(), t)),
         })
     }

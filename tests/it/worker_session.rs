@@ -133,6 +133,11 @@ async fn a_session_stream_needs_a_worker_credential() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stream_ends_its_workers_claims_at_once_and_an_older_one_ends_nothing() {
     let (api, liveness) = Api::vouched().await;
+    // An instance's own name is never adopted (that would end its
+    // singleton terms), whoever asks.
+    let (s, body) = api.post("/api/workers/i-test/session", json!({})).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    assert!(error_of(&body).contains("instance"), "{body}");
     let task = enqueue(&api).await;
     let first = open(&api, "pw").await;
     assert_eq!(claim(&api, "pw").await, Some((task, 1)));
