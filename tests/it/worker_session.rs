@@ -19,14 +19,20 @@ use tower::ServiceExt;
 
 const TTL: Duration = Duration::from_secs(15);
 
-async fn open(api: &Api, id: &str) -> axum::response::Response {
+/// Asks for worker `id`'s session stream; answers the (streaming) answer.
+async fn request(api: &Api, id: &str) -> axum::response::Response {
     let req = Request::builder()
         .method(Method::POST)
         .uri(format!("/api/workers/{id}/session"))
         .header("content-type", "application/json")
         .body(Body::from("{}"))
         .unwrap();
-    let mut response = api.app().oneshot(req).await.unwrap();
+    api.app().oneshot(req).await.unwrap()
+}
+
+/// Opens worker `id`'s session stream and reads its `ready`.
+async fn open(api: &Api, id: &str) -> axum::response::Response {
+    let mut response = request(api, id).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         response.headers()["content-type"],
@@ -223,13 +229,7 @@ async fn streams_end_when_the_instance_loses_its_liveness_session() {
     // Registered again, the instance vouches for a new stream.
     let again = Instant::now();
     loop {
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri("/api/workers/pw/session")
-            .header("content-type", "application/json")
-            .body(Body::from("{}"))
-            .unwrap();
-        let response = api.app().oneshot(req).await.unwrap();
+        let response = request(&api, "pw").await;
         if response.status() == StatusCode::OK {
             break;
         }

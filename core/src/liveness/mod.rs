@@ -500,17 +500,15 @@ async fn check(
         // The holders are kept first: a registration after a loss vouches
         // for exactly these.
         let registered = match &ask {
-            Ask::Vouch(holder) | Ask::Adopt(holder) => {
-                if !holders.contains(holder) {
-                    holders.push(holder.clone());
-                }
-                if let Ask::Adopt(_) = ask {
-                    let moved = store::adopt(conn, schema, id, holder).await?;
-                    add(&mut ended, moved.ended);
-                    moved.registered
-                } else {
-                    store::vouch(conn, schema, id, holder).await?
-                }
+            Ask::Vouch(holder) => {
+                keep_holder(holders, holder);
+                store::vouch(conn, schema, id, holder).await?
+            }
+            Ask::Adopt(holder) => {
+                keep_holder(holders, holder);
+                let moved = store::adopt(conn, schema, id, holder).await?;
+                add(&mut ended, moved.ended);
+                moved.registered
             }
             Ask::Disown { holder, end } => {
                 holders.retain(|h| h != holder);
@@ -534,6 +532,13 @@ async fn check(
         add(&mut ended, store::end_dead(conn, schema, &suspects).await?);
     }
     Ok(ended)
+}
+
+/// Adds `holder` to the holders every registration vouches for.
+fn keep_holder(holders: &mut Vec<String>, holder: &str) {
+    if !holders.iter().any(|h| h == holder) {
+        holders.push(holder.to_string());
+    }
 }
 
 fn add(total: &mut store::Ended, more: store::Ended) {

@@ -475,6 +475,21 @@ mod tests {
     const STREAM: &str =
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
 
+    /// The fake instance says `ready` on `socket`; answers the term the
+    /// worker is then up in.
+    async fn ready(
+        socket: &mut tokio::net::TcpStream,
+        signal: &mut crate::liveness::LivenessSignal,
+    ) -> u64 {
+        socket
+            .write_all(chunk("event: ready\ndata: i\n\n").as_bytes())
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(2), signal.up())
+            .await
+            .unwrap()
+    }
+
     /// One chunk of a chunked body.
     fn chunk(text: &str) -> String {
         format!("{:x}\r\n{text}\r\n", text.len())
@@ -507,13 +522,7 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(signal.session(), None, "not before ready");
-        first
-            .write_all(chunk("event: ready\ndata: i\n\n").as_bytes())
-            .await
-            .unwrap();
-        let term = tokio::time::timeout(Duration::from_secs(2), signal.up())
-            .await
-            .unwrap();
+        let term = ready(&mut first, &mut signal).await;
         assert_eq!(term, 1);
         first.write_all(chunk(":\n\n").as_bytes()).await.unwrap();
 
@@ -533,13 +542,7 @@ mod tests {
             .unwrap()
             .unwrap();
         answer(&mut second, STREAM).await;
-        second
-            .write_all(chunk("event: ready\ndata: i\n\n").as_bytes())
-            .await
-            .unwrap();
-        let term = tokio::time::timeout(Duration::from_secs(2), signal.up())
-            .await
-            .unwrap();
+        let term = ready(&mut second, &mut signal).await;
         assert_eq!(term, 2);
         task.abort();
     }
