@@ -8,7 +8,7 @@ use crate::state::AppState;
 use crate::worker::fleet::{Fleet, FleetConfig};
 use anyhow::Context;
 use axum::Router;
-use leasekeeper_core::db::{Database, Schema};
+use leasekeeper_core::db::{Database, Sessions};
 use leasekeeper_core::generator::runtime::Generator;
 use leasekeeper_core::instance::{self, Registration};
 use leasekeeper_core::lease::Holder;
@@ -127,18 +127,47 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     )
     .await
     .context("registering this instance")?;
+    // Where the liveness session and LISTEN go: the database URL, or
+    // behind a transaction pooler the direct URL (checked to reach the
+    // same database), or nowhere.
+    let direct = settings
+        .direct_database_url
+        .as_ref()
+        .map(|url| url.expose().parse::<sqlx::postgres::PgConnectOptions>())
+        .transpose()
+        .context("LEASEKEEPER_DIRECT_DATABASE_URL is not a valid PostgreSQL URL")?;
+    let sessions = Sessions::of(&db.pool, direct)
+        .await
+        .context("the direct database URL (setting direct_database_url)")?;
     // The instance's liveness session: vouches for the instance (its
     // singleton leases) and its simulated workers, so a crash of this
     // process is rescued within a second; a pause or a partition is left
     // to the TTL.
-    let liveness = Liveness::start(
-        (*db.pool.connect_options()).clone(),
-        Schema::of(&db.pool),
-        instance_id.clone(),
-        vec![instance_id.to_string()],
-    )
-    .await
-    .context("opening this instance's liveness session")?;
+    let liveness = match &sessions {
+        Some(sessions) => Some(
+            Liveness::start(
+                sessions.options.clone(),
+                sessions.schema.clone(),
+                instance_id.clone(),
+                vec![instance_id.to_string()],
+            )
+            .await
+            .context("opening this instance's liveness session")?,
+        ),
+        None => {
+            tracing::warn!(instance = %instance_id,
+                "liveness off: behind a transaction pooler (setting pooler) with no direct_database_url, \
+                 a session means nothing, so a crashed instance's claims wait out their TTL; \
+                 and without LISTEN pages refresh on their timers and idle workers poll");
+            None
+        }
+    };
+    if let Some(sessions) = &sessions
+        && sessions.bypass_pooler
+    {
+        tracing::info!(instance = %instance_id,
+            "behind a transaction pooler: the liveness session and LISTEN use the direct database URL");
+    }
     let generator = Generator::spawn(
         db.pool.clone(),
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
@@ -156,14 +185,19 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
         settings.scheduler_config(),
     );
-    let live = LiveHub::start(db.pool.clone());
-    let fleet = Fleet::new(
+    let live = match &sessions {
+        Some(sessions) => sessions.live_hub(&db.pool),
+        None => LiveHub::start(db.pool.clone()),
+    };
+    let mut fleet = Fleet::new(
         db.pool.clone(),
         instance_id.clone(),
         FleetConfig::from_settings(&settings),
         Some(live.clone()),
-    )
-    .vouched_by(&liveness);
+    );
+    if let Some(liveness) = &liveness {
+        fleet = fleet.vouched_by(liveness);
+    }
     let state = AppState {
         live: live.clone(),
         leptos_options: leptos_options(&settings),
@@ -203,7 +237,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     if let Err(e) = registration.shutdown().await {
         tracing::warn!(error = %e, "cannot mark this instance stopped");
     }
-    liveness.shutdown().await;
+    if let Some(liveness) = liveness {
+        liveness.shutdown().await;
+    }
     db.close().await?;
     served
 }

@@ -3,6 +3,11 @@
 //! one, stop it through the non-holder, start it again, SIGKILL the holder,
 //! and watch the other take over after the TTL with no operator action.
 //!
+//! The same two processes also run behind PgBouncer in transaction mode
+//! (`LEASEKEEPER_POOLER=transaction`, the liveness session and `LISTEN` on
+//! `LEASEKEEPER_DIRECT_DATABASE_URL`): they serve, enqueue, claim, fail
+//! over in about a second at the default TTL, and stay live.
+//!
 //! Everything lives in a fresh folder under `target/` (not /tmp: when the
 //! tests run as root, PostgreSQL runs as `postgres` and must reach it); a
 //! guard kills the children and stops the cluster whatever happens.
@@ -10,6 +15,9 @@
 
 #[path = "it/terms.rs"]
 mod terms;
+
+#[path = "../core/tests/it/bouncer.rs"]
+mod bouncer;
 
 use leasekeeper_core::db::embedded::EmbeddedPostgres;
 use serde_json::Value;
@@ -36,12 +44,25 @@ struct Instance {
 /// The test's folder, cluster and children; cleaned up on drop.
 struct Fleet {
     dir: PathBuf,
+    /// The cluster, directly.
     url: String,
+    /// What the instances are given as their database URL: `url`, or the
+    /// pooler's.
+    serve_url: String,
+    /// A PgBouncer in transaction mode between the instances and the
+    /// cluster, when the fleet runs behind one.
+    bouncer: Option<bouncer::Bouncer>,
     instances: Vec<Instance>,
 }
 
 impl Fleet {
+    /// Two instances on one cluster, directly connected.
     async fn start() -> Self {
+        Fleet::start_with(false).await
+    }
+
+    /// The same, `behind_pooler` through PgBouncer in transaction mode.
+    async fn start_with(behind_pooler: bool) -> Self {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("target")
             .join(format!("tmp-failover-test-{:08x}", rand::random::<u32>()));
@@ -50,6 +71,8 @@ impl Fleet {
         let mut fleet = Fleet {
             dir: dir.clone(),
             url: String::new(),
+            serve_url: String::new(),
+            bouncer: None,
             instances: Vec::new(),
         };
         let cluster = EmbeddedPostgres::start(&dir.join("pg"))
@@ -60,18 +83,37 @@ impl Fleet {
             .await
             .expect("creating the database");
         fleet.url = cluster.url("leasekeeper");
+        fleet.serve_url = fleet.url.clone();
+        if behind_pooler {
+            let server = cluster.connect_options("leasekeeper");
+            let bouncer = bouncer::Bouncer::start(&server);
+            fleet.serve_url = format!(
+                "postgres://{}@127.0.0.1:{}/leasekeeper?sslmode=disable",
+                server.get_username(),
+                bouncer.port
+            );
+            fleet.bouncer = Some(bouncer);
+        }
         // Defaults only: Leptos.toml's renew interval does not fit a 2 s TTL.
         std::fs::write(dir.join("settings.toml"), "").expect("writing the settings file");
         fleet
     }
 
     fn spawn(&mut self) -> usize {
+        self.spawn_with(&[])
+    }
+
+    /// An instance with `env` over the test's settings.
+    fn spawn_with(&mut self, env: &[(&str, &str)]) -> usize {
         let port = free_port();
         let log = self.dir.join(format!("instance-{port}.log"));
         let out = std::fs::File::create(&log).expect("creating a log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_leasekeeper"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasekeeper"));
+        command
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
-            .env("DATABASE_URL", &self.url)
+            .env("DATABASE_URL", &self.serve_url)
+            .env_remove("LEASEKEEPER_POOLER")
+            .env_remove("LEASEKEEPER_DIRECT_DATABASE_URL")
             .env("LEASEKEEPER_CONFIG", self.dir.join("settings.toml"))
             .env_remove("LEASEKEEPER_SCHEMA")
             .env("LEASEKEEPER_WORKERS", "0")
@@ -80,7 +122,14 @@ impl Fleet {
             .env("LEASEKEEPER_GENERATOR_INTERVAL_SECS", "0.2")
             .env_remove("LEASEKEEPER_RENEW_INTERVAL_SECS")
             .env_remove("LEASEKEEPER_HEARTBEAT_INTERVAL_SECS")
-            .env("RUST_LOG", "info,leasekeeper=debug,sqlx=warn")
+            .env("RUST_LOG", "info,leasekeeper=debug,sqlx=warn");
+        if self.bouncer.is_some() {
+            command
+                .env("LEASEKEEPER_POOLER", "transaction")
+                .env("LEASEKEEPER_DIRECT_DATABASE_URL", &self.url);
+        }
+        command.envs(env.iter().copied());
+        let child = command
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -110,6 +159,8 @@ impl Drop for Fleet {
                 }
             }
         }
+        // The pooler goes before the cluster it fronts.
+        drop(self.bouncer.take());
         let pg = self.dir.join("pg");
         let stopped = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
@@ -135,10 +186,25 @@ fn free_port() -> u16 {
 
 /// A minimal HTTP/1.1 request (no client library in the dependencies).
 async fn http(port: u16, method: &str, path: &str) -> std::io::Result<(u16, Value)> {
+    http_json(port, method, path, None).await
+}
+
+/// [`http`] with a JSON body.
+async fn http_json(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, Value)> {
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let (kind, body) = match body {
+            Some(body) => ("Content-Type: application/json\r\n", body.to_string()),
+            None => ("", String::new()),
+        };
         let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n{kind}Content-Length: {}\r\n\r\n{body}",
+            body.len()
         );
         stream.write_all(request.as_bytes()).await?;
         let mut raw = Vec::new();
@@ -415,5 +481,222 @@ async fn the_generator_fails_over_between_processes() {
         "remote stop released after {took:?}; takeover {takeover:?} after SIGKILL; {} tasks over terms {holders:?}",
         tasks.len()
     );
+    pool.close().await;
+}
+
+async fn count(pool: &PgPool, sql: &str, bind: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .bind(bind)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Opens `GET /api/events` on `port` and returns the stream once its
+/// `ready` event arrived.
+async fn event_stream(port: u16) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connecting to the event stream");
+    let request = format!(
+        "GET /api/events?topics=tasks HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    read_until(&mut stream, "event: ready", Duration::from_secs(5)).await;
+    stream
+}
+
+/// Reads `stream` until `wanted` arrives; panics after `within`.
+async fn read_until(stream: &mut tokio::net::TcpStream, wanted: &str, within: Duration) {
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    while !seen.contains(wanted) {
+        let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {wanted:?} within {within:?}; the stream said {seen:?}"))
+            .expect("reading the event stream");
+        assert!(n > 0, "the event stream ended; it said {seen:?}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}
+
+/// Behind PgBouncer 1.18 in transaction mode (as hosted poolers run it),
+/// with the liveness session and `LISTEN` on the direct URL: two
+/// instances answer every REST enqueue and their simulated workers claim
+/// and complete through the pooler (none lost, none twice); one instance's
+/// event stream hears a change made through the other (only `LISTEN` can
+/// carry it); and after a SIGKILL of the generator's holder the survivor
+/// takes the singleton over and the dead instance's claims are rescued in
+/// about a second at the default TTL of 15 s, because the dead process's
+/// liveness session closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_pgbouncer_two_instances_serve_claim_stay_live_and_fail_over_in_a_second() {
+    let mut fleet = Fleet::start_with(true).await;
+    let env = [
+        ("LEASEKEEPER_LEASE_TTL_SECS", "15"),
+        ("LEASEKEEPER_WORKERS", "2"),
+        ("LEASEKEEPER_GENERATOR_MAX_SLEEP_SECS", "1"),
+    ];
+    let a = fleet.spawn_with(&env);
+    let id_a = wait_ready(fleet.instances[a].port).await;
+    let b = fleet.spawn_with(&env);
+    let id_b = wait_ready(fleet.instances[b].port).await;
+    let ports = [fleet.instances[a].port, fleet.instances[b].port];
+    let id_of = |i: usize| if i == a { &id_a } else { &id_b };
+    // Directly, for the test's own reads.
+    let pool = fleet.pool().await;
+    for i in [a, b] {
+        let log = std::fs::read_to_string(&fleet.instances[i].log).unwrap();
+        assert!(
+            log.contains("the liveness session and LISTEN use the direct database URL"),
+            "{log}"
+        );
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leasekeeper liveness ' || $1",
+                id_of(i),
+            )
+            .await,
+            1,
+            "{}'s liveness session",
+            id_of(i)
+        );
+    }
+
+    // Every enqueue answered and kept, through either instance.
+    for i in 0..60 {
+        let port = ports[i % 2];
+        let task = serde_json::json!({"task_data": {"sleep_duration_seconds": 0.1, "n": i}});
+        let (status, body) = http_json(port, "POST", "/api/tasks", Some(&task))
+            .await
+            .unwrap_or_else(|e| panic!("enqueue {i} through {port}: {e}"));
+        assert_eq!(status, 201, "enqueue {i} through {port}: {body}");
+    }
+    let ours =
+        "SELECT count(*) FROM tasks WHERE task_data ->> 'n' IS NOT NULL AND status::text LIKE $1";
+    assert_eq!(count(&pool, ours, "%").await, 60);
+    eventually(Duration::from_secs(60), "all 60 processed", || async {
+        (count(&pool, ours, "processed").await == 60).then_some(())
+    })
+    .await;
+    for i in [a, b] {
+        assert!(
+            count(
+                &pool,
+                "SELECT count(*) FROM tasks WHERE task_data ->> 'n' IS NOT NULL AND processor LIKE $1 || '-%'",
+                id_of(i),
+            )
+            .await
+                > 0,
+            "{}'s workers claimed through the pooler",
+            id_of(i)
+        );
+    }
+
+    // Live: B's stream hears a task enqueued through A.
+    let mut stream = event_stream(ports[1]).await;
+    let task = serde_json::json!({"task_data": {"sleep_duration_seconds": 0}});
+    let (status, body) = http_json(ports[0], "POST", "/api/tasks", Some(&task))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    read_until(&mut stream, "event: change", Duration::from_secs(3)).await;
+    drop(stream);
+
+    // The generator, held through the pooler, moves about a second after
+    // its holder is killed (its liveness session closed), not after 15 s.
+    let (status, body) = http(ports[1], "POST", "/api/generator/start")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(5), "a holder", || holder_on(ports[0])).await;
+    let (holder, token) = agreed_holder(&ports).await;
+    eventually(Duration::from_secs(10), "the holder generates", || async {
+        (tasks_of(&pool, token).await > 0).then_some(())
+    })
+    .await;
+    let victim = if holder == id_a { a } else { b };
+    let survivor = if victim == a { b } else { a };
+    // Busy: the victim's workers hold claims when it dies.
+    eventually(
+        Duration::from_secs(10),
+        "the victim's workers busy",
+        || async {
+            (count(
+                &pool,
+                "SELECT count(*) FROM tasks WHERE status = 'started' AND processor LIKE $1 || '-%'",
+                id_of(victim),
+            )
+            .await
+                > 0)
+            .then_some(())
+        },
+    )
+    .await;
+    fleet.instances[victim].child.kill().expect("SIGKILL");
+    fleet.instances[victim].child.wait().expect("reaping");
+    let killed = Instant::now();
+    let survivor_port = fleet.instances[survivor].port;
+    let ((new_holder, new_token), _) = eventually(Duration::from_secs(10), "takeover", || async {
+        holder_on(survivor_port)
+            .await
+            .filter(|(h, _)| h == id_of(survivor))
+    })
+    .await;
+    let takeover = killed.elapsed();
+    assert!(
+        takeover < Duration::from_secs(5),
+        "the generator moved {takeover:?} after the kill: by the TTL (15 s), not by the closed session"
+    );
+    assert_eq!(
+        (new_holder.as_str(), new_token),
+        (id_of(survivor).as_str(), token + 1)
+    );
+    // The dead instance's claims were ended by its closed session.
+    eventually(Duration::from_secs(5), "the victim's claims ended", || async {
+        (count(
+            &pool,
+            "SELECT count(*) FROM lease_events WHERE kind = 'session_ended' AND holder LIKE $1 || '-%'",
+            id_of(victim),
+        )
+        .await
+            > 0)
+        .then_some(())
+    })
+    .await;
+
+    // Stop generating; every task ends processed, each completed once.
+    let (status, body) = http(survivor_port, "DELETE", "/api/generator/stop")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(60), "every task processed", || async {
+        (count(
+            &pool,
+            "SELECT count(*) FROM tasks WHERE status::text <> $1",
+            "processed",
+        )
+        .await
+            == 0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM (SELECT resource FROM lease_events
+                                    WHERE resource LIKE $1 AND kind = 'released'
+                                    GROUP BY resource HAVING count(*) > 1) twice",
+            "task:%",
+        )
+        .await,
+        0,
+        "a task completed twice"
+    );
+    let holders = terms::assert_terms_do_not_overlap(&pool).await;
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    eprintln!("behind the pooler: the generator moved {takeover:?} after SIGKILL (TTL 15 s)");
     pool.close().await;
 }

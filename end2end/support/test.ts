@@ -19,6 +19,9 @@ export type { APIRequestContext, Page } from "@playwright/test";
  *   killed, so a test that failed half-way leaves no worker behind to take
  *   the next test's tasks (a failure then stays one failure).
  */
+/** How long a loaded page may take to hydrate (the debug bundle is about 20 MB). */
+const HYDRATION_MS = 30_000;
+
 export const test = base.extend<{ awaitHydration: boolean; page: Page; workersLeftKilled: void }>({
   awaitHydration: [true, { option: true }],
   page: async ({ page, javaScriptEnabled, awaitHydration }, use) => {
@@ -36,17 +39,38 @@ export const test = base.extend<{ awaitHydration: boolean; page: Page; workersLe
       });
     }
     if (javaScriptEnabled !== false && awaitHydration) {
-      const hydrated = () => page.locator("html[data-hydrated]").waitFor({ state: "attached" });
+      // What the page said, so a page that never hydrates fails with its
+      // reason (a panic in the bundle, a failed load) and not only with a
+      // timeout; and how long each hydration took when it was slow.
+      const said: string[] = [];
+      page.on("pageerror", (e) => said.push(`page error: ${e.message}`));
+      page.on("console", (m) => {
+        if (m.type() === "error") said.push(`console error: ${m.text()}`);
+      });
+      page.on("requestfailed", (r) => said.push(`request failed: ${r.url()} (${r.failure()?.errorText})`));
+      const hydrated = async (what: string) => {
+        const started = Date.now();
+        try {
+          await page.locator("html[data-hydrated]").waitFor({ state: "attached", timeout: HYDRATION_MS });
+        } catch (e) {
+          throw new Error(
+            `${what} was not hydrated ${HYDRATION_MS / 1000} s after it loaded; the page said: ${said.join(" | ") || "nothing"}`,
+            { cause: e },
+          );
+        }
+        const took = Date.now() - started;
+        if (took > 5_000) console.log(`slow hydration: ${what} took ${took} ms after its load`);
+      };
       const goto = page.goto.bind(page);
       page.goto = async (url, options) => {
         const response = await goto(url, options);
-        await hydrated();
+        await hydrated(url);
         return response;
       };
       const reload = page.reload.bind(page);
       page.reload = async (options) => {
         const response = await reload(options);
-        await hydrated();
+        await hydrated(`${page.url()} (reloaded)`);
         return response;
       };
     }

@@ -24,6 +24,16 @@ pub(super) const DATABASE_URL: Key = Key {
     env: "DATABASE_URL",
     flag: "database-url",
 };
+pub(super) const POOLER: Key = Key {
+    file: "pooler",
+    env: "LEASEKEEPER_POOLER",
+    flag: "pooler",
+};
+pub(super) const DIRECT_DATABASE_URL: Key = Key {
+    file: "direct_database_url",
+    env: "LEASEKEEPER_DIRECT_DATABASE_URL",
+    flag: "direct-database-url",
+};
 pub(super) const DATA_DIR: Key = Key {
     file: "data_dir",
     env: "LEASEKEEPER_DATA_DIR",
@@ -138,9 +148,11 @@ pub(super) const MAX_QUEUES: Key = Key {
     flag: "max-queues",
 };
 
-pub(super) const ALL_KEYS: [&Key; 24] = [
+pub(super) const ALL_KEYS: [&Key; 26] = [
     &SITE_ADDR,
     &DATABASE_URL,
+    &POOLER,
+    &DIRECT_DATABASE_URL,
     &DATA_DIR,
     &SCHEMA,
     &LEASE_TTL,

@@ -41,6 +41,15 @@ pub struct SettingArgs {
     /// PostgreSQL URL; without it the embedded local cluster is used.
     #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
+    /// What stands between this server and PostgreSQL: `none` (directly
+    /// connected, or a pooler in session mode) or `transaction` (PgBouncer
+    /// in transaction mode).
+    #[arg(long, global = true, env = "LEASEKEEPER_POOLER")]
+    pub pooler: Option<String>,
+    /// With `--pooler transaction`: the same database directly, for the
+    /// liveness session and LISTEN; without it, liveness is off.
+    #[arg(long, global = true, env = "LEASEKEEPER_DIRECT_DATABASE_URL")]
+    pub direct_database_url: Option<String>,
     /// Folder of the embedded PostgreSQL cluster.
     #[arg(long, global = true, env = "LEASEKEEPER_DATA_DIR")]
     pub data_dir: Option<String>,
@@ -137,6 +146,11 @@ impl std::fmt::Debug for SettingArgs {
                 "database_url",
                 &self.database_url.as_deref().map(secret::redact_url),
             )
+            .field("pooler", &self.pooler)
+            .field(
+                "direct_database_url",
+                &self.direct_database_url.as_deref().map(secret::redact_url),
+            )
             .field("data_dir", &self.data_dir)
             .field("schema", &self.schema)
             .field(
@@ -159,9 +173,16 @@ pub struct Settings {
     /// PostgreSQL URL, or `None` for the embedded cluster (a [`Secret`]:
     /// it may hold a password).
     pub database_url: Option<Secret>,
+    /// What stands between this server and PostgreSQL.
+    pub pooler: Pooler,
+    /// Behind a transaction pooler: the same database directly, for the
+    /// liveness session and `LISTEN` (a [`Secret`]).
+    pub direct_database_url: Option<Secret>,
     /// Folder of the embedded cluster.
     pub data_dir: PathBuf,
-    /// The PostgreSQL schema holding every table, function and trigger.
+    /// The PostgreSQL schema holding every table, function and trigger
+    /// ([behind a transaction pooler](Schema::behind_transaction_pooler)
+    /// when `pooler` says so).
     pub schema: Schema,
     /// TTL of every acquisition and renewal.
     pub lease_ttl: Duration,
@@ -204,6 +225,19 @@ pub struct Settings {
     pub read_timeout: Duration,
     /// The most queues that may exist.
     pub max_queues: u32,
+}
+
+/// What stands between the server and PostgreSQL (setting `pooler`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooler {
+    /// Directly connected, or through a pooler in session mode: sessions
+    /// (the liveness session, `LISTEN`) work on the database URL.
+    #[default]
+    None,
+    /// Through a pooler in transaction mode (PgBouncer's `pool_mode =
+    /// transaction`): nothing prepared by name, every statement in a
+    /// transaction, and sessions only on `direct_database_url`.
+    Transaction,
 }
 
 /// A setting that could not be used. The message is one line and names the
@@ -317,6 +351,49 @@ impl Settings {
                 lease_ttl
             )));
         }
+        let database_url = src
+            .raw(&DATABASE_URL, &args.database_url)
+            .filter(|url| !url.trim().is_empty())
+            .map(Secret::from);
+        let pooler = src.parse(&POOLER, &args.pooler, Pooler::None, |raw| {
+            match raw.trim().to_ascii_lowercase().as_str() {
+                "none" | "session" => Ok(Pooler::None),
+                "transaction" => Ok(Pooler::Transaction),
+                _ => Err("must be none (directly connected, or a pooler in session mode) or transaction (PgBouncer's pool_mode = transaction)".into()),
+            }
+        })?;
+        let direct_database_url = src
+            .raw(&DIRECT_DATABASE_URL, &args.direct_database_url)
+            .filter(|url| !url.trim().is_empty())
+            .map(Secret::from);
+        if pooler == Pooler::Transaction && database_url.is_none() {
+            return Err(SettingsError(format!(
+                "{}: transaction needs a database URL ({}): the embedded cluster has no pooler in front of it",
+                POOLER.describe(),
+                DATABASE_URL.describe()
+            )));
+        }
+        if let Some(direct) = &direct_database_url {
+            if pooler != Pooler::Transaction {
+                return Err(SettingsError(format!(
+                    "{}: is used only behind a transaction pooler ({} = transaction); directly connected, the database URL itself serves the liveness session and LISTEN",
+                    DIRECT_DATABASE_URL.describe(),
+                    POOLER.describe()
+                )));
+            }
+            let url = direct.expose();
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+                || url.parse::<sqlx::postgres::PgConnectOptions>().is_err()
+            {
+                return Err(SettingsError(format!(
+                    "{}: is not a PostgreSQL URL (postgres://user:password@host:port/database)",
+                    DIRECT_DATABASE_URL.describe()
+                )));
+            }
+        }
+        let schema = src.parse(&SCHEMA, &args.schema, Schema::default(), |raw| {
+            Schema::parse(raw).map_err(|e| format!("cannot be used: {e}"))
+        })?;
         Ok(Settings {
             site_addr: src.parse(
                 &SITE_ADDR,
@@ -327,10 +404,9 @@ impl Settings {
                         .map_err(|_| "is not a host:port address such as 127.0.0.1:3000".into())
                 },
             )?,
-            database_url: src
-                .raw(&DATABASE_URL, &args.database_url)
-                .filter(|url| !url.trim().is_empty())
-                .map(Secret::from),
+            database_url,
+            pooler,
+            direct_database_url,
             data_dir: src.parse(
                 &DATA_DIR,
                 &args.data_dir,
@@ -343,9 +419,10 @@ impl Settings {
                     }
                 },
             )?,
-            schema: src.parse(&SCHEMA, &args.schema, Schema::default(), |raw| {
-                Schema::parse(raw).map_err(|e| format!("cannot be used: {e}"))
-            })?,
+            schema: match pooler {
+                Pooler::None => schema,
+                Pooler::Transaction => schema.behind_transaction_pooler(),
+            },
             lease_ttl,
             renew_interval,
             heartbeat_interval,

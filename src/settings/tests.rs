@@ -329,6 +329,8 @@ fn debug_output_hides_secrets() {
             admin_token: Some("admin-secret-0123456789".into()),
             worker_token: Some("worker-secret-0123456789".into()),
             database_url: Some("postgres://app:hunter2@db/jobs".into()),
+            pooler: Some("transaction".into()),
+            direct_database_url: Some("postgres://app:directpass@db-direct/jobs".into()),
             ..SettingArgs::default()
         },
     )
@@ -340,12 +342,101 @@ fn debug_output_hides_secrets() {
             SettingArgs {
                 admin_token: Some("admin-secret-0123456789".into()),
                 database_url: Some("postgres://app:hunter2@db/jobs".into()),
+                direct_database_url: Some("postgres://app:directpass@db-direct/jobs".into()),
                 ..SettingArgs::default()
             }
         ),
     ] {
-        for secret in ["admin-secret", "worker-secret", "hunter2"] {
+        for secret in ["admin-secret", "worker-secret", "hunter2", "directpass"] {
             assert!(!text.contains(secret), "{secret} shows in {text}");
         }
     }
+}
+
+#[test]
+fn a_transaction_pooler_marks_the_schema_and_takes_a_direct_url_for_sessions() {
+    let url = "postgres://app:pw@bouncer:6432/jobs";
+    let direct = "postgres://app:pw@db:5432/jobs";
+    // Default: directly connected, nothing marked.
+    let s = resolve(None, SettingArgs::default()).unwrap();
+    assert_eq!(s.pooler, Pooler::None);
+    assert!(!s.schema.is_behind_transaction_pooler());
+    assert_eq!(s.direct_database_url, None);
+    // Transaction mode marks the schema (every pool and handle follows it),
+    // from the file, the environment or the flag, in any case.
+    let file = format!("[leasekeeper]\ndatabase_url = \"{url}\"\npooler = \"Transaction\"\n");
+    let s = resolve(Some(&file), SettingArgs::default()).unwrap();
+    assert_eq!(s.pooler, Pooler::Transaction);
+    assert!(s.schema.is_behind_transaction_pooler());
+    assert_eq!(s.schema.as_str(), "leasekeeper");
+    let s = resolve(
+        None,
+        SettingArgs {
+            database_url: Some(url.into()),
+            pooler: Some("transaction".into()),
+            direct_database_url: Some(direct.into()),
+            ..SettingArgs::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        s.direct_database_url.as_ref().map(Secret::expose),
+        Some(direct)
+    );
+    // Session mode keeps sessions: the same as none.
+    let s = resolve(
+        None,
+        SettingArgs {
+            database_url: Some(url.into()),
+            pooler: Some("session".into()),
+            ..SettingArgs::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.pooler, Pooler::None);
+    assert!(!s.schema.is_behind_transaction_pooler());
+
+    // Refused, each naming the setting in one line.
+    let refused = |args: SettingArgs, names: &str, says: &str| {
+        let err = resolve(None, args).unwrap_err().to_string();
+        assert!(err.contains(names) && err.contains(says), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        assert!(!err.contains("pw@"), "a URL's password in {err}");
+    };
+    refused(
+        SettingArgs {
+            database_url: Some(url.into()),
+            pooler: Some("statement".into()),
+            ..SettingArgs::default()
+        },
+        "setting pooler (--pooler / LEASEKEEPER_POOLER)",
+        "must be none",
+    );
+    refused(
+        SettingArgs {
+            pooler: Some("transaction".into()),
+            ..SettingArgs::default()
+        },
+        "setting pooler",
+        "embedded cluster has no pooler",
+    );
+    refused(
+        SettingArgs {
+            database_url: Some(url.into()),
+            direct_database_url: Some(direct.into()),
+            ..SettingArgs::default()
+        },
+        "setting direct_database_url (--direct-database-url / LEASEKEEPER_DIRECT_DATABASE_URL)",
+        "only behind a transaction pooler",
+    );
+    refused(
+        SettingArgs {
+            database_url: Some(url.into()),
+            pooler: Some("transaction".into()),
+            direct_database_url: Some("mysql://app:pw@db/jobs".into()),
+            ..SettingArgs::default()
+        },
+        "setting direct_database_url",
+        "is not a PostgreSQL URL",
+    );
 }

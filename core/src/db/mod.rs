@@ -231,6 +231,104 @@ pub async fn connect(url: &str, schema: &Schema) -> anyhow::Result<PgPool> {
         .context("cannot connect to PostgreSQL")
 }
 
+/// Where a process opens the connections that need a session of their
+/// own: its liveness session ([`crate::liveness`]) and its `LISTEN`
+/// ([`crate::live::LiveHub`]). Directly connected, that is the pool's own
+/// database; behind a transaction pooler, where a session means nothing,
+/// it is a direct URL to the same database, or nowhere (liveness off, the
+/// TTL rules; no `LISTEN`, idle workers poll).
+#[derive(Clone, Debug)]
+pub struct Sessions {
+    /// Options of a session connection (the schema's `search_path`).
+    pub options: PgConnectOptions,
+    /// The schema, on a direct connection.
+    pub schema: Schema,
+    /// Whether these sessions bypass the pool's transaction pooler.
+    pub bypass_pooler: bool,
+}
+
+impl Sessions {
+    /// Where `pool`'s process opens its sessions: `pool`'s own database
+    /// when it is directly connected (`direct` unused); behind a
+    /// transaction pooler, `direct` (a direct connection to the same
+    /// database, checked: [`same_database`]), or `None` without it.
+    pub async fn of(
+        pool: &PgPool,
+        direct: Option<PgConnectOptions>,
+    ) -> anyhow::Result<Option<Self>> {
+        let schema = Schema::of(pool);
+        if !schema.is_behind_transaction_pooler() {
+            return Ok(Some(Sessions {
+                options: (*pool.connect_options()).clone(),
+                schema,
+                bypass_pooler: false,
+            }));
+        }
+        let Some(direct) = direct else {
+            return Ok(None);
+        };
+        let schema = schema.directly_connected();
+        let options = connect_options(direct, &schema);
+        same_database(pool, &options).await?;
+        Ok(Some(Sessions {
+            options,
+            schema,
+            bypass_pooler: true,
+        }))
+    }
+
+    /// Announcements through `pool`, heard on a session of these: behind
+    /// a transaction pooler, a small pool of its own on the direct URL.
+    pub fn live_hub(&self, pool: &PgPool) -> crate::live::LiveHub {
+        if !self.bypass_pooler {
+            return crate::live::LiveHub::start(pool.clone());
+        }
+        let listen = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(self.options.clone());
+        crate::live::LiveHub::start_listening_on(pool.clone(), listen)
+    }
+}
+
+/// Whether `direct` (options of a direct connection) reaches the very
+/// database `pooled` does: the same database name on the same server
+/// incarnation (the postmaster's start time). A liveness session on
+/// another server would judge sessions it cannot see, so a direct URL that
+/// points elsewhere is refused at start rather than trusted.
+pub async fn same_database(pooled: &PgPool, direct: &PgConnectOptions) -> anyhow::Result<()> {
+    const IDENTITY: &str = "SELECT current_database()::text, pg_postmaster_start_time()::text";
+    // In a transaction: behind the pooler, parse and execute stay on one
+    // server connection.
+    let mut tx = pooled
+        .begin()
+        .await
+        .context("reading the pooled database's identity")?;
+    let through_pool: (String, String) = sqlx::query_as(IDENTITY)
+        .persistent(false)
+        .fetch_one(&mut *tx)
+        .await
+        .context("reading the pooled database's identity")?;
+    tx.commit().await?;
+    let mut conn = PgConnection::connect_with(direct)
+        .await
+        .context("connecting to the direct database URL")?;
+    let directly: (String, String) = sqlx::query_as(IDENTITY)
+        .fetch_one(&mut conn)
+        .await
+        .context("reading the direct database's identity")?;
+    let _ = conn.close().await;
+    anyhow::ensure!(
+        through_pool == directly,
+        "the direct database URL reaches database {:?} on a server started at {}, the pool database {:?} on a server started at {}: it must be the same database on the same server",
+        directly.0,
+        directly.1,
+        through_pool.0,
+        through_pool.1
+    );
+    Ok(())
+}
+
 /// Creates `schema` if it does not exist and applies the pending
 /// [`MIGRATOR`] migrations inside it, then the [`FUNCTIONS`] files that
 /// changed, all in one transaction on a connection of its own to `pool`'s

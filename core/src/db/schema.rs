@@ -108,6 +108,15 @@ impl Schema {
         self
     }
 
+    /// This schema on a direct connection (or a pooler in session mode):
+    /// the opposite of [`Schema::behind_transaction_pooler`], for the
+    /// connections that need a session of their own behind such a pooler
+    /// (the liveness session, `LISTEN`), opened on a direct URL.
+    pub fn directly_connected(mut self) -> Self {
+        self.pooled = false;
+        self
+    }
+
     /// Whether [`Schema::behind_transaction_pooler`] was asked for.
     pub fn is_behind_transaction_pooler(&self) -> bool {
         self.pooled

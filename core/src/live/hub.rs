@@ -146,9 +146,19 @@ impl LiveHub {
     /// Starts the `LISTEN` connection and the announcer; both stop with
     /// [`LiveHub::shutdown`].
     pub fn start(pool: PgPool) -> Self {
+        LiveHub::start_listening_on(pool.clone(), pool)
+    }
+
+    /// [`LiveHub::start`], announcing through `pool` and listening on a
+    /// connection of `listen`: behind a transaction pooler, where `LISTEN`
+    /// hears nothing, `listen_on` is a pool on the database directly
+    /// ([`crate::db::Sessions::live_hub`]). A `listen_on` pool that is itself behind
+    /// a transaction pooler listens to nothing, as [`LiveHub::start`] does
+    /// there.
+    pub fn start_listening_on(pool: PgPool, listen_on: PgPool) -> Self {
         let hub = LiveHub::detached();
-        Announcer::spawn(pool.clone(), hub.stop.clone());
-        tokio::spawn(listen(pool, hub.clone()));
+        Announcer::spawn(pool, hub.stop.clone());
+        tokio::spawn(listen(listen_on, hub.clone()));
         hub
     }
 

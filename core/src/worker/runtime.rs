@@ -99,6 +99,7 @@ pub struct RuntimeBuilder {
     prefetch: Prefetch,
     schedules: Vec<NewSchedule>,
     scheduler: Option<SchedulerConfig>,
+    direct: Option<sqlx::postgres::PgConnectOptions>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -276,6 +277,20 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Behind a transaction pooler ([`crate::Schema::behind_transaction_pooler`]),
+    /// a direct connection to the same database, bypassing the pooler, for
+    /// the two connections that need a session of their own: the liveness
+    /// session (a crash of this process rescued within a second) and
+    /// `LISTEN` (idle workers woken at once). Without it, behind such a
+    /// pooler, liveness is off (a crashed runtime's claims wait out their
+    /// TTL) and idle workers poll. [`start`](RuntimeBuilder::start) refuses
+    /// options that reach another database. Unused when the pool is
+    /// directly connected.
+    pub fn direct(mut self, options: sqlx::postgres::PgConnectOptions) -> Self {
+        self.direct = Some(options);
+        self
+    }
+
     /// Registers the instance and its workers and starts them, declares
     /// the schedules and starts the scheduler. Refuses a runtime without
     /// handlers, a bad queue name, a concurrency of 0 or over 1,000, a bad
@@ -349,21 +364,25 @@ impl RuntimeBuilder {
                 holders.push(format!("{id}-{queue}-{n}"));
             }
         }
-        let liveness = if crate::db::Schema::of(&self.pool).is_behind_transaction_pooler() {
-            tracing::warn!(runtime = %id,
-                "liveness off behind a transaction pooler (a session means nothing there): \
-                 a crashed runtime's claims wait out their TTL");
-            None
-        } else {
-            Some(
+        let sessions = crate::db::Sessions::of(&self.pool, self.direct.clone())
+            .await
+            .map_err(|e| RuntimeError::Config(format!("{e:#}")))?;
+        let liveness = match &sessions {
+            None => {
+                tracing::warn!(runtime = %id,
+                    "liveness off behind a transaction pooler without a direct connection \
+                     (RuntimeBuilder::direct): a crashed runtime's claims wait out their TTL");
+                None
+            }
+            Some(sessions) => Some(
                 Liveness::start(
-                    (*self.pool.connect_options()).clone(),
-                    crate::db::Schema::of(&self.pool),
+                    sessions.options.clone(),
+                    sessions.schema.clone(),
                     id.clone(),
                     holders,
                 )
                 .await?,
-            )
+            ),
         };
         let signal = liveness
             .as_ref()
@@ -375,7 +394,10 @@ impl RuntimeBuilder {
             self.worker.heartbeat_interval,
         )
         .await?;
-        let live = LiveHub::start(self.pool.clone());
+        let live = match &sessions {
+            Some(sessions) => sessions.live_hub(&self.pool),
+            None => LiveHub::start(self.pool.clone()),
+        };
         let mut workers = Vec::new();
         let mut transports = Vec::new();
         for (queue, concurrency) in &queues {
@@ -475,6 +497,7 @@ impl Runtime {
             prefetch: Prefetch::default(),
             schedules: Vec::new(),
             scheduler: Some(SchedulerConfig::default()),
+            direct: None,
         }
     }
 

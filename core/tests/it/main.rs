@@ -7,6 +7,7 @@
 mod assert_fence;
 mod attempts;
 mod batch;
+mod bouncer;
 mod cancel;
 mod common;
 mod fenced;

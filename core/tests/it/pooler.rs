@@ -8,6 +8,7 @@
 //! late completion refused, the generator's singleton fails over with the
 //! next fencing token, and idle workers wake by their poll.
 
+use crate::bouncer::Bouncer;
 use crate::common::{TestDb, until};
 use leasekeeper_core::db::{self, Schema};
 use leasekeeper_core::generator::runtime::{Generator, GeneratorConfig};
@@ -20,120 +21,8 @@ use leasekeeper_core::worker::handler::{Done, HandlerResult, Job, TaskContext};
 use leasekeeper_core::worker::runtime::Runtime;
 use serde_json::json;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use sqlx::postgres::PgPoolOptions;
 use std::time::{Duration, Instant};
-
-const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
-/// Server connections per database and user: fewer than the clients, so
-/// transactions of different clients share server connections.
-const SERVER_CONNECTIONS: usize = 4;
-
-/// A PgBouncer in transaction mode in front of the test server, stopped on
-/// drop.
-struct Bouncer {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Bouncer {
-    fn start(server: &PgConnectOptions) -> Bouncer {
-        assert!(
-            std::path::Path::new(PGBOUNCER).exists(),
-            "{PGBOUNCER} is missing: `bash .ci/setup` installs Debian's pgbouncer"
-        );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!("lk-pgbouncer-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // PgBouncer refuses to run as root; as root it runs as `postgres`,
-        // which must be able to write its log here.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let host = match server.get_socket() {
-            Some(socket_dir) => socket_dir.display().to_string(),
-            None => server.get_host().to_string(),
-        };
-        let ini = format!(
-            "[databases]\n\
-             * = host={host} port={server_port} user={user}\n\
-             [pgbouncer]\n\
-             listen_addr = 127.0.0.1\n\
-             listen_port = {port}\n\
-             unix_socket_dir =\n\
-             auth_type = any\n\
-             pool_mode = transaction\n\
-             ignore_startup_parameters = extra_float_digits, options\n\
-             default_pool_size = {SERVER_CONNECTIONS}\n\
-             max_client_conn = 500\n\
-             server_reset_query =\n\
-             logfile = {dir}/pgbouncer.log\n\
-             pidfile = {dir}/pgbouncer.pid\n",
-            server_port = server.get_port(),
-            user = server.get_username(),
-            dir = dir.display(),
-        );
-        let ini_path = dir.join("pgbouncer.ini");
-        std::fs::write(&ini_path, ini).unwrap();
-        let mut cmd = if nix::unistd::geteuid().is_root() {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--", PGBOUNCER]);
-            cmd
-        } else {
-            Command::new(PGBOUNCER)
-        };
-        let child = cmd
-            .arg(&ini_path)
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting pgbouncer");
-        let bouncer = Bouncer { child, dir, port };
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "pgbouncer did not start: {}",
-                bouncer.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bouncer
-    }
-
-    /// Options for `database` through the pooler.
-    fn options(&self, server: &PgConnectOptions) -> PgConnectOptions {
-        PgConnectOptions::new_without_pgpass()
-            .host("127.0.0.1")
-            .port(self.port)
-            .username(server.get_username())
-            .database(server.get_database().expect("a test database"))
-            .ssl_mode(PgSslMode::Disable)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Bouncer {
-    fn drop(&mut self) {
-        // runuser passes SIGTERM on to pgbouncer.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 async fn count(direct: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(direct).await.unwrap()
@@ -379,4 +268,117 @@ async fn behind_pgbouncer_in_transaction_mode_every_guarantee_holds() {
         "pgbouncer saw prepared-statement errors:\n{}",
         bouncer.log()
     );
+}
+
+/// Behind the pooler with a direct connection ([`Runtime::builder`]'s
+/// `direct`): a direct URL to another database is refused at start; the
+/// right one carries the runtime's liveness session, so when that session
+/// is cut the runtime's claim ends at once and is taken over within two
+/// seconds at the default TTL of 15 s; without it there is no liveness
+/// session at all (the TTL rules).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_pgbouncer_a_direct_connection_carries_the_liveness_session() {
+    let db = TestDb::new().await;
+    let bouncer = Bouncer::start(&db.plain);
+    let schema = Schema::default().behind_transaction_pooler();
+    let pooled = PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(db::connect_options(bouncer.options(&db.plain), &schema))
+        .await
+        .unwrap_or_else(|e| panic!("connecting through pgbouncer: {e}\n{}", bouncer.log()));
+    let sessions_of = |id: &'static str| {
+        let direct = db.pool.clone();
+        async move {
+            count(
+                &direct,
+                &format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leasekeeper liveness {id}'"
+                ),
+            )
+            .await
+        }
+    };
+    let builder = |id: &str| {
+        Runtime::builder(pooled.clone())
+            .id(id)
+            .queue("default", 1)
+            .scheduler(None)
+            .handler("long", |job: Job, ctx: TaskContext| async move {
+                if job.fencing_token > 1 {
+                    // The rescue's run: done at once.
+                    return HandlerResult::Ok(Done::empty());
+                }
+                ctx.cancelled().await;
+                Err("cancelled".into())
+            })
+    };
+
+    // Another database of the same server: refused, saying why.
+    let elsewhere = db.plain.clone().database("postgres");
+    let refused = match builder("pgb-elsewhere").direct(elsewhere).start().await {
+        Ok(_) => panic!("a direct URL to another database was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(refused.contains("must be the same database"), "{refused}");
+
+    // Without a direct connection: no liveness session.
+    let without = builder("pgb-without").start().await.unwrap();
+    assert_eq!(sessions_of("pgb-without").await, 0);
+    without.shutdown().await;
+
+    // With it: the session is there, on the direct connection.
+    let runtime = builder("pgb-direct")
+        .direct(db.plain.clone())
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(sessions_of("pgb-direct").await, 1);
+    let mut conn = pooled.acquire().await.unwrap();
+    let task = tasks::enqueue(&mut conn, &schema, &NewTask::new("long", json!({})))
+        .await
+        .unwrap();
+    drop(conn);
+    until("the long task started", Duration::from_secs(10), || async {
+        count(
+            &db.pool,
+            &format!(
+                "SELECT count(*) FROM tasks WHERE id = {} AND status = 'started'",
+                task.id
+            ),
+        )
+        .await
+            == 1
+    })
+    .await;
+    let cut = Instant::now();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE application_name = 'leasekeeper liveness pgb-direct'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    until(
+        "taken over and processed by a new term",
+        Duration::from_secs(2),
+        || async {
+            count(
+                &db.pool,
+                &format!(
+                    "SELECT count(*) FROM tasks WHERE id = {} AND status = 'processed' AND fencing_token >= 2",
+                    task.id
+                ),
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert!(cut.elapsed() < Duration::from_secs(2));
+    // Registered again, on a new direct session.
+    until("registered again", Duration::from_secs(5), || async {
+        sessions_of("pgb-direct").await == 1
+    })
+    .await;
+    runtime.shutdown().await;
 }
