@@ -13,7 +13,7 @@ const TOOLS: &str = env!("CARGO_BIN_EXE_leasekeeper-tools");
 
 use serde_json::Value;
 
-const KINDS: [&str; 7] = [
+const KINDS: [&str; 9] = [
     "killworker",
     "pauseworker",
     "killgeneratorholder",
@@ -21,6 +21,8 @@ const KINDS: [&str; 7] = [
     "loseanswer",
     "killschedulerholder",
     "pauseschedulerholder",
+    "cutliveness",
+    "freezemidclaim",
 ];
 
 #[test]

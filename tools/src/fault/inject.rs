@@ -8,6 +8,7 @@ use super::{STANDBY_LAG, Setup, Timing, proxy};
 use anyhow::{Result, bail};
 use leasekeeper::worker::history::now_ms;
 use leasekeeper_core::generator::RESOURCE;
+use leasekeeper_core::queue::store;
 use leasekeeper_core::schedule::RESOURCE as SCHEDULER;
 use nix::sys::signal::{Signal, kill};
 use rand::Rng;
@@ -42,10 +43,21 @@ pub enum FaultKind {
     KillSchedulerHolder,
     /// SIGSTOP of the instance holding `singleton:scheduler` past the TTL.
     PauseSchedulerHolder,
+    /// The liveness session of a live instance terminated
+    /// (`pg_terminate_backend`): the database counts its holders dead, so
+    /// their claims and terms end at once; the instance, alive, must stop
+    /// trusting them, register again and go on serving.
+    CutLiveness,
+    /// A claim left uncommitted: a connection runs the claim statement and
+    /// freezes before its commit, past the TTL, then commits. Its row and
+    /// whatever else its transaction wrote stay locked meanwhile; the rest
+    /// of the fleet must go on, and the late claim, expired when it lands,
+    /// is taken over.
+    FreezeMidClaim,
 }
 
 impl FaultKind {
-    pub(super) const ALL: [FaultKind; 10] = [
+    pub(super) const ALL: [FaultKind; 12] = [
         FaultKind::KillWorker,
         FaultKind::PauseWorker,
         FaultKind::KillGeneratorHolder,
@@ -56,11 +68,13 @@ impl FaultKind {
         FaultKind::ClockSkew,
         FaultKind::KillSchedulerHolder,
         FaultKind::PauseSchedulerHolder,
+        FaultKind::CutLiveness,
+        FaultKind::FreezeMidClaim,
     ];
 
     /// What a run injects when `--faults` is not given: the kinds that need
     /// no highly available cluster.
-    pub(super) const DEFAULT: [FaultKind; 7] = [
+    pub(super) const DEFAULT: [FaultKind; 9] = [
         FaultKind::KillWorker,
         FaultKind::PauseWorker,
         FaultKind::KillGeneratorHolder,
@@ -68,6 +82,8 @@ impl FaultKind {
         FaultKind::LoseAnswer,
         FaultKind::KillSchedulerHolder,
         FaultKind::PauseSchedulerHolder,
+        FaultKind::CutLiveness,
+        FaultKind::FreezeMidClaim,
     ];
 
     /// Whether it needs the highly available cluster.
@@ -92,6 +108,8 @@ impl FaultKind {
             FaultKind::ClockSkew => "failover to a skewed clock",
             FaultKind::KillSchedulerHolder => "kill -9 scheduler holder",
             FaultKind::PauseSchedulerHolder => "SIGSTOP scheduler holder",
+            FaultKind::CutLiveness => "liveness session cut",
+            FaultKind::FreezeMidClaim => "claim frozen before commit",
         }
     }
 }
@@ -133,6 +151,10 @@ pub(super) struct Fault {
     pub(super) taken_over_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) late_writes_refused: Option<i64>,
+    /// For a claim frozen before its commit: tasks the rest of the fleet
+    /// completed while it was frozen (none would mean it stalled them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) completed_while_frozen: Option<i64>,
     /// The generator holder a partition cut off.
     #[serde(skip)]
     pub(super) holder: Option<String>,
@@ -158,6 +180,13 @@ pub(super) struct Fault {
     /// The worker killed or paused.
     #[serde(skip)]
     pub(super) worker: Option<String>,
+    /// For a cut liveness session: the instance's id; the workers it
+    /// vouched for (its own, and the worker processes streaming to it) are
+    /// this id's and those in `cut_workers`.
+    #[serde(skip)]
+    pub(super) instance: Option<String>,
+    #[serde(skip)]
+    pub(super) cut_workers: Vec<String>,
     /// The request whose answer was lost.
     #[serde(skip)]
     pub(super) lost: Option<proxy::Target>,
@@ -183,11 +212,34 @@ impl Fault {
             FaultKind::KillGeneratorHolder
             | FaultKind::KillSchedulerHolder
             | FaultKind::PauseSchedulerHolder => Some(t.takeover_bound),
+            // Its claims and terms are ended by the database at once: they
+            // are taken over within a second or so, far inside the TTL.
+            FaultKind::CutLiveness if self.tasks.is_empty() && self.holder.is_none() => None,
+            FaultKind::CutLiveness => Some(t.takeover_bound.min(CUT_RESCUE_BOUND)),
             FaultKind::LoseAnswer if self.lost != Some(proxy::Target::Claim) => None,
             _ if self.tasks.is_empty() => None,
             _ => Some(t.takeover_bound),
         }
     }
+}
+
+/// A cut liveness session's holders are taken over within this long: the
+/// others' check (every 200 ms), the ending statement, an idle claimer's
+/// wake-up, and slack for a loaded two-core machine.
+pub(super) const CUT_RESCUE_BOUND: Duration = Duration::from_millis(2500);
+
+/// The holder whose claim [`FaultKind::FreezeMidClaim`] freezes.
+pub(super) const FROZEN_CLAIMER: &str = "chaos-frozen-claimer";
+
+/// Tasks completed so far, by their `released` events (`None`: the
+/// database did not answer).
+async fn completions(pool: &PgPool) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM lease_events WHERE kind = 'released' AND resource LIKE 'task:%'",
+    )
+    .fetch_one(pool)
+    .await
+    .ok()
 }
 
 /// Tasks held right now (live claims), with their processors.
@@ -412,6 +464,9 @@ pub(super) async fn inject(
         db_clock_offset_ms: None,
         two_generators: None,
         worker: None,
+        instance: None,
+        cut_workers: Vec::new(),
+        completed_while_frozen: None,
         lost: None,
     };
     if let Database::Ha(ha) = cluster
@@ -490,6 +545,108 @@ pub(super) async fn inject(
             }
             fault.target = format!("instance :{}, {holder}", rig.instances[slot].port);
             fault.scheduler_holder = Some(holder);
+        }
+        FaultKind::CutLiveness => {
+            // The instance whose workers hold the most tasks (the
+            // generator's holder on a tie), neither cut off nor paused.
+            let generator = generator_holder(rig, pool).await;
+            let mut best: Option<(usize, Vec<i64>)> = None;
+            for slot in 0..rig.instances.len() {
+                let i = &rig.instances[slot];
+                if i.heal_at.is_some() || i.resume_at.is_some() {
+                    continue;
+                }
+                let tasks = held_by_instance(rig, pool, slot).await;
+                let holds_generator = generator.as_ref().is_some_and(|(g, _)| *g == slot);
+                let better = match &best {
+                    None => true,
+                    Some((_, t)) => {
+                        tasks.len() > t.len() || (tasks.len() == t.len() && holds_generator)
+                    }
+                };
+                if better {
+                    best = Some((slot, tasks));
+                }
+            }
+            let Some((slot, tasks)) = best else {
+                return Ok(None);
+            };
+            let port = rig.instances[slot].port;
+            // Its liveness session, by the name it connects with.
+            let session: Option<(i32, String)> = sqlx::query_as(
+                "SELECT pid, substr(application_name, length('leasekeeper liveness ') + 1)
+                   FROM pg_stat_activity
+                  WHERE application_name LIKE 'leasekeeper liveness i-' || $1 || '-%'
+                  ORDER BY backend_start DESC LIMIT 1",
+            )
+            .bind(port.to_string())
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten();
+            let Some((pid, instance)) = session else {
+                return Ok(None);
+            };
+            fault.holder = generator
+                .filter(|(g, _)| *g == slot)
+                .map(|(_, holder)| holder);
+            fault.scheduler_holder = scheduler_holder_at(rig, pool, slot).await;
+            fault.cut_workers = rig
+                .workers
+                .iter()
+                .filter(|w| w.slot == slot)
+                .map(|w| w.id.clone())
+                .collect();
+            fault.at_ms = now_ms();
+            let cut: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(pool)
+                .await
+                .unwrap_or(false);
+            if !cut {
+                return Ok(None);
+            }
+            fault.target = format!("instance :{port} ({instance})");
+            fault.instance = Some(instance);
+            fault.tasks = tasks;
+        }
+        FaultKind::FreezeMidClaim => {
+            // The claim statement, as a worker's instance runs it, in a
+            // transaction this connection then leaves open past the TTL.
+            let schema = leasekeeper_core::db::Schema::of(pool);
+            let frozen_holder = leasekeeper_core::lease::Holder::parse(FROZEN_CLAIMER)?;
+            let mut tx = pool.begin().await?;
+            let started = now_ms();
+            let claimed =
+                store::claim_next(&mut tx, &schema, &frozen_holder, setup.timing.ttl).await;
+            let task = match claimed {
+                Ok(Some(task)) => task,
+                _ => {
+                    let _ = tx.rollback().await;
+                    return Ok(None);
+                }
+            };
+            let done_before = completions(pool).await;
+            let frozen = Instant::now();
+            while frozen.elapsed() < setup.timing.pause {
+                rig.resume_due(false);
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            fault.completed_while_frozen = match (done_before, completions(pool).await) {
+                (Some(before), Some(after)) => Some(after - before),
+                _ => None,
+            };
+            // Late: the claim lands already expired, and is taken over.
+            if tx.commit().await.is_err() {
+                return Ok(None);
+            }
+            fault.at_ms = now_ms();
+            fault.target = format!(
+                "task {} claimed by {FROZEN_CLAIMER}, committed {} ms later",
+                task.id,
+                fault.at_ms - started
+            );
+            fault.tasks = vec![task.id];
         }
         FaultKind::Partition => {
             // The generator's holder when there is one (the case that tests

@@ -85,7 +85,7 @@ use report::{late, measure, print_report, report};
 use rig::{Instance, Intruder, Rig, Tokens, free_port, reap};
 use serde_json::json;
 use sqlx::PgPool;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -415,14 +415,32 @@ async fn one_round(
             .filter(|(_, trust)| *trust)
             .map(|(id, _)| id.clone())
             .collect();
-        let mut killed: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-        for fault in faults.iter().filter(|f| f.kind == FaultKind::KillWorker) {
-            if let Some(worker) = &fault.worker {
-                killed.entry(worker.clone()).or_default().push(fault.at_ms);
+        let mut revoked = check::Revoked::default();
+        for fault in &faults {
+            match fault.kind {
+                FaultKind::KillWorker => {
+                    if let Some(worker) = &fault.worker {
+                        revoked
+                            .killed
+                            .entry(worker.clone())
+                            .or_default()
+                            .push(fault.at_ms);
+                    }
+                }
+                FaultKind::CutLiveness => {
+                    for worker in &fault.cut_workers {
+                        revoked
+                            .cut
+                            .entry(worker.clone())
+                            .or_default()
+                            .push(fault.at_ms);
+                    }
+                }
+                _ => {}
             }
         }
         let mut checks =
-            check::check(&pool, &history, torn, setup.timing.ttl, &trusting, &killed).await?;
+            check::check(&pool, &history, torn, setup.timing.ttl, &trusting, &revoked).await?;
         check::intruders::intruders(&pool, &intruders, &mut checks).await?;
         let known: BTreeSet<i64> = sqlx::query_scalar("SELECT id FROM tasks")
             .fetch_all(&pool)

@@ -104,7 +104,10 @@ pub(super) async fn measure(
     for fault in &mut faults {
         match fault.kind {
             // Until the task it held was taken over (the slowest, if several).
-            FaultKind::KillWorker | FaultKind::PauseWorker if !fault.tasks.is_empty() => {
+            // A frozen claim: from its late commit.
+            FaultKind::KillWorker | FaultKind::PauseWorker | FaultKind::FreezeMidClaim
+                if !fault.tasks.is_empty() =>
+            {
                 let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
                 fault.recovery_ms = slowest_takeover(pool, &open, fault.db_at_ms()).await?;
             }
@@ -144,6 +147,18 @@ pub(super) async fn measure(
                 .await?;
                 fault.recoveries.insert("generator".into(), generator);
                 fault.recovery_ms = slowest(fault.recoveries.values().copied());
+            }
+            // Until the tasks its holders held were taken over, and the
+            // generator's next term began when it held that.
+            FaultKind::CutLiveness => {
+                let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
+                let tasks = slowest_takeover(pool, &open, fault.db_at_ms()).await?;
+                let generator = match fault.holder {
+                    Some(_) => next_grant(pool, RESOURCE, fault.db_at_ms()).await?,
+                    None => None,
+                };
+                fault.taken_over_ms = generator;
+                fault.recovery_ms = slowest([tasks, generator]);
             }
             FaultKind::Partition => {
                 let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;

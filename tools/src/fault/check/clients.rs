@@ -53,17 +53,36 @@ pub(super) fn tokens_seen_by_clients(history: &[Op], c: &mut Checks) {
 /// broke) ended it first. Another worker granted the task
 /// (its claim answered) before that deadline means two workers believed
 /// they held it at once. Workers in `trusting` ignore their deadlines on
-/// purpose and are not counted as believers; a worker in `killed` believes
-/// nothing after each time it was killed (kill -9 at those instants); send
-/// and answer times are all from this machine's clock, so no database clock
-/// is involved.
+/// purpose and are not counted as believers. What the harness revoked
+/// behind a worker's back ([`Revoked`]) ends its belief at that instant: a
+/// killed worker believes nothing after; a worker whose instance's liveness
+/// session was cut had its claims ended by the database at the cut, and
+/// trusting one of them longer than [`NOTICE_CUT_MS`] after it is a
+/// belief the protocol does not allow. Send and answer times are all from
+/// this machine's clock, so no database clock is involved.
+/// How long a worker may go on trusting a claim after its instance's
+/// liveness session was cut: its instance's check (every 200 ms) notices,
+/// the worker's session stream ends, and slack for a loaded machine.
+pub const NOTICE_CUT_MS: i64 = 1500;
+
+/// Claims the harness ended behind their workers' backs, by worker, at
+/// these instants (this machine's clock, as the history's).
+#[derive(Debug, Default)]
+pub struct Revoked {
+    /// Killed -9.
+    pub killed: BTreeMap<String, Vec<i64>>,
+    /// Their instance's liveness session cut.
+    pub cut: BTreeMap<String, Vec<i64>>,
+}
+
 pub(super) fn holders_believed_at_once(
     history: &[Op],
     ttl: Duration,
     trusting: &BTreeSet<String>,
-    killed: &BTreeMap<String, Vec<i64>>,
+    revoked: &Revoked,
     c: &mut Checks,
 ) {
+    let killed = &revoked.killed;
     let trusted_ms = (ttl.as_secs_f64() * 900.0) as i64;
     // (task, worker, token) -> (granted at, believed until)
     let mut beliefs: BTreeMap<(i64, String, i64), (i64, i64)> = BTreeMap::new();
@@ -104,6 +123,20 @@ pub(super) fn holders_believed_at_once(
         for &at in killed.get(worker).map_or(&[][..], Vec::as_slice) {
             if *from <= at {
                 *until = (*until).min(at);
+            }
+        }
+    }
+    for ((task, worker, token), (from, until)) in beliefs.iter_mut() {
+        for &at in revoked.cut.get(worker).map_or(&[][..], Vec::as_slice) {
+            if *from <= at && at < *until {
+                if *until > at + NOTICE_CUT_MS && !trusting.contains(worker) {
+                    c.believed_overlaps.push(format!(
+                        "task {task}: {worker} (token {token}) trusted its claim {} ms after its instance's liveness session was cut (at {} ms)",
+                        *until - at,
+                        at % 100_000
+                    ));
+                }
+                *until = at;
             }
         }
     }
@@ -194,7 +227,7 @@ mod tests {
         let none = BTreeSet::new();
         let believed = |history: &[Op], trusting: &BTreeSet<String>| {
             let mut c = Checks::default();
-            holders_believed_at_once(history, ttl, trusting, &BTreeMap::new(), &mut c);
+            holders_believed_at_once(history, ttl, trusting, &Revoked::default(), &mut c);
             c.believed_overlaps.len()
         };
         let a = op(OpKind::Claim, "a", 1, Outcome::Ok, 0, 10);
@@ -230,7 +263,10 @@ mod tests {
         );
         // A worker killed before the other's grant believes nothing after.
         let mut c = Checks::default();
-        let killed = BTreeMap::from([("a".to_string(), vec![2400])]);
+        let killed = Revoked {
+            killed: BTreeMap::from([("a".to_string(), vec![2400])]),
+            ..Revoked::default()
+        };
         holders_believed_at_once(
             &[a.clone(), beat.clone(), b_early.clone()],
             ttl,
@@ -239,7 +275,10 @@ mod tests {
             &mut c,
         );
         assert!(c.believed_overlaps.is_empty(), "{:?}", c.believed_overlaps);
-        let killed_after = BTreeMap::from([("a".to_string(), vec![2700])]);
+        let killed_after = Revoked {
+            killed: BTreeMap::from([("a".to_string(), vec![2700])]),
+            ..Revoked::default()
+        };
         holders_believed_at_once(
             &[a.clone(), beat.clone(), b_early.clone()],
             ttl,
@@ -248,6 +287,36 @@ mod tests {
             &mut c,
         );
         assert_eq!(c.believed_overlaps.len(), 1);
+        // A cut session ends the belief at the cut, when the worker gave
+        // the claim up soon after; trusting it long after is caught.
+        let cut = Revoked {
+            cut: BTreeMap::from([("a".to_string(), vec![2400])]),
+            ..Revoked::default()
+        };
+        let gave_up_soon = op(OpKind::GaveUp, "a", 1, Outcome::Ok, 2650, 2650);
+        let mut c = Checks::default();
+        holders_believed_at_once(
+            &[a.clone(), beat.clone(), gave_up_soon, b_early.clone()],
+            ttl,
+            &none,
+            &cut,
+            &mut c,
+        );
+        assert!(c.believed_overlaps.is_empty(), "{:?}", c.believed_overlaps);
+        let cut_early = Revoked {
+            cut: BTreeMap::from([("a".to_string(), vec![1050])]),
+            ..Revoked::default()
+        };
+        let mut c = Checks::default();
+        holders_believed_at_once(
+            &[a.clone(), beat.clone(), b_early.clone()],
+            ttl,
+            &none,
+            &cut_early,
+            &mut c,
+        );
+        assert_eq!(c.believed_overlaps.len(), 1, "{:?}", c.believed_overlaps);
+        assert!(c.believed_overlaps[0].contains("liveness session was cut"));
         // A --trust-claims worker ignores deadlines on purpose.
         let trusting: BTreeSet<String> = ["a".to_string()].into();
         assert_eq!(believed(&[a, beat, b_early], &trusting), 0);

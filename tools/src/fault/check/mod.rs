@@ -40,6 +40,7 @@ mod terms;
 
 use anyhow::Result;
 use chrono::{DateTime, Utc};
+pub use clients::{NOTICE_CUT_MS, Revoked};
 use clients::{holders_believed_at_once, tokens_seen_by_clients};
 use leasekeeper::worker::history::{Op, OpKind, Outcome};
 use sqlx::PgPool;
@@ -187,15 +188,15 @@ type TaskRow = (
 
 /// Checks the database behind `pool` against `history`, whose workers ran
 /// with lease TTL `ttl`; the workers in `trusting` ignored their local
-/// deadlines (`--trust-claims`), and those in `killed` were killed -9 at
-/// those instants (this machine's clock, as the history's).
+/// deadlines (`--trust-claims`), and `revoked` says whose claims the
+/// harness ended behind their backs, and when.
 pub async fn check(
     pool: &PgPool,
     history: &[Op],
     torn: usize,
     ttl: Duration,
     trusting: &BTreeSet<String>,
-    killed: &BTreeMap<String, Vec<i64>>,
+    revoked: &Revoked,
 ) -> Result<Checks> {
     let mut c = Checks {
         torn_history_lines: torn,
@@ -271,7 +272,7 @@ pub async fn check(
     }
 
     tokens_seen_by_clients(history, &mut c);
-    holders_believed_at_once(history, ttl, trusting, killed, &mut c);
+    holders_believed_at_once(history, ttl, trusting, revoked, &mut c);
     let generator = terms.get(leasekeeper_core::generator::RESOURCE);
     c.generator_terms = generator.map_or(0, BTreeMap::len);
     for (id, status, attempts, max_attempts, processor, token, created_at, generator_token) in
