@@ -15,16 +15,21 @@ export type { APIRequestContext, Page } from "@playwright/test";
  *   a page that must not hydrate says `test.use({ awaitHydration: false })`.
  *   With `E2E_SLOW_NETWORK=1` every page is loaded over a slow network,
  *   which makes such a test fail every time instead of once in a while.
+ *   A page not hydrated 20 s after its load is loaded once more, said in
+ *   the output with what the page had said (console errors, failed
+ *   requests, uncaught errors); not hydrated again, the test fails with
+ *   both. (Seen once in CI: a page after sign-out never hydrated, with no
+ *   trace of why; never here, with or without the slow network.)
  * - After each test, every simulated worker the e2e server still runs is
  *   killed, so a test that failed half-way leaves no worker behind to take
  *   the next test's tasks (a failure then stays one failure).
  */
 /** How long a loaded page may take to hydrate (the debug bundle is about 20 MB). */
-const HYDRATION_MS = 30_000;
+const HYDRATION_MS = 20_000;
 
 export const test = base.extend<{ awaitHydration: boolean; page: Page; workersLeftKilled: void }>({
   awaitHydration: [true, { option: true }],
-  page: async ({ page, javaScriptEnabled, awaitHydration }, use) => {
+  page: async ({ page, javaScriptEnabled, awaitHydration }, use, testInfo) => {
     if (process.env.E2E_SLOW_NETWORK) {
       // 8 MB/s and 20 ms a request: the debug bundle (about 20 MB) takes
       // seconds to arrive, as on a loaded CI machine, so a test that
@@ -48,27 +53,43 @@ export const test = base.extend<{ awaitHydration: boolean; page: Page; workersLe
         if (m.type() === "error") said.push(`console error: ${m.text()}`);
       });
       page.on("requestfailed", (r) => said.push(`request failed: ${r.url()} (${r.failure()?.errorText})`));
+      const goto = page.goto.bind(page);
+      const reload = page.reload.bind(page);
+      const waitForHydration = () =>
+        page.locator("html[data-hydrated]").waitFor({ state: "attached", timeout: HYDRATION_MS });
       const hydrated = async (what: string) => {
         const started = Date.now();
         try {
-          await page.locator("html[data-hydrated]").waitFor({ state: "attached", timeout: HYDRATION_MS });
-        } catch (e) {
-          throw new Error(
-            `${what} was not hydrated ${HYDRATION_MS / 1000} s after it loaded; the page said: ${said.join(" | ") || "nothing"}`,
-            { cause: e },
-          );
+          await waitForHydration();
+        } catch {
+          // Once, said in the output: a bundle whose download stalled
+          // (seen once in CI, never here) gets one more load; a page that
+          // cannot hydrate fails again, with what it said both times.
+          const first = said.join(" | ") || "nothing";
+          console.log(`${what} was not hydrated ${HYDRATION_MS / 1000} s after it loaded (it said: ${first}); loading it again`);
+          testInfo.setTimeout(testInfo.timeout + HYDRATION_MS + 10_000);
+          said.length = 0;
+          await reload();
+          try {
+            await waitForHydration();
+          } catch (e) {
+            throw new Error(
+              `${what} was not hydrated after two loads; the first said: ${first}; the second: ${said.join(" | ") || "nothing"}`,
+              { cause: e },
+            );
+          }
         }
         const took = Date.now() - started;
         if (took > 5_000) console.log(`slow hydration: ${what} took ${took} ms after its load`);
       };
-      const goto = page.goto.bind(page);
       page.goto = async (url, options) => {
+        said.length = 0;
         const response = await goto(url, options);
         await hydrated(url);
         return response;
       };
-      const reload = page.reload.bind(page);
       page.reload = async (options) => {
+        said.length = 0;
         const response = await reload(options);
         await hydrated(`${page.url()} (reloaded)`);
         return response;
