@@ -479,6 +479,9 @@ impl Driver {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(self.retry) => { self.apply(Event::RetryDue); }
+                        // A dead holder's leases were just ended here: the
+                        // lease may be free now, not a retry pause from now.
+                        _ = crate::liveness::freed().notified() => { self.apply(Event::RetryDue); }
                         _ = self.wanted.changed() => {}
                         _ = self.shutdown.cancelled() => {}
                     }

@@ -46,6 +46,20 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// Told each time this process's liveness check ended leases of dead
+/// holders ([`freed`]).
+static FREED: LazyLock<tokio::sync::Notify> = LazyLock::new(tokio::sync::Notify::new);
+
+/// Wakes whoever waits on it when this process has just ended leases of
+/// dead holders: a singleton waiting out its retry pause tries again at
+/// once ([`crate::lease::singleton`]), so a dead holder's singleton moves
+/// within a check or so, not a retry pause later. Only this process's own
+/// check wakes it; in a process that did not do the ending, the retry
+/// pause rules as before.
+pub fn freed() -> &'static tokio::sync::Notify {
+    &FREED
+}
+
 /// How often each process checks the registered sessions (and, by the
 /// same round trip, that its own liveness connection still answers).
 pub const CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -450,6 +464,9 @@ async fn keep(mut k: Keep) {
             Ok(ended) if ended.any() => {
                 tracing::info!(instance = %k.id, sessions = ended.sessions, leases = ended.leases,
                     tasks = ended.tasks, "ended the claims of dead holders (sessions gone, workers killed, streams closed)");
+                if ended.leases > 0 {
+                    FREED.notify_waiters();
+                }
                 crate::live::announce(
                     crate::live::Topics::WORK
                         | crate::live::Topics::TASKS

@@ -736,3 +736,66 @@ async fn disowning_races_adopting_and_never_ends_a_claim_of_the_new_term() {
             .unwrap();
     }
 }
+
+/// A singleton waiting out a long retry pause behind a holder that
+/// crashes tries again the moment its own process's liveness check ended
+/// the dead holder's lease: it moves within a second, not a retry pause
+/// later. Without that wake-up, this test waits the whole minute.
+#[tokio::test]
+async fn a_waiting_singleton_moves_within_a_second_of_its_holder_s_crash() {
+    use leasekeeper_core::lease::client::{LeaseClient, LeaseTiming};
+    use leasekeeper_core::lease::singleton::{Singleton, State, Work};
+    let db = TestDb::new().await;
+    let pool = db.pool(8).await;
+    let a = start(&pool, "a", &[]).await;
+    let singleton = resource("singleton:nightly");
+    leases::acquire(
+        &mut pool.acquire().await.unwrap(),
+        &Schema::default(),
+        &singleton,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    let b = start(&pool, "b", &[]).await;
+    let (started, mut terms) = tokio::sync::mpsc::unbounded_channel();
+    let work: Work = Arc::new(move |token, stop| {
+        let started = started.clone();
+        Box::pin(async move {
+            let _ = started.send(token);
+            stop.cancelled().await;
+        })
+    });
+    let client = LeaseClient::new(
+        pool.clone(),
+        singleton.clone(),
+        holder("b"),
+        LeaseTiming::from_ttl(TTL),
+    );
+    // A retry pause far beyond the test's patience.
+    let waiting = Singleton::spawn(client, Duration::from_secs(60), work);
+    waiting.start();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        waiting.watch_state().wait_for(|s| *s == State::Waiting),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    let killed = Instant::now();
+    a.abort();
+    let token = tokio::time::timeout(Duration::from_secs(5), terms.recv())
+        .await
+        .expect("the waiting singleton took the lease over")
+        .unwrap();
+    assert_eq!(token, 2);
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "moved after {:?}",
+        killed.elapsed()
+    );
+    waiting.shutdown().await;
+    b.shutdown().await;
+}

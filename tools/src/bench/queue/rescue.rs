@@ -11,7 +11,9 @@
 //! random point of the liveness checks' cycle the victim is killed with
 //! SIGKILL, the database clock read just before; each task's time is from
 //! then to its `taken_over` event (the rescuer's claim, by the database
-//! clock). The rescuer completes each rescued task at once and stops.
+//! clock). The rescuer completes each rescued task at once and stops. The
+//! victim, up first, also holds `singleton:scheduler` (runtimes run the
+//! scheduler): its move to the rescuer is timed the same way.
 
 use super::failover::{Failover, Rule, failovers_by, lost_and_twice, wait_for};
 use super::fleet::{HOLD, start_process};
@@ -37,6 +39,9 @@ pub(super) struct Rescue {
     pub(super) kills: usize,
     pub(super) lost: usize,
     pub(super) twice: usize,
+    /// Milliseconds from each kill of a victim holding
+    /// `singleton:scheduler` to the rescuer's term on it.
+    pub(super) singleton_times: Samples,
     /// The same for `leasekeeper worker` processes, rescued by their
     /// closed session streams ([`worker_rescues`]).
     pub(super) workers: Option<Failover>,
@@ -54,6 +59,20 @@ impl Rescue {
         r.push(("rescue_ttl_s", DEFAULT_LEASE_TTL.as_secs_f64()));
         r.push(("rescue_tasks_lost", self.lost as f64));
         r.push(("rescue_tasks_completed_twice", self.twice as f64));
+        if !self.singleton_times.0.is_empty() {
+            r.push((
+                "rescue_singleton_p50_ms",
+                self.singleton_times.percentile_fine(50.0),
+            ));
+            r.push((
+                "rescue_singleton_max_ms",
+                self.singleton_times.percentile_fine(100.0),
+            ));
+            r.push((
+                "rescue_singleton_moves",
+                self.singleton_times.0.len() as f64,
+            ));
+        }
         if let Some(w) = &self.workers {
             r.push((
                 "rescue_worker_p50_ms",
@@ -120,6 +139,7 @@ pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) ->
     let settings = super::fleet::Settings::defaults();
     let mut conn = pool.acquire().await?;
     let mut times = Vec::new();
+    let mut singleton_times = Vec::new();
     let mut ids = Vec::new();
     for round in 0..rounds {
         let victim_id = format!("rescue-victim-{round}");
@@ -147,6 +167,17 @@ pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) ->
             round_ids.push(task.id);
         }
         let mut rescuer = start_process(db, &format!("rescue-rescuer-{round}"), &settings).await?;
+        // The runtimes run the scheduler: the victim, up first, holds its
+        // singleton, which must move to the rescuer as fast as the claims.
+        let held_scheduler: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM leases
+                             WHERE resource = $1 AND holder = $2
+                               AND released_at IS NULL AND expires_at > now())",
+        )
+        .bind(leasekeeper_core::schedule::RESOURCE)
+        .bind(&victim_id)
+        .fetch_one(pool)
+        .await?;
         // Somewhere in the liveness checks' cycle.
         let phase =
             rand::rng().random_range(0..leasekeeper_core::liveness::CHECK_EVERY.as_millis() as u64);
@@ -171,6 +202,22 @@ pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) ->
             .await
             .context("nobody took the killed runtime's task over")?;
             times.push(took);
+        }
+        if held_scheduler {
+            let took: f64 = wait_for(Duration::from_secs(60), || async {
+                Ok(sqlx::query_scalar(
+                    "SELECT EXTRACT(EPOCH FROM (at - $2))::float8 * 1000 FROM lease_events
+                      WHERE resource = $1 AND kind IN ('acquired', 'taken_over') AND at > $2
+                      ORDER BY id LIMIT 1",
+                )
+                .bind(leasekeeper_core::schedule::RESOURCE)
+                .bind(killed_at)
+                .fetch_optional(pool)
+                .await?)
+            })
+            .await
+            .context("nobody took the killed runtime's scheduler over")?;
+            singleton_times.push(took);
         }
         wait_for(Duration::from_secs(20), || async {
             let done: i64 = sqlx::query_scalar(
@@ -208,6 +255,7 @@ pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) ->
         kills: rounds,
         lost,
         twice,
+        singleton_times: Samples(singleton_times),
         workers: None,
     })
 }
