@@ -184,10 +184,25 @@ pub async fn run(
         crate::signals::shutdown_signal().await;
         stop.cancel();
     });
+    // A name the instance refuses a stream stops the worker (it never
+    // claimed under it: it was never vouched for).
+    let keep_session = session.abort_handle();
+    let (refused_tx, mut refused) = tokio::sync::oneshot::channel();
+    let stop = controls.stop_token();
+    let watch = tokio::spawn(async move {
+        if let Ok(Err(why)) = session.await {
+            let _ = refused_tx.send(why);
+            stop.cancel();
+        }
+    });
     let exit = worker.run().await;
     // Its claims were given back or completed: the stream's close ends
     // nothing.
-    session.abort();
+    keep_session.abort();
+    watch.abort();
+    if let Ok(why) = refused.try_recv() {
+        bail!("{why}");
+    }
     match exit {
         Exit::Stopped => Ok(()),
         Exit::Crashed => {

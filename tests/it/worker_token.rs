@@ -284,3 +284,51 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker process given an instance's own name is refused a session
+/// stream (409: adopting the name would end what the instance holds): it
+/// stops at once, non-zero, saying why, having claimed nothing; it does
+/// not retry for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_named_like_its_instance_stops_saying_why() {
+    let db = TestDb::new().await;
+    let schema = leasekeeper_core::db::Schema::default();
+    let task = tasks::enqueue(
+        &mut db.pool.acquire().await.unwrap(),
+        &schema,
+        &NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
+            json!({ "sleep_duration_seconds": 0 }),
+        ),
+    )
+    .await
+    .unwrap();
+    let server = crate::common::Served::start(&db, &[]).await;
+    let instance: String = sqlx::query_scalar("SELECT id FROM instances WHERE stopped_at IS NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let (status, output) = worker_until_exit(
+        &server.base,
+        &["--id", &instance],
+        None,
+        Duration::from_secs(15),
+    )
+    .await;
+    let status = status.unwrap_or_else(|| panic!("did not stop: {output}"));
+    assert!(!status.success(), "{status}: {output}");
+    let last = output.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("refuses worker") && last.contains("409") && last.contains("--id"),
+        "{output}"
+    );
+    let untouched = tasks::get(&mut db.pool.acquire().await.unwrap(), &schema, task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (untouched.attempts, untouched.processor),
+        (0, None),
+        "nothing claimed"
+    );
+}

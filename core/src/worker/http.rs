@@ -186,6 +186,10 @@ enum Unopened {
     /// The instance has no session streams (an older version: 404, 405):
     /// the TTL alone rules, as before.
     Unsupported(String),
+    /// The instance will never open one for this name (409: it is an
+    /// instance's, a runtime's or a simulated worker's own): the session
+    /// task ends with this refusal, for the process to stop on.
+    Refused(String),
     /// Anything else: tried again.
     Failed(String),
 }
@@ -204,11 +208,17 @@ impl Http {
     /// every claim at once (the instance may already be ending them),
     /// opens a new stream, and claims again under a new term once it is
     /// ready. An instance without session streams (an older version)
-    /// leaves the worker up, under the TTL alone.
+    /// leaves the worker up, under the TTL alone. An instance that refuses
+    /// this name a stream (409: the name is an instance's, a runtime's or
+    /// a simulated worker's own) ends the task with its reason: the worker
+    /// stays down (it never claims) and its process should stop.
     pub fn session(
         &self,
         holder: &Holder,
-    ) -> (crate::liveness::LivenessSignal, tokio::task::JoinHandle<()>) {
+    ) -> (
+        crate::liveness::LivenessSignal,
+        tokio::task::JoinHandle<Result<(), String>>,
+    ) {
         let (standing, signal) = tokio::sync::watch::channel(crate::liveness::Standing::Down(0));
         let http = self.clone();
         let holder = holder.as_str().to_string();
@@ -220,7 +230,7 @@ impl Http {
         &self,
         holder: &str,
         standing: tokio::sync::watch::Sender<crate::liveness::Standing>,
-    ) {
+    ) -> Result<(), String> {
         use crate::liveness::Standing;
         // No total timeout: the answer never ends. Silence is judged below.
         let client = match reqwest::Client::builder()
@@ -232,7 +242,7 @@ impl Http {
                 tracing::warn!(worker = holder, error = %e,
                     "cannot build the session stream's client; the TTL alone rules");
                 standing.send_replace(Standing::Up(1));
-                return;
+                return Ok(());
             }
         };
         let mut term = 1;
@@ -249,7 +259,17 @@ impl Http {
                         "the instance has no session streams: a crash of this worker waits out its claims' TTL"
                     );
                     standing.send_replace(Standing::Up(term));
-                    return;
+                    return Ok(());
+                }
+                Err(Unopened::Refused(why)) => {
+                    tracing::error!(
+                        worker = holder,
+                        why,
+                        "the instance refuses this worker a session stream"
+                    );
+                    return Err(format!(
+                        "the instance refuses worker {holder} a session stream ({why}): give the worker a name of its own (--id)"
+                    ));
                 }
                 Err(Unopened::Failed(why)) => {
                     tracing::warn!(
@@ -326,6 +346,7 @@ impl Http {
             reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::METHOD_NOT_ALLOWED => {
                 Err(Unopened::Unsupported(why))
             }
+            reqwest::StatusCode::CONFLICT => Err(Unopened::Refused(why)),
             _ => Err(Unopened::Failed(why)),
         }
     }
@@ -568,7 +589,41 @@ mod tests {
                 .await
                 .is_err()
         );
-        task.await.unwrap();
+        assert_eq!(task.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_name_the_instance_refuses_a_stream_ends_the_session_task_with_the_reason() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = Http::new(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let (signal, task) = http.session(&Holder::parse("i-3000-ab12").unwrap());
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let body = r#"{"error":"i-3000-ab12 is an instance's own name"}"#;
+        answer(
+            &mut socket,
+            &format!(
+                "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+        .await;
+        let refused = tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .expect("no retrying a refusal")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            refused.contains("409") && refused.contains("an instance's own name"),
+            "{refused}"
+        );
+        // It never claims under that name.
+        assert_eq!(signal.session(), None);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), listener.accept())
+                .await
+                .is_err(),
+            "asked again"
+        );
     }
 
     #[test]
