@@ -318,6 +318,30 @@ async fn tasks_of(pool: &PgPool, token: i64) -> i64 {
     .expect("counting a term's tasks")
 }
 
+/// SIGKILLs instance `victim` and waits (at most `within`) until
+/// `survivor`, whose id is `survivor_id`, says it holds the generator:
+/// answers the new holder, its token, and how long after the kill.
+async fn kill_and_wait_for_takeover(
+    fleet: &mut Fleet,
+    victim: usize,
+    survivor: usize,
+    survivor_id: &str,
+    within: Duration,
+) -> (String, i64, Duration) {
+    fleet.instances[victim].child.kill().expect("SIGKILL");
+    fleet.instances[victim]
+        .child
+        .wait()
+        .expect("reaping the holder");
+    let killed = Instant::now();
+    let port = fleet.instances[survivor].port;
+    let ((holder, token), _) = eventually(within, "takeover", || async {
+        holder_on(port).await.filter(|(h, _)| h == survivor_id)
+    })
+    .await;
+    (holder, token, killed.elapsed())
+}
+
 async fn holder_on(port: u16) -> Option<(String, i64)> {
     let s = get(port, "/api/generator/status").await;
     Some((
@@ -392,21 +416,15 @@ async fn the_generator_fails_over_between_processes() {
     .await;
     let victim = if holder == id_a { a } else { b };
     let survivor = if victim == a { b } else { a };
-    fleet.instances[victim].child.kill().expect("SIGKILL");
-    fleet.instances[victim]
-        .child
-        .wait()
-        .expect("reaping the holder");
-    let killed = Instant::now();
+    let (new_holder, new_token, takeover) = kill_and_wait_for_takeover(
+        &mut fleet,
+        victim,
+        survivor,
+        id_of(survivor),
+        TTL + RENEW + SLACK + SLACK,
+    )
+    .await;
     let survivor_port = fleet.instances[survivor].port;
-    let ((new_holder, new_token), _) =
-        eventually(TTL + RENEW + SLACK + SLACK, "takeover", || async {
-            holder_on(survivor_port)
-                .await
-                .filter(|(h, _)| h == id_of(survivor))
-        })
-        .await;
-    let takeover = killed.elapsed();
     assert!(
         takeover <= TTL + RENEW + SLACK,
         "takeover took {takeover:?}"
@@ -635,17 +653,15 @@ async fn behind_pgbouncer_two_instances_serve_claim_stay_live_and_fail_over_in_a
         },
     )
     .await;
-    fleet.instances[victim].child.kill().expect("SIGKILL");
-    fleet.instances[victim].child.wait().expect("reaping");
-    let killed = Instant::now();
-    let survivor_port = fleet.instances[survivor].port;
-    let ((new_holder, new_token), _) = eventually(Duration::from_secs(10), "takeover", || async {
-        holder_on(survivor_port)
-            .await
-            .filter(|(h, _)| h == id_of(survivor))
-    })
+    let (new_holder, new_token, takeover) = kill_and_wait_for_takeover(
+        &mut fleet,
+        victim,
+        survivor,
+        id_of(survivor),
+        Duration::from_secs(10),
+    )
     .await;
-    let takeover = killed.elapsed();
+    let survivor_port = fleet.instances[survivor].port;
     assert!(
         takeover < Duration::from_secs(5),
         "the generator moved {takeover:?} after the kill: by the TTL (15 s), not by the closed session"

@@ -86,6 +86,36 @@ async fn worker_until_exit(
     }
 }
 
+/// A task of the simulated workers' kind that takes no time.
+async fn enqueue_sleep(
+    db: &TestDb,
+    schema: &leasekeeper_core::db::Schema,
+) -> leasekeeper_core::queue::Task {
+    tasks::enqueue(
+        &mut db.pool.acquire().await.unwrap(),
+        schema,
+        &NewTask::new(
+            leasekeeper_core::worker::simulated::KIND,
+            json!({ "sleep_duration_seconds": 0 }),
+        ),
+    )
+    .await
+    .unwrap()
+}
+
+/// Task `id` was never claimed.
+async fn assert_untouched(db: &TestDb, schema: &leasekeeper_core::db::Schema, id: i64) {
+    let untouched = tasks::get(&mut db.pool.acquire().await.unwrap(), schema, id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (untouched.attempts, untouched.processor),
+        (0, None),
+        "nothing claimed"
+    );
+}
+
 /// A server that answers every request 401 and hands over what it read.
 async fn refusing_stub() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -178,16 +208,7 @@ async fn a_worker_refused_401_exits_non_zero_naming_the_cause_and_presents_its_t
 async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file() {
     let db = TestDb::new().await;
     let schema = leasekeeper_core::db::Schema::default();
-    let task = tasks::enqueue(
-        &mut db.pool.acquire().await.unwrap(),
-        &schema,
-        &NewTask::new(
-            leasekeeper_core::worker::simulated::KIND,
-            json!({ "sleep_duration_seconds": 0 }),
-        ),
-    )
-    .await
-    .unwrap();
+    let task = enqueue_sleep(&db, &schema).await;
     let server = crate::common::Served::start(
         &db,
         &[
@@ -233,15 +254,7 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
         .unwrap();
         assert_eq!(recorded, 0, "{id} left rows behind");
     }
-    let untouched = tasks::get(&mut db.pool.acquire().await.unwrap(), &schema, task.id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (untouched.attempts, untouched.processor),
-        (0, None),
-        "nothing claimed"
-    );
+    assert_untouched(&db, &schema, task.id).await;
 
     // With the token in a file: the task is claimed and completed.
     let dir = scratch("real");
@@ -293,16 +306,7 @@ async fn a_worker_process_needs_the_worker_token_and_works_with_its_token_file()
 async fn a_worker_named_like_its_instance_stops_saying_why() {
     let db = TestDb::new().await;
     let schema = leasekeeper_core::db::Schema::default();
-    let task = tasks::enqueue(
-        &mut db.pool.acquire().await.unwrap(),
-        &schema,
-        &NewTask::new(
-            leasekeeper_core::worker::simulated::KIND,
-            json!({ "sleep_duration_seconds": 0 }),
-        ),
-    )
-    .await
-    .unwrap();
+    let task = enqueue_sleep(&db, &schema).await;
     let server = crate::common::Served::start(&db, &[]).await;
     let instance: String = sqlx::query_scalar("SELECT id FROM instances WHERE stopped_at IS NULL")
         .fetch_one(&db.pool)
@@ -322,13 +326,5 @@ async fn a_worker_named_like_its_instance_stops_saying_why() {
         last.contains("refuses worker") && last.contains("409") && last.contains("--id"),
         "{output}"
     );
-    let untouched = tasks::get(&mut db.pool.acquire().await.unwrap(), &schema, task.id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (untouched.attempts, untouched.processor),
-        (0, None),
-        "nothing claimed"
-    );
+    assert_untouched(&db, &schema, task.id).await;
 }

@@ -74,6 +74,21 @@ async fn nothing_judged_dead(conn: &mut PgConnection) {
     assert!(!done.any(), "{done:?}");
 }
 
+/// Singleton `name`, its lease held by `a` for the whole TTL.
+async fn held_by_a(pool: &PgPool, name: &str) -> leasekeeper_core::lease::Resource {
+    let singleton = resource(name);
+    leases::acquire(
+        &mut pool.acquire().await.unwrap(),
+        &Schema::default(),
+        &singleton,
+        &holder("a"),
+        TTL,
+    )
+    .await
+    .unwrap();
+    singleton
+}
+
 /// Whether task `id`'s claim is past its deadline (ended).
 async fn ended(pool: &PgPool, id: i64) -> bool {
     sqlx::query_scalar("SELECT must_heartbeat_before <= now() FROM tasks WHERE id = $1")
@@ -94,16 +109,7 @@ async fn a_crashed_holder_s_claims_and_singleton_are_taken_over_within_a_second(
     let (t2, _) = claim(&pool, "a-w2").await.unwrap();
     assert_eq!((t1, t2), (first, second));
     // The instance itself holds a singleton lease, for the whole TTL.
-    let singleton = resource("singleton:generator");
-    leases::acquire(
-        &mut pool.acquire().await.unwrap(),
-        &Schema::default(),
-        &singleton,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    let singleton = held_by_a(&pool, "singleton:generator").await;
     // Another process, idle, whose own liveness loop is the reaper.
     let b = start(&pool, "b", &["b-w1"]).await;
     assert_eq!(claim(&pool, "b-w1").await, None, "nothing is free yet");
@@ -748,16 +754,7 @@ async fn a_waiting_singleton_moves_within_a_second_of_its_holder_s_crash() {
     let db = TestDb::new().await;
     let pool = db.pool(8).await;
     let a = start(&pool, "a", &[]).await;
-    let singleton = resource("singleton:nightly");
-    leases::acquire(
-        &mut pool.acquire().await.unwrap(),
-        &Schema::default(),
-        &singleton,
-        &holder("a"),
-        TTL,
-    )
-    .await
-    .unwrap();
+    let singleton = held_by_a(&pool, "singleton:nightly").await;
     let b = start(&pool, "b", &[]).await;
     let (started, mut terms) = tokio::sync::mpsc::unbounded_channel();
     let work: Work = Arc::new(move |token, stop| {

@@ -131,6 +131,28 @@ pub async fn rescue_only(settings: Settings, kills: usize, options: Options) -> 
     report_with(&r, &Details::new(), &options)
 }
 
+/// Milliseconds from `killed_at` (database clock) to the first new term on
+/// `resource` after it (a takeover, or an acquisition once it was ended),
+/// waited for up to a minute.
+async fn taken_over_after(
+    pool: &sqlx::PgPool,
+    resource: &str,
+    killed_at: chrono::DateTime<chrono::Utc>,
+) -> Result<f64> {
+    wait_for(Duration::from_secs(60), || async {
+        Ok(sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM (at - $2))::float8 * 1000 FROM lease_events
+              WHERE resource = $1 AND kind IN ('acquired', 'taken_over') AND at > $2
+              ORDER BY id LIMIT 1",
+        )
+        .bind(resource)
+        .bind(killed_at)
+        .fetch_optional(pool)
+        .await?)
+    })
+    .await
+}
+
 /// `rounds` kills of a runtime process holding [`HELD`] claims.
 pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) -> Result<Rescue> {
     let pool = &db.pool;
@@ -189,34 +211,15 @@ pub(super) async fn rescues(db: &BenchDb, rounds: usize, progress: &Progress) ->
         victim.start_kill()?;
         victim.wait().await?;
         for &task in &round_ids {
-            let took: f64 = wait_for(Duration::from_secs(60), || async {
-                Ok(sqlx::query_scalar(
-                    "SELECT EXTRACT(EPOCH FROM (at - $2))::float8 * 1000 FROM lease_events
-                      WHERE resource = $1 AND kind = 'taken_over' ORDER BY id LIMIT 1",
-                )
-                .bind(format!("task:{task}"))
-                .bind(killed_at)
-                .fetch_optional(pool)
-                .await?)
-            })
-            .await
-            .context("nobody took the killed runtime's task over")?;
+            let took = taken_over_after(pool, &format!("task:{task}"), killed_at)
+                .await
+                .context("nobody took the killed runtime's task over")?;
             times.push(took);
         }
         if held_scheduler {
-            let took: f64 = wait_for(Duration::from_secs(60), || async {
-                Ok(sqlx::query_scalar(
-                    "SELECT EXTRACT(EPOCH FROM (at - $2))::float8 * 1000 FROM lease_events
-                      WHERE resource = $1 AND kind IN ('acquired', 'taken_over') AND at > $2
-                      ORDER BY id LIMIT 1",
-                )
-                .bind(leasekeeper_core::schedule::RESOURCE)
-                .bind(killed_at)
-                .fetch_optional(pool)
-                .await?)
-            })
-            .await
-            .context("nobody took the killed runtime's scheduler over")?;
+            let took = taken_over_after(pool, leasekeeper_core::schedule::RESOURCE, killed_at)
+                .await
+                .context("nobody took the killed runtime's scheduler over")?;
             singleton_times.push(took);
         }
         wait_for(Duration::from_secs(20), || async {
