@@ -173,8 +173,6 @@ pub struct Settings {
     /// PostgreSQL URL, or `None` for the embedded cluster (a [`Secret`]:
     /// it may hold a password).
     pub database_url: Option<Secret>,
-    /// What stands between this server and PostgreSQL.
-    pub pooler: Pooler,
     /// Behind a transaction pooler: the same database directly, for the
     /// liveness session and `LISTEN` (a [`Secret`]).
     pub direct_database_url: Option<Secret>,
@@ -182,7 +180,7 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// The PostgreSQL schema holding every table, function and trigger
     /// ([behind a transaction pooler](Schema::behind_transaction_pooler)
-    /// when `pooler` says so).
+    /// when the setting `pooler` is `transaction`).
     pub schema: Schema,
     /// TTL of every acquisition and renewal.
     pub lease_ttl: Duration,
@@ -225,19 +223,6 @@ pub struct Settings {
     pub read_timeout: Duration,
     /// The most queues that may exist.
     pub max_queues: u32,
-}
-
-/// What stands between the server and PostgreSQL (setting `pooler`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Pooler {
-    /// Directly connected, or through a pooler in session mode: sessions
-    /// (the liveness session, `LISTEN`) work on the database URL.
-    #[default]
-    None,
-    /// Through a pooler in transaction mode (PgBouncer's `pool_mode =
-    /// transaction`): nothing prepared by name, every statement in a
-    /// transaction, and sessions only on `direct_database_url`.
-    Transaction,
 }
 
 /// A setting that could not be used. The message is one line and names the
@@ -355,10 +340,13 @@ impl Settings {
             .raw(&DATABASE_URL, &args.database_url)
             .filter(|url| !url.trim().is_empty())
             .map(Secret::from);
-        let pooler = src.parse(&POOLER, &args.pooler, Pooler::None, |raw| {
+        // Whether a pooler in transaction mode stands between this server
+        // and PostgreSQL; `none` is a direct connection or a session-mode
+        // pooler, where sessions work.
+        let transaction_pooler = src.parse(&POOLER, &args.pooler, false, |raw| {
             match raw.trim().to_ascii_lowercase().as_str() {
-                "none" | "session" => Ok(Pooler::None),
-                "transaction" => Ok(Pooler::Transaction),
+                "none" | "session" => Ok(false),
+                "transaction" => Ok(true),
                 _ => Err("must be none (directly connected, or a pooler in session mode) or transaction (PgBouncer's pool_mode = transaction)".into()),
             }
         })?;
@@ -366,7 +354,7 @@ impl Settings {
             .raw(&DIRECT_DATABASE_URL, &args.direct_database_url)
             .filter(|url| !url.trim().is_empty())
             .map(Secret::from);
-        if pooler == Pooler::Transaction && database_url.is_none() {
+        if transaction_pooler && database_url.is_none() {
             return Err(SettingsError(format!(
                 "{}: transaction needs a database URL ({}): the embedded cluster has no pooler in front of it",
                 POOLER.describe(),
@@ -374,7 +362,7 @@ impl Settings {
             )));
         }
         if let Some(direct) = &direct_database_url {
-            if pooler != Pooler::Transaction {
+            if !transaction_pooler {
                 return Err(SettingsError(format!(
                     "{}: is used only behind a transaction pooler ({} = transaction); directly connected, the database URL itself serves the liveness session and LISTEN",
                     DIRECT_DATABASE_URL.describe(),
@@ -405,7 +393,6 @@ impl Settings {
                 },
             )?,
             database_url,
-            pooler,
             direct_database_url,
             data_dir: src.parse(
                 &DATA_DIR,
@@ -419,9 +406,10 @@ impl Settings {
                     }
                 },
             )?,
-            schema: match pooler {
-                Pooler::None => schema,
-                Pooler::Transaction => schema.behind_transaction_pooler(),
+            schema: if transaction_pooler {
+                schema.behind_transaction_pooler()
+            } else {
+                schema
             },
             lease_ttl,
             renew_interval,

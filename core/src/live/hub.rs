@@ -152,7 +152,7 @@ impl LiveHub {
     /// [`LiveHub::start`], announcing through `pool` and listening on a
     /// connection of `listen`: behind a transaction pooler, where `LISTEN`
     /// hears nothing, `listen_on` is a pool on the database directly
-    /// ([`crate::db::Sessions::live_hub`]). A `listen_on` pool that is itself behind
+    /// ([`crate::db::live_hub`]). A `listen_on` pool that is itself behind
     /// a transaction pooler listens to nothing, as [`LiveHub::start`] does
     /// there.
     pub fn start_listening_on(pool: PgPool, listen_on: PgPool) -> Self {

@@ -374,15 +374,7 @@ impl RuntimeBuilder {
                      (RuntimeBuilder::direct): a crashed runtime's claims wait out their TTL");
                 None
             }
-            Some(sessions) => Some(
-                Liveness::start(
-                    sessions.options.clone(),
-                    sessions.schema.clone(),
-                    id.clone(),
-                    holders,
-                )
-                .await?,
-            ),
+            Some(sessions) => Some(sessions.start_liveness(id.clone(), holders).await?),
         };
         let signal = liveness
             .as_ref()
@@ -394,10 +386,7 @@ impl RuntimeBuilder {
             self.worker.heartbeat_interval,
         )
         .await?;
-        let live = match &sessions {
-            Some(sessions) => sessions.live_hub(&self.pool),
-            None => LiveHub::start(self.pool.clone()),
-        };
+        let live = crate::db::live_hub(&self.pool, sessions.as_ref());
         let mut workers = Vec::new();
         let mut transports = Vec::new();
         for (queue, concurrency) in &queues {

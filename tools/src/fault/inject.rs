@@ -143,7 +143,8 @@ pub(super) struct Fault {
     pub(super) skew_measured_ms: Option<f64>,
     /// For a partition of the generator's holder: when it stopped believing
     /// it held the generator (its own state, read from `/healthz`), and when
-    /// another instance's term began, in ms from the cut; and its writes that
+    /// another instance's term began (also for a cut liveness session of
+    /// the generator's holder), in ms from the cut; and its writes that
     /// reached the database after the heal and were refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) stepped_down_ms: Option<f64>,
@@ -226,10 +227,10 @@ impl Fault {
 /// A cut liveness session's holders are taken over within this long: the
 /// others' check (every 200 ms), the ending statement, an idle claimer's
 /// wake-up, and slack for a loaded two-core machine.
-pub(super) const CUT_RESCUE_BOUND: Duration = Duration::from_millis(2500);
+const CUT_RESCUE_BOUND: Duration = Duration::from_millis(2500);
 
 /// The holder whose claim [`FaultKind::FreezeMidClaim`] freezes.
-pub(super) const FROZEN_CLAIMER: &str = "chaos-frozen-claimer";
+const FROZEN_CLAIMER: &str = "chaos-frozen-claimer";
 
 /// Tasks completed so far, by their `released` events (`None`: the
 /// database did not answer).

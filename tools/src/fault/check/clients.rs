@@ -63,7 +63,7 @@ pub(super) fn tokens_seen_by_clients(history: &[Op], c: &mut Checks) {
 /// How long a worker may go on trusting a claim after its instance's
 /// liveness session was cut: its instance's check (every 200 ms) notices,
 /// the worker's session stream ends, and slack for a loaded machine.
-pub const NOTICE_CUT_MS: i64 = 1500;
+pub(super) const NOTICE_CUT_MS: i64 = 1500;
 
 /// Claims the harness ended behind their workers' backs, by worker, at
 /// these instants (this machine's clock, as the history's).

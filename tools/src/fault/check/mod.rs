@@ -40,7 +40,7 @@ mod terms;
 
 use anyhow::Result;
 use chrono::{DateTime, Utc};
-pub use clients::{NOTICE_CUT_MS, Revoked};
+pub use clients::Revoked;
 use clients::{holders_believed_at_once, tokens_seen_by_clients};
 use leasekeeper::worker::history::{Op, OpKind, Outcome};
 use sqlx::PgPool;
