@@ -12,6 +12,8 @@ use leasekeeper_core::db::{Database, Sessions};
 use leasekeeper_core::generator::runtime::Generator;
 use leasekeeper_core::instance::{self, Registration};
 use leasekeeper_core::lease::Holder;
+use leasekeeper_core::live::LiveHub;
+use leasekeeper_core::liveness::Liveness;
 use leasekeeper_core::maintenance::Maintenance;
 use leasekeeper_core::schedule::runtime::Scheduler;
 use leptos::config::{Env, LeptosOptions};
@@ -143,8 +145,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // to the TTL.
     let liveness = match &sessions {
         Some(sessions) => Some(
-            sessions
-                .start_liveness(instance_id.clone(), vec![instance_id.to_string()])
+            Liveness::start_in(sessions, instance_id.clone(), vec![instance_id.to_string()])
                 .await
                 .context("opening this instance's liveness session")?,
         ),
@@ -179,7 +180,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         Holder::parse(instance_id.as_ref()).context("instance id as a lease holder")?,
         settings.scheduler_config(),
     );
-    let live = leasekeeper_core::db::live_hub(&db.pool, sessions.as_ref());
+    let live = LiveHub::start_for(&db.pool, sessions.as_ref());
     let mut fleet = Fleet::new(
         db.pool.clone(),
         instance_id.clone(),

@@ -276,34 +276,6 @@ impl Sessions {
             bypass_pooler: true,
         }))
     }
-
-    /// Starts process `id`'s liveness session here, vouching for
-    /// `holders` ([`crate::liveness::Liveness::start`]).
-    pub async fn start_liveness(
-        &self,
-        id: std::sync::Arc<str>,
-        holders: Vec<String>,
-    ) -> sqlx::Result<crate::liveness::Liveness> {
-        crate::liveness::Liveness::start(self.options.clone(), self.schema.clone(), id, holders)
-            .await
-    }
-}
-
-/// The change announcements of `pool`'s process: announced through `pool`,
-/// heard on `sessions` (behind a transaction pooler, a small pool of its
-/// own on the direct URL; without sessions there, nothing is heard and
-/// idle workers poll, as [`crate::live::LiveHub::start`] does).
-pub fn live_hub(pool: &PgPool, sessions: Option<&Sessions>) -> crate::live::LiveHub {
-    match sessions {
-        Some(sessions) if sessions.bypass_pooler => {
-            let listen = PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_lazy_with(sessions.options.clone());
-            crate::live::LiveHub::start_listening_on(pool.clone(), listen)
-        }
-        _ => crate::live::LiveHub::start(pool.clone()),
-    }
 }
 
 /// Whether `direct` (options of a direct connection) reaches the very

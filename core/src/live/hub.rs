@@ -152,7 +152,7 @@ impl LiveHub {
     /// [`LiveHub::start`], announcing through `pool` and listening on a
     /// connection of `listen`: behind a transaction pooler, where `LISTEN`
     /// hears nothing, `listen_on` is a pool on the database directly
-    /// ([`crate::db::live_hub`]). A `listen_on` pool that is itself behind
+    /// ([`LiveHub::start_for`]). A `listen_on` pool that is itself behind
     /// a transaction pooler listens to nothing, as [`LiveHub::start`] does
     /// there.
     pub fn start_listening_on(pool: PgPool, listen_on: PgPool) -> Self {
@@ -160,6 +160,24 @@ impl LiveHub {
         Announcer::spawn(pool, hub.stop.clone());
         tokio::spawn(listen(listen_on, hub.clone()));
         hub
+    }
+
+    /// The change announcements of `pool`'s process: announced through
+    /// `pool`, heard on `sessions` ([`crate::db::Sessions`]): behind a
+    /// transaction pooler, on a small pool of its own on the direct URL;
+    /// without sessions there nothing is heard and idle workers poll, as
+    /// with [`LiveHub::start`].
+    pub fn start_for(pool: &PgPool, sessions: Option<&crate::db::Sessions>) -> Self {
+        match sessions {
+            Some(sessions) if sessions.bypass_pooler => {
+                let listen = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_lazy_with(sessions.options.clone());
+                LiveHub::start_listening_on(pool.clone(), listen)
+            }
+            _ => LiveHub::start(pool.clone()),
+        }
     }
 
     /// Hands `topics` to every browser of this instance.

@@ -262,6 +262,23 @@ impl Liveness {
         })
     }
 
+    /// [`Liveness::start`] where `sessions` says a process opens its
+    /// sessions ([`crate::db::Sessions`]: the pool's database, or behind a
+    /// transaction pooler the direct URL).
+    pub async fn start_in(
+        sessions: &crate::db::Sessions,
+        id: Arc<str>,
+        holders: Vec<String>,
+    ) -> sqlx::Result<Self> {
+        Liveness::start(
+            sessions.options.clone(),
+            sessions.schema.clone(),
+            id,
+            holders,
+        )
+        .await
+    }
+
     /// The instance id.
     pub fn id(&self) -> &Arc<str> {
         &self.id

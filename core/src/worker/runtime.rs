@@ -374,7 +374,7 @@ impl RuntimeBuilder {
                      (RuntimeBuilder::direct): a crashed runtime's claims wait out their TTL");
                 None
             }
-            Some(sessions) => Some(sessions.start_liveness(id.clone(), holders).await?),
+            Some(sessions) => Some(Liveness::start_in(sessions, id.clone(), holders).await?),
         };
         let signal = liveness
             .as_ref()
@@ -386,7 +386,7 @@ impl RuntimeBuilder {
             self.worker.heartbeat_interval,
         )
         .await?;
-        let live = crate::db::live_hub(&self.pool, sessions.as_ref());
+        let live = LiveHub::start_for(&self.pool, sessions.as_ref());
         let mut workers = Vec::new();
         let mut transports = Vec::new();
         for (queue, concurrency) in &queues {
