@@ -177,7 +177,9 @@ mod server {
             match err {
                 LeaseError::Held { .. } => AppError::Conflict(err.to_string()),
                 LeaseError::NotFound(msg) => AppError::NotFound(msg),
-                LeaseError::BadTtl => AppError::BadRequest(err.to_string()),
+                LeaseError::BadTtl | LeaseError::TaskClaim(_) => {
+                    AppError::BadRequest(err.to_string())
+                }
                 LeaseError::Db(e) => AppError::from(e),
             }
         }

@@ -1,8 +1,8 @@
 -- assert_fence(resource, token): raises unless `token` is the live term of
 -- `resource` (a lease row with this token, not released, not expired by the
--- database clock), and keeps that term from ending (the lease row locked
--- FOR SHARE, and a task's row first) while the caller's writes are
--- uncommitted. Usable in a host's own statements, triggers and
+-- database clock; for `task:<id>`, the task row: started under this token,
+-- its deadline ahead), and keeps that term from ending (that row locked FOR
+-- SHARE) while the caller's writes are uncommitted. Usable in a host's own statements, triggers and
 -- transactions:
 --
 --     BEGIN;
@@ -36,28 +36,41 @@ BEGIN
             coalesce(resource, 'NULL'), coalesce(token::text, 'NULL')
             USING ERRCODE = 'LK001';
     END IF;
-    -- A task's lease (`task:<id>`): its task row first, FOR SHARE. A claim
-    -- taking over a late task locks the task row FOR UPDATE SKIP LOCKED
-    -- before its lease row, so while this transaction is open such a claim
-    -- skips the task instead of waiting for the lease row (a stalled host
-    -- transaction would otherwise stall every claim of the queue), and the
-    -- two lock in the same order (task row, then lease row): no deadlock.
+    -- A task's claim (`task:<id>`): its lease is the task row (issue 41),
+    -- checked and locked FOR SHARE in one statement: started, this token,
+    -- its deadline ahead. A claim taking the task over locks the row FOR
+    -- UPDATE SKIP LOCKED, so while this transaction is open such a claim
+    -- skips the task (a stalled host transaction never stalls the queue),
+    -- and the holder's own completion or heartbeat waits for its commit.
     IF resource ~ '^task:[0-9]{1,18}$' THEN
-        PERFORM 1 FROM tasks t WHERE t.id = substr(resource, 6)::bigint FOR SHARE;
+        PERFORM 1 FROM tasks t
+          WHERE t.id = substr(resource, 6)::bigint
+            AND t.status = 'started'
+            AND t.fencing_token = assert_fence.token
+            AND t.must_heartbeat_before > clock_timestamp()
+          FOR SHARE;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        SELECT t.processor, t.fencing_token INTO current_holder, current_token
+          FROM tasks t
+         WHERE t.id = substr(resource, 6)::bigint
+           AND t.status = 'started' AND t.must_heartbeat_before > clock_timestamp();
+    ELSE
+        PERFORM 1 FROM leases l
+          WHERE l.resource = assert_fence.resource
+            AND l.fencing_token = assert_fence.token
+            AND l.released_at IS NULL
+            AND l.expires_at > clock_timestamp()
+          FOR SHARE;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        SELECT l.holder, l.fencing_token INTO current_holder, current_token
+          FROM leases l
+         WHERE l.resource = assert_fence.resource
+           AND l.released_at IS NULL AND l.expires_at > clock_timestamp();
     END IF;
-    PERFORM 1 FROM leases l
-      WHERE l.resource = assert_fence.resource
-        AND l.fencing_token = assert_fence.token
-        AND l.released_at IS NULL
-        AND l.expires_at > clock_timestamp()
-      FOR SHARE;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    SELECT l.holder, l.fencing_token INTO current_holder, current_token
-      FROM leases l
-     WHERE l.resource = assert_fence.resource
-       AND l.released_at IS NULL AND l.expires_at > clock_timestamp();
     RAISE EXCEPTION 'stale fencing token % for %: %', token, resource,
         CASE WHEN current_token IS NULL
              THEN 'no term of it is live'

@@ -37,8 +37,8 @@ const LISTED: &str = "EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
 
 /// The ending of every live claim and lease of the holders in a CTE
 /// `holder (name, instance_id)` that the statement defines before it:
-/// their started tasks made late now (`late`), their task leases (found
-/// through those tasks) and other leases ended now, each ended term
+/// their started tasks made late now (`late`: a task row is its claim's
+/// lease) and their leases ended now, each ended term
 /// recorded in the history as `session_ended` with the instance whose
 /// session vouched for it (`recorded`). One text for every way a holder
 /// is found dead: its process's session gone ([`end_dead`]), its stream
@@ -58,20 +58,15 @@ const ENDING: &str = "late AS (
                 UPDATE $schema.tasks t SET must_heartbeat_before = now()
                  WHERE t.status = 'started' AND t.processor IN (SELECT name FROM holder)
                    AND t.must_heartbeat_before > now()
-                RETURNING t.id, t.processor
-             ), task_leases AS (
-                UPDATE $schema.leases l SET expires_at = now()
-                  FROM late
-                 WHERE l.resource = 'task:' || late.id AND l.holder = late.processor
-                   AND l.released_at IS NULL AND l.expires_at > now()
-                RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
+                RETURNING 'task:' || t.id AS resource, t.processor AS holder, t.fencing_token,
+                          t.must_heartbeat_before AS expires_at
              ), other_leases AS (
                 UPDATE $schema.leases l SET expires_at = now()
-                 WHERE l.resource NOT LIKE 'task:%' AND l.expires_at > now()
+                 WHERE l.expires_at > now()
                    AND l.released_at IS NULL AND l.holder IN (SELECT name FROM holder)
                 RETURNING l.resource, l.holder, l.fencing_token, l.expires_at
              ), ended AS (
-                SELECT * FROM task_leases UNION ALL SELECT * FROM other_leases
+                SELECT * FROM late UNION ALL SELECT * FROM other_leases
              ), recorded AS (
                 -- The history says how each term ended, like a release: a
                 -- reader of lease_events (the timeline, the split-brain

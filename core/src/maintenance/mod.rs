@@ -278,7 +278,6 @@ async fn run_term(
                             tasks = pruned.tasks,
                             leases = pruned.leases,
                             lease_events = pruned.lease_events,
-                            lease_fencing = pruned.lease_fencing,
                             failover_kills = pruned.failover_kills,
                             schedule_ticks = pruned.schedule_ticks,
                             instances = pruned.instances,

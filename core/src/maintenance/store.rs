@@ -11,10 +11,9 @@
 //!
 //! What may be deleted, and why the rest may not:
 //! - finished tasks (processed, failed, cancelled) that finished before the
-//!   cutoff, with their lease row `task:<id>`, its history and its
-//!   `lease_fencing` row. A task id comes from a sequence and is never
-//!   used again, so no claim will ever take `task:<id>` again: its last
-//!   token need not be remembered.
+//!   cutoff, with their history (`task:<id>`) and attempts. A task's claims
+//!   are its own row (no lease or fencing row), and a task id comes from a
+//!   sequence and is never used again: nothing of it need be remembered.
 //! - lease rows of other resources (singletons, leases taken through the
 //!   API) whose term ended before the cutoff, but never their
 //!   `lease_fencing` row: such a resource may be acquired again, and its
@@ -45,8 +44,6 @@ text_enum! {
         Leases = "leases",
         /// `lease_events`.
         LeaseEvents = "lease_events",
-        /// `lease_fencing`.
-        LeaseFencing = "lease_fencing",
         /// `failover_kills`.
         FailoverKills = "failover_kills",
         /// `instances`.
@@ -65,12 +62,11 @@ text_enum! {
 pub struct Pruned {
     /// Finished tasks.
     pub tasks: u64,
-    /// Lease rows (of pruned tasks, and ended leases of other resources).
+    /// Lease rows whose term ended before the cutoff (singletons, leases
+    /// taken through the API).
     pub leases: u64,
     /// History rows.
     pub lease_events: u64,
-    /// Fencing rows of pruned tasks.
-    pub lease_fencing: u64,
     /// Old failover kills.
     pub failover_kills: u64,
     /// Dead instances.
@@ -90,7 +86,6 @@ impl Pruned {
             Table::Tasks => self.tasks,
             Table::Leases => self.leases,
             Table::LeaseEvents => self.lease_events,
-            Table::LeaseFencing => self.lease_fencing,
             Table::FailoverKills => self.failover_kills,
             Table::Instances => self.instances,
             Table::Workers => self.workers,
@@ -116,7 +111,6 @@ impl Pruned {
             Table::Tasks => &mut self.tasks,
             Table::Leases => &mut self.leases,
             Table::LeaseEvents => &mut self.lease_events,
-            Table::LeaseFencing => &mut self.lease_fencing,
             Table::FailoverKills => &mut self.failover_kills,
             Table::Instances => &mut self.instances,
             Table::Workers => &mut self.workers,
@@ -190,10 +184,11 @@ pub async fn prune_tasks(
         // committed since this statement's snapshot is re-checked on its newest
         // version, so a task retried a moment ago (pending again) is not picked.
         // A retry that comes after the lock waits for this short transaction,
-        // then finds no task. The lease row, history and fencing row of a task
-        // are written only by who holds the task row (a claim locks it first),
-        // so with the task row locked they are deleted whole. A claim never
-        // waits here: it locks only pending and started tasks, and their leases.
+        // then finds no task. A task's history is written only by who holds
+        // the task row (its claims' and their ends' events by the tasks
+        // trigger, a refused write's after reading it), so with the task row
+        // locked it is deleted whole. A claim never waits here: it locks only
+        // pending and started tasks.
         //
         // Ordered by tasks_finished_idx, so a batch reads the oldest finished
         // tasks and stops at the cutoff.
@@ -210,23 +205,13 @@ pub async fn prune_tasks(
              ), tasks_gone AS (
                 DELETE FROM $schema.tasks t USING doomed d WHERE t.id = d.id
                 RETURNING 'task:' || t.id AS resource
-             ), leases_gone AS (
-                DELETE FROM $schema.leases l USING tasks_gone g WHERE l.resource = g.resource RETURNING 1
              ), events_gone AS (
                 DELETE FROM $schema.lease_events e USING tasks_gone g WHERE e.resource = g.resource RETURNING 1
-             ), fencing_gone AS (
-                DELETE FROM $schema.lease_fencing f USING tasks_gone g WHERE f.resource = g.resource RETURNING 1
              )
-             SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM leases_gone),
-                    (SELECT count(*) FROM events_gone), (SELECT count(*) FROM fencing_gone)",
+             SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM events_gone)",
             older_than,
             batch,
-            &[
-                Table::Tasks,
-                Table::Leases,
-                Table::LeaseEvents,
-                Table::LeaseFencing,
-            ],
+            &[Table::Tasks, Table::LeaseEvents],
         )
         .await
     }

@@ -34,7 +34,6 @@
 //! # let _ = n; Ok(()) }
 //! ```
 
-use super::store::sql::lease_live;
 use super::store::{TASK_COLUMNS, TaskError};
 use super::{Task, TaskStatus};
 use crate::db::Schema;
@@ -386,8 +385,10 @@ struct Changed {
     was: String,
 }
 
-/// After the tasks `changed` changed: a cancel ends their live claims'
-/// leases; every task gets its audit row. In the transaction of the change.
+/// After the tasks `changed` changed: every task gets its audit row. In the
+/// transaction of the change. (A cancel's end of a live claim is the task
+/// row's change itself: the row is the claim's lease, and the trigger
+/// records the release.)
 async fn finish(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -400,30 +401,6 @@ async fn finish(
         let ids: Vec<i64> = changed.iter().map(|c| c.id).collect();
         let tokens: Vec<Option<i64>> = changed.iter().map(|c| c.token).collect();
         let was: Vec<&str> = changed.iter().map(|c| c.was.as_str()).collect();
-        if action == Action::Cancel {
-            // Race prevented: a cancel that leaves the cancelled claim's lease
-            // live, or ends another term's. A new statement, so its snapshot
-            // sees the lease of a claim that committed while the task UPDATE
-            // waited for the row; the token ties the release to the term of
-            // the claim just cancelled (a pending task's old terms are already
-            // released or expired: `released_at IS NULL AND expires_at > now()`
-            // finds none).
-            schema
-                .query(
-                    &format!(
-                        "UPDATE $schema.leases l
-                    SET released_at = now(), expires_at = date_trunc('milliseconds', now())
-                   FROM unnest($1::int8[], $2::int8[]) AS c(id, token)
-                  WHERE l.resource = 'task:' || c.id AND l.fencing_token = c.token
-                    AND {live}",
-                        live = lease_live("now()")
-                    ),
-                )
-                .bind(&ids)
-                .bind(&tokens)
-                .execute(&mut *conn)
-                .await?;
-        }
         schema
             .query(
                 "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
@@ -447,13 +424,11 @@ async fn finish(
 }
 
 /// Ends the term of lease `id` whose fencing token is `token` now, whoever
-/// holds it, and records that `by` did it, in one transaction. A task
-/// lease's claim ends with it, so another worker may take the task over at
-/// once and the old processor's writes are refused. Answers the ended
-/// lease, or `None` when that term is not live any more (it ended, or
-/// another term began): then nothing changed. Announces
-/// [`Topics::LEASES`] and [`Topics::TASKS`], and [`Topics::WORK`] when a
-/// task became claimable.
+/// holds it, and records that `by` did it, in one transaction. Answers the
+/// ended lease, or `None` when that term is not live any more (it ended, or
+/// another term began): then nothing changed. Announces [`Topics::LEASES`]
+/// and [`Topics::TASKS`]. (A task's claim has no lease row: its task row is
+/// its lease, ended by a cancel.)
 pub async fn force_release(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -473,8 +448,6 @@ pub async fn force_release(
             let Some(lease) = lease_store::force_release(&mut tx, schema, id, token).await? else {
                 return Ok(None);
             };
-            // A task lease's claim ends with it, in the same transaction.
-            let freed_a_task = end_claim_of(&mut tx, schema, &lease).await?;
             lease_store::record_operator_action(
                 &mut tx,
                 schema,
@@ -485,52 +458,8 @@ pub async fn force_release(
             )
             .await?;
             tx.commit().await?;
-            if freed_a_task {
-                // The task is claimable now: wake idle workers, as an enqueue does
-                // (after the commit, so a woken worker finds it); and its old
-                // processor stops, as on a cancel.
-                live::announce(Topics::WORK | Topics::CANCELS);
-            }
             Ok(Some(lease))
         }
         .await
     )
-}
-
-/// When `lease` guards a task (resource `task:<id>`), makes that task's
-/// claim under the lease's fencing token late now, so another worker may
-/// take the task over at once and the old processor's heartbeat and
-/// completion are refused. Call it in the transaction that ended the lease
-/// early ([`leases::force_release`]), whose caller announces
-/// [`Topics::TASKS`](crate::live::Topics::TASKS) after the commit. Answers
-/// whether a claim was ended.
-async fn end_claim_of(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    lease: &crate::lease::Lease,
-) -> Result<bool, sqlx::Error> {
-    crate::db::atomically!(conn, schema, Result<bool, sqlx::Error>, async {
-        let Some(task_id) = lease
-            .resource
-            .strip_prefix("task:")
-            .and_then(|n| n.parse::<i64>().ok())
-        else {
-            return Ok(false);
-        };
-        // Race prevented: the processor heartbeating its claim while the
-        // operator ends it. The token check (re-checked on the newest row
-        // version) ends only the claim of the term the lease ended; after this
-        // commits the claim is late, so its heartbeat and completion are refused.
-        let ended = schema
-            .query(
-                "UPDATE $schema.tasks SET must_heartbeat_before = now() - interval '1 millisecond'
-              WHERE id = $1 AND status = 'started' AND fencing_token = $2",
-            )
-            .bind(task_id)
-            .bind(lease.fencing_token)
-            .execute(&mut *conn)
-            .await?;
-        Ok(ended.rows_affected() == 1)
-    }
-    .await)
 }

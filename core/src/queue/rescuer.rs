@@ -47,7 +47,6 @@
 use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::singleton::HeldTerm;
-use crate::queue::store::sql::lease_live;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::time::Duration;
 
@@ -117,10 +116,8 @@ pub async fn rescue(
             // keeps its task, and the rescuer never waits on a worker); a row
             // changed and committed since the snapshot is re-checked on its
             // newest version, so a task whose deadline moved into the future, or
-            // that was completed, failed or cancelled, is not picked. The lease
-            // test keeps a task whose lease `task:<id>` is live (held by hand
-            // through the lease API) started, as the claim leaves it alone.
-            // A claim never races this: a late task out of attempts is no
+            // that was completed, failed or cancelled, is not picked. A claim
+            // never races this: a late task out of attempts is no
             // candidate of the claim rule.
             //
             // Ordered by tasks_started_idx, so a batch reads the late tasks only.
@@ -140,10 +137,7 @@ pub async fn rescue(
                                                 t.attempts, t.max_attempts)
                        FROM doomed d
                       WHERE t.id = d.id
-                        AND NOT COALESCE((SELECT {live} FROM $schema.leases l
-                                           WHERE l.resource = 'task:' || t.id), false)
-                     RETURNING t.id",
-                    live = lease_live("now()")
+                     RETURNING t.id"
                 ))
                 .bind(i64::try_from(batch.max(1)).unwrap_or(i64::MAX))
                 .fetch_all(&mut *tx)

@@ -14,9 +14,8 @@
 //! after that is discarded, and whatever it had written through a
 //! [`FencedTransaction`] is rolled back.
 //!
-//! An operator's cancel of a started task (one, or in bulk) and a
-//! force-release of its lease end the claim in the database and are
-//! announced; the worker running it, hearing that, heartbeats at once, is
+//! An operator's cancel of a started task (one, or in bulk) ends the claim
+//! in the database and is announced; the worker running it, hearing that, heartbeats at once, is
 //! refused, and [`TaskContext::cancelled`] completes within a second
 //! (within milliseconds, usually). Stopping on it is the handler's part:
 //! one that ignores it runs on, but it is fenced all the same: its
@@ -64,7 +63,8 @@ pub struct Job {
 }
 
 impl Job {
-    /// The resource of this claim's lease, `task:<id>`: with
+    /// The name of this claim's term, `task:<id>` (its lease is the task
+    /// row itself): with
     /// [`fencing_token`](Self::fencing_token), what a write outside the
     /// completion is fenced by ([`crate::lease::fence`]).
     pub fn resource(&self) -> String {
@@ -168,7 +168,7 @@ impl TaskContext {
 
     /// Completes when the handler should stop:
     ///
-    /// - an operator cancelled the task, or force-released its lease: within
+    /// - an operator cancelled the task: within
     ///   1 s of the action (the worker hears the announcement, heartbeats at
     ///   once and is refused). A worker over the REST API hears no
     ///   announcements and finds out at its next heartbeat instead (a third

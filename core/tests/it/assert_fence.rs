@@ -92,8 +92,27 @@ async fn only_the_live_term_passes() {
 #[tokio::test]
 async fn a_hosts_plain_connection_and_trigger_get_lk001() {
     let db = TestDb::new().await;
-    let res = resource("task:42");
-    let token = acquire(&db.pool, &res, &holder("w"), Duration::from_secs(30)).await;
+    // A task's claim: its term is the task row (no lease row).
+    let (res, token) = {
+        use leasekeeper_core::queue::{NewTask, Task, store as tasks};
+        let mut conn = db.pool.acquire().await.unwrap();
+        let schema = Schema::default();
+        tasks::enqueue(
+            &mut conn,
+            &schema,
+            &NewTask::new("t", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+        let claimed = tasks::claim_next(&mut conn, &schema, &holder("w"), Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("claimed");
+        (
+            Task::resource_name(claimed.id),
+            claimed.fencing_token.unwrap(),
+        )
+    };
     // The host's own connection: search_path is its own, the function is
     // named with leasekeeper's schema.
     let mut host = PgConnection::connect_with(&db.plain).await.unwrap();
@@ -112,19 +131,21 @@ async fn a_hosts_plain_connection_and_trigger_get_lk001() {
     .unwrap();
 
     sqlx::query("SELECT leasekeeper.assert_fence($1, $2)")
-        .bind("task:42")
+        .bind(&res)
         .bind(token)
         .execute(&mut host)
         .await
         .unwrap();
-    sqlx::query("INSERT INTO public.shipments VALUES (1, 'task:42', $1)")
+    sqlx::query("INSERT INTO public.shipments VALUES (1, $2, $1)")
         .bind(token)
+        .bind(&res)
         .execute(&mut host)
         .await
         .unwrap();
 
-    let stale = sqlx::query("INSERT INTO public.shipments VALUES (2, 'task:42', $1)")
-        .bind(token - 1)
+    let stale = sqlx::query("INSERT INTO public.shipments VALUES (2, $2, $1)")
+        .bind(token + 1)
+        .bind(&res)
         .execute(&mut host)
         .await
         .unwrap_err();

@@ -40,10 +40,8 @@ fn holders(prefix: &str, n: usize) -> Vec<Holder> {
 /// Makes the claims on `ids` run out `offset_ms` from now, by the database clock.
 async fn expire_in(pool: &PgPool, ids: &[i64], offset_ms: i64) {
     sqlx::query(
-        "WITH t AS (UPDATE tasks SET must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000)
-                     WHERE id = ANY($1) RETURNING id, must_heartbeat_before)
-         UPDATE leases l SET expires_at = t.must_heartbeat_before
-           FROM t WHERE l.resource = 'task:' || t.id AND l.released_at IS NULL",
+        "UPDATE tasks SET must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000)
+          WHERE id = ANY($1)",
     )
     .bind(ids)
     .bind(offset_ms)
@@ -93,11 +91,13 @@ pub(crate) async fn claim_round(pool: &PgPool, round: usize, n: usize) -> Vec<(i
     add_tasks(pool, "sleep", n as i32).await;
     let mut conn = pool.acquire().await.unwrap();
     let old = holders(&format!("a{round}-"), n);
+    // Longer than any deadline `expire_in` sets, so that moving it is never
+    // a renewal in the history.
     let claimed = store::claim_for(
         &mut conn,
         &Default::default(),
         &old,
-        Duration::from_secs(5),
+        Duration::from_secs(60),
         &ClaimFilter::default(),
     )
     .await
@@ -377,9 +377,11 @@ async fn producers_claiming_for_many_holders_at_once_never_share_a_task() {
         ]
     );
     let mismatched: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM tasks t JOIN leases l ON l.resource = 'task:' || t.id
-          WHERE t.status <> 'processed' OR l.holder <> t.processor
-             OR l.fencing_token <> t.fencing_token OR l.released_at IS NULL",
+        "SELECT count(*) FROM tasks t
+          WHERE t.status <> 'processed'
+             OR NOT EXISTS (SELECT 1 FROM lease_events e
+                             WHERE e.resource = 'task:' || t.id AND e.kind = 'released'
+                               AND e.holder = t.processor AND e.fencing_token = t.fencing_token)",
     )
     .fetch_one(&db.pool)
     .await
@@ -609,11 +611,6 @@ async fn started_index_reads(conn: &mut sqlx::PgConnection) -> i64 {
     index_scans(conn, &["tasks_status_id_idx", "tasks_started_idx"]).await
 }
 
-/// Scans so far, in the transaction of `conn`, of `leases_expires_at_idx`.
-async fn lease_deadline_reads(conn: &mut sqlx::PgConnection) -> i64 {
-    index_scans(conn, &["leases_expires_at_idx"]).await
-}
-
 /// A batch's claim reads late claims by deadline, and its completion,
 /// heartbeat and give-back find their tasks by primary key, even in the
 /// generic plan PostgreSQL keeps for a prepared statement, made on
@@ -621,13 +618,7 @@ async fn lease_deadline_reads(conn: &mut sqlx::PgConnection) -> i64 {
 /// `started` entry of the status indexes instead, dead ones included (one
 /// per task finished since the last vacuum), so each claim and completion
 /// read more than the last (issue 27's benchmark: a runtime falling from
-/// 14,000 to 3,600 tasks/s within one run). And they find each task's lease
-/// by its resource, on statistics of `leases` taken before the live
-/// leases' deadlines (as they always are: those are the column's newest
-/// values): such a plan guessed one lease live, read every live lease by
-/// `leases_expires_at_idx` and compared each with every task of the batch
-/// (issue 27's benchmark: completions of 100 tasks taking 21 ms instead of
-/// 4, a runtime at 4,600 tasks/s instead of 20,000).
+/// 14,000 to 3,600 tasks/s within one run).
 #[tokio::test]
 async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_statistics() {
     let db = TestDb::new().await;
@@ -659,11 +650,6 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
             .await
             .unwrap();
     }
-    // Statistics of the leases while every one of them is released.
-    sqlx::query("ANALYZE leases")
-        .execute(&db.pool)
-        .await
-        .unwrap();
     let mut tx = sqlx::Connection::begin(&mut *session).await.unwrap();
     // The claim's look-up of late claims reads them by deadline
     // (`tasks_started_idx`), not every started entry of the status index.
@@ -679,45 +665,29 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
         claims(&claimed[200..]),
     );
     let mut reads = Vec::new();
-    let mut lease_reads = Vec::new();
-    let (before, leases_before) = (
-        started_index_reads(&mut tx).await,
-        lease_deadline_reads(&mut tx).await,
-    );
+    let before = started_index_reads(&mut tx).await;
     let completions: Vec<(i64, i64)> = done.iter().map(|c| (c.0, c.1)).collect();
     let completed = store::complete_all_of(&mut tx, &schema, &w, &completions, None)
         .await
         .unwrap();
     reads.push(started_index_reads(&mut tx).await - before);
-    lease_reads.push(lease_deadline_reads(&mut tx).await - leases_before);
-    let (before, leases_before) = (
-        started_index_reads(&mut tx).await,
-        lease_deadline_reads(&mut tx).await,
-    );
+    let before = started_index_reads(&mut tx).await;
     let renewed = store::heartbeat_each(&mut tx, &schema, &beat, TTL)
         .await
         .unwrap();
     reads.push(started_index_reads(&mut tx).await - before);
-    lease_reads.push(lease_deadline_reads(&mut tx).await - leases_before);
-    let (before, leases_before) = (
-        started_index_reads(&mut tx).await,
-        lease_deadline_reads(&mut tx).await,
-    );
+    let before = started_index_reads(&mut tx).await;
     let given = store::give_back_each(&mut tx, &schema, &back, "test")
         .await
         .unwrap();
     reads.push(started_index_reads(&mut tx).await - before);
-    lease_reads.push(lease_deadline_reads(&mut tx).await - leases_before);
-    // An operator's cancel ends the claim's lease by its resource too.
-    let leases_before = lease_deadline_reads(&mut tx).await;
     let cancelled = control::cancel(&mut tx, &schema, beat[0].0, "ops")
         .await
         .unwrap();
-    lease_reads.push(lease_deadline_reads(&mut tx).await - leases_before);
     assert_eq!(cancelled.status, TaskStatus::Cancelled);
-    // Each lease released or renewed with its task, one of them cancelled.
+    // The renewed claims are live, but the one cancelled.
     let live: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM leases WHERE released_at IS NULL AND expires_at > now()",
+        "SELECT count(*) FROM tasks WHERE status = 'started' AND must_heartbeat_before > now()",
     )
     .fetch_one(&mut *tx)
     .await
@@ -725,7 +695,7 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
     tx.commit().await.unwrap();
     assert_eq!(
         live, 99,
-        "live leases after 100 completions, 100 renewals, 100 give-backs and a cancel of 300 claims"
+        "live claims after 100 completions, 100 renewals, 100 give-backs and a cancel of 300 claims"
     );
     assert_eq!(
         (
@@ -739,10 +709,5 @@ async fn batches_of_claims_find_their_tasks_by_key_in_a_generic_plan_on_stale_st
         (claim_reads, reads),
         (0, vec![0, 0, 0]),
         "scans of the status index by the claim; of the status indexes by the completion, heartbeat and give-back"
-    );
-    assert_eq!(
-        lease_reads,
-        vec![0, 0, 0, 0],
-        "scans of leases_expires_at_idx by the completion, heartbeat, give-back and cancel"
     );
 }

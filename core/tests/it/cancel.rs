@@ -8,7 +8,7 @@
 
 use crate::common::TestDb;
 use leasekeeper_core::db::Schema;
-use leasekeeper_core::lease::{Holder, Resource};
+use leasekeeper_core::lease::Holder;
 use leasekeeper_core::queue::control::{self, TaskFilter};
 use leasekeeper_core::queue::store::{self, FencedTransaction};
 use leasekeeper_core::queue::{ClaimFilter, NewTask, Task, TaskStatus};
@@ -140,48 +140,6 @@ async fn a_handler_sees_an_operator_cancel_in_under_a_second() {
     );
     println!("cancel to cancelled(): {took:?}");
     assert_eq!(status(&db, id).await, TaskStatus::Cancelled);
-    runtime.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_lease_completes_cancelled_too() {
-    // An operator force-releases the task's lease: the claim is lost, and
-    // the handler hears it as it hears a cancel.
-    let db = TestDb::new().await;
-    let (runtime, mut seen) = runtime(&db, 1).await;
-    let id = enqueue(&db, 1).await[0];
-    assert_eq!(
-        next(&mut seen, Duration::from_secs(10)).await.0,
-        Seen::Started(id)
-    );
-    let mut conn = db.pool.acquire().await.unwrap();
-    let lease = leasekeeper_core::lease::store::get_by_resource(
-        &mut conn,
-        &Schema::default(),
-        &Resource::parse(Task::resource_name(id)).unwrap(),
-    )
-    .await
-    .unwrap()
-    .expect("the claim's lease");
-    control::force_release(
-        &mut conn,
-        &Schema::default(),
-        lease.id,
-        lease.fencing_token,
-        "ops",
-    )
-    .await
-    .unwrap()
-    .expect("the term was live");
-    // From the commit, as above.
-    let released_at = Instant::now();
-    let (what, at) = next(&mut seen, Duration::from_secs(5)).await;
-    assert_eq!(what, Seen::Cancelled(id));
-    let took = at - released_at;
-    assert!(
-        took < Duration::from_secs(1),
-        "the handler saw the lost lease after {took:?}"
-    );
     runtime.shutdown().await;
 }
 

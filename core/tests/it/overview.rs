@@ -176,6 +176,17 @@ async fn counts_stay_exact_under_sixteen_concurrent_claimers() {
         .execute(&db.pool)
         .await
         .unwrap();
+    // A lease of the lease store is counted (a task's claim is its task row,
+    // counted as started).
+    leases::acquire(
+        &mut conn,
+        &Default::default(),
+        &resource("job:counted"),
+        &holder("h"),
+        TTL,
+    )
+    .await
+    .unwrap();
     let real = real_counts(&db.pool).await;
     let cheap = cheap_counts(&db.pool).await;
     assert_eq!(cheap, real);
@@ -282,19 +293,6 @@ async fn overlapping_terms_are_flagged() {
     // Unrelated clean resource.
     event(&db.pool, "job:fine", "a", 1, "acquired", -20_000, -10_000).await;
     event(&db.pool, "job:fine", "b", 2, "taken_over", -5_000, 10_000).await;
-    // The task row and its lease disagree: both think they own task 1.
-    insert_tasks(&db.pool, 1, 3).await;
-    let mut conn = db.pool.acquire().await.unwrap();
-    let task = store::claim_next(&mut conn, &Default::default(), &holder("w1"), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    sqlx::query("UPDATE leases SET holder = 'intruder' WHERE resource = $1")
-        .bind(format!("task:{}", task.id))
-        .execute(&db.pool)
-        .await
-        .unwrap();
-
     let found = check(&db.pool).await;
     let mut flagged: Vec<(String, String)> = found
         .overlaps
@@ -304,10 +302,7 @@ async fn overlapping_terms_are_flagged() {
     flagged.sort();
     assert_eq!(
         flagged,
-        vec![
-            ("lease_events".to_string(), "job:twice".to_string()),
-            ("tasks".to_string(), format!("task:{}", task.id)),
-        ]
+        vec![("lease_events".to_string(), "job:twice".to_string())]
     );
     let o = &found.overlaps[0];
     assert_eq!(
@@ -317,6 +312,7 @@ async fn overlapping_terms_are_flagged() {
     assert_eq!((o.fencing_token, o.other_token), (Some(2), Some(1)));
 
     // Out of the window: not flagged any more.
+    let mut conn = db.pool.acquire().await.unwrap();
     let narrow = split_brain::check(
         &mut conn,
         &Default::default(),

@@ -85,15 +85,18 @@ async fn prefetched_claims_have_their_own_leases_and_a_graceful_stop_gives_them_
     );
     for (id, processor, token, attempts) in &held {
         assert_eq!(*attempts, 1);
-        let lease: (String, i64, bool) = sqlx::query_as(
-            "SELECT holder, fencing_token, expires_at > now() AND released_at IS NULL
-               FROM leases WHERE resource = 'task:' || $1",
+        // Each claim its own term: in the history under its own token, and
+        // live by the task row (its lease).
+        let term: (String, i64, bool) = sqlx::query_as(
+            "SELECT e.holder, e.fencing_token, t.must_heartbeat_before > now()
+               FROM lease_events e JOIN tasks t ON t.id = $1
+              WHERE e.resource = 'task:' || $1 AND e.kind = 'acquired'",
         )
         .bind(id)
         .fetch_one(&db.pool)
         .await
         .unwrap();
-        assert_eq!(lease, (processor.clone(), *token, true), "task {id}");
+        assert_eq!(term, (processor.clone(), *token, true), "task {id}");
     }
     let runs = running(&db.pool).await;
     let waiting: Vec<i64> = held

@@ -91,17 +91,14 @@ async fn claim_heartbeat_complete_happy_path() {
     assert_eq!(task.attempts, 1);
     assert_eq!(task.fencing_token, Some(1));
     assert!(task.heartbeat_in_ms.unwrap() > 29_000);
-    let lease: (String, i64) =
-        sqlx::query_as("SELECT holder, fencing_token FROM leases WHERE resource = $1")
-            .bind(format!("task:{}", task.id))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        lease,
-        ("w1".to_string(), 1),
-        "the claim took the task's lease"
-    );
+    let term: (String, i64) = sqlx::query_as(
+        "SELECT holder, fencing_token FROM lease_events WHERE resource = $1 AND kind = 'acquired'",
+    )
+    .bind(format!("task:{}", task.id))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(term, ("w1".to_string(), 1), "the claim's term is on record");
 
     let beat = store::heartbeat(&mut conn, &Default::default(), task.id, &w, 1, TTL)
         .await
@@ -426,42 +423,88 @@ async fn thirty_two_concurrent_claimers_never_share_a_task() {
 }
 
 #[tokio::test]
-async fn a_task_whose_lease_is_held_by_hand_is_passed_over_not_claimed() {
+async fn a_task_s_claim_is_its_task_row_and_the_lease_store_refuses_its_name() {
     use leasekeeper_core::lease::Resource;
-    use leasekeeper_core::lease::store as leases;
+    use leasekeeper_core::lease::store::{self as leases, LeaseError};
     let db = TestDb::new().await;
-    let ids = enqueue(&db, 2).await;
+    let ids = enqueue(&db, 1).await;
     let mut conn = db.pool.acquire().await.unwrap();
-    // Someone holds the oldest task's lease through the lease API.
     let resource = Resource::parse(format!("task:{}", ids[0])).unwrap();
-    leases::acquire(
+    // Nobody takes a task's name through the lease store: the claim owns it.
+    let refused = leases::acquire(
         &mut conn,
         &Default::default(),
         &resource,
         &holder("by-hand"),
         TTL,
     )
+    .await;
+    assert!(
+        matches!(refused, Err(LeaseError::TaskClaim(ref name)) if *name == resource.to_string()),
+        "{refused:?}"
+    );
+    // Claimed, taken over and completed: no lease or fencing row, tokens 1 and 2
+    // from the task row, and the history of its terms as for any lease.
+    let first = store::claim_next(&mut conn, &Default::default(), &holder("w1"), TTL)
+        .await
+        .unwrap()
+        .expect("claimable");
+    assert_eq!(first.fencing_token, Some(1));
+    store::heartbeat(
+        &mut conn,
+        &Default::default(),
+        ids[0],
+        &holder("w1"),
+        1,
+        TTL,
+    )
     .await
     .unwrap();
-    let task = store::claim_next(&mut conn, &Default::default(), &holder("w"), TTL)
-        .await
-        .unwrap()
-        .expect("the second task is claimable");
-    assert_eq!(task.id, ids[1], "the held task is passed over");
-    let held = store::get(&mut conn, &Default::default(), ids[0])
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(held.status, TaskStatus::Pending);
-    // A batch claim passes it over too, and claims nothing else.
-    let batch = store::claim_batch(&mut conn, &Default::default(), &holder("w2"), TTL, 10)
+    sqlx::query("UPDATE tasks SET must_heartbeat_before = now() - interval '1 ms' WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *conn)
         .await
         .unwrap();
-    assert!(batch.is_empty(), "{batch:?}");
+    let second = store::claim_next(&mut conn, &Default::default(), &holder("w2"), TTL)
+        .await
+        .unwrap()
+        .expect("late, so claimable");
+    assert_eq!((second.id, second.fencing_token), (ids[0], Some(2)));
+    store::complete(
+        &mut conn,
+        &Default::default(),
+        ids[0],
+        &holder("w2"),
+        2,
+        None,
+    )
+    .await
+    .unwrap();
+    let rows: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM leases WHERE resource = $1),
+                (SELECT count(*) FROM lease_fencing WHERE resource = $1)",
+    )
+    .bind(resource.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(rows, (0, 0), "no lease or fencing row for a task");
+    let history: Vec<(String, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+        "SELECT kind, holder, fencing_token, previous_holder FROM lease_events WHERE resource = $1 ORDER BY id",
+    )
+    .bind(resource.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let w = |s: &str| Some(s.to_string());
     assert_eq!(
-        event_kinds(&db.pool, &format!("task:{}", ids[0])).await,
-        ["acquired"],
-        "the hand-held lease is untouched"
+        history,
+        [
+            ("acquired".to_string(), w("w1"), Some(1), None),
+            ("renewed".to_string(), w("w1"), Some(1), None),
+            ("taken_over".to_string(), w("w2"), Some(2), w("w1")),
+            ("released".to_string(), w("w2"), Some(2), None),
+        ]
     );
 }
 

@@ -79,10 +79,8 @@ pub async fn run(pool: &PgPool, rounds: usize) -> Result<RaceReport> {
         // The claim runs out a few milliseconds from now, by the database clock.
         let offset_ms = rand::rng().random_range(0..=12);
         sqlx::query(
-            "WITH t AS (UPDATE tasks SET must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000)
-                         WHERE id = $1 RETURNING must_heartbeat_before)
-             UPDATE leases SET expires_at = (SELECT must_heartbeat_before FROM t)
-              WHERE resource = 'task:' || $1",
+            "UPDATE tasks SET must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000)
+              WHERE id = $1",
         )
         .bind(task.id)
         .bind(offset_ms)

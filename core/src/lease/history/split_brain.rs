@@ -8,14 +8,14 @@
 //! The acquire statement makes this impossible (`WHERE expires_at <= now()`
 //! on the locked row), so any hit means a bug or a hand-made change.
 //!
-//! Second, every started task within its deadline must agree with its
-//! lease: a live lease on `task:<id>` naming another holder or token means
-//! the task row and the lease each think someone else owns the task.
+//! A task's claims are terms of `task:<id>` like any other (their events
+//! are written by the tasks trigger, in the statement that claims, renews
+//! or ends them), so they are checked the same way.
 //!
 //! Bounded: the check reads at most [`MAX_EVENTS`] of the newest events and
 //! only those within [`WINDOW`], and looks each term start's predecessor up
-//! by the `(resource, id)` index; the task comparison walks the partial
-//! index of started tasks. The report says how far back it really read.
+//! by the `(resource, id)` index. The report says how far back it really
+//! read.
 //!
 //! Known limit: a term's validity is taken from its events, so an
 //! `UPDATE leases SET expires_at = ...` made by hand (which records no
@@ -48,7 +48,9 @@ pub struct Overlap {
     pub at: DateTime<Utc>,
     /// Until when the older term was still valid.
     pub other_expires_at: Option<DateTime<Utc>>,
-    /// What saw it: `lease_events` or `tasks`.
+    /// What saw it: `lease_events` (the one source since a task's claim is
+    /// its task row; `tasks` named the comparison of a task row with its
+    /// lease row, which no longer exists).
     pub source: String,
 }
 
@@ -121,7 +123,7 @@ pub async fn check(
                 Some(oldest) if cut => (checked_at - oldest).num_seconds(),
                 _ => window.as_secs() as i64,
             };
-            let mut overlaps: Vec<Overlap> = schema
+            let overlaps: Vec<Overlap> = schema
                 .query_as(
                     "SELECT s.resource, s.holder, s.fencing_token,
                     p.holder AS other_holder, p.fencing_token AS other_token,
@@ -150,27 +152,6 @@ pub async fn check(
                 .bind(MAX_OVERLAPS)
                 .fetch_all(&mut *conn)
                 .await?;
-            // One statement: the task row and its lease are read from one snapshot,
-            // and claim and heartbeat change both in one transaction, so a healthy
-            // queue never shows a disagreement here.
-            let disagreements: Vec<Overlap> = schema
-                .query_as(
-                    "SELECT l.resource, l.holder, l.fencing_token,
-                    t.processor AS other_holder, t.fencing_token AS other_token,
-                    now()::timestamptz(3) AS at, t.must_heartbeat_before AS other_expires_at,
-                    'tasks' AS source
-               FROM $schema.tasks t
-               JOIN $schema.leases l ON l.resource = 'task:' || t.id
-              WHERE t.status = 'started' AND t.must_heartbeat_before > now()
-                AND l.released_at IS NULL AND l.expires_at > now()
-                AND (l.holder IS DISTINCT FROM t.processor
-                     OR l.fencing_token IS DISTINCT FROM t.fencing_token)
-              LIMIT $1",
-                )
-                .bind(MAX_OVERLAPS)
-                .fetch_all(&mut *conn)
-                .await?;
-            overlaps.extend(disagreements);
             Ok(SplitBrain {
                 overlaps,
                 window_secs: window.as_secs() as i64,

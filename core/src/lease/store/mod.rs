@@ -98,6 +98,12 @@ pub enum LeaseError {
     /// A TTL of zero or over [`MAX_TTL`].
     #[error("ttl must be more than 0 and at most {} seconds", MAX_TTL.as_secs())]
     BadTtl,
+    /// The resource names a task's claim (`task:<id>`): its lease is the
+    /// task row, taken by claiming the task (`queue::store::claim_next`),
+    /// never through the lease store. A lease row of that name would be a
+    /// second, unrelated term of the same name in the history.
+    #[error("{0} is a task's claim: its lease is the task row; claim the task instead")]
+    TaskClaim(String),
     /// The database failed.
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
@@ -144,7 +150,9 @@ pub(crate) fn is_serialization_failure(err: &sqlx::Error) -> bool {
 ///
 /// Succeeds when the lease is free, released or expired (a new term with the
 /// next fencing token), or when `holder` already holds it (returned as is).
-/// Fails with [`LeaseError::Held`] while another holder's lease is live.
+/// Fails with [`LeaseError::Held`] while another holder's lease is live,
+/// and with [`LeaseError::TaskClaim`] for `task:<id>` (a task's claim is its
+/// task row).
 pub async fn acquire(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -158,6 +166,9 @@ pub async fn acquire(
         async {
             let _announced = crate::live::announce_on_return(crate::live::Topics::LEASES);
             let ttl_ms = ttl_ms(ttl)?;
+            if resource.reserved_prefix() == Some("task:") {
+                return Err(LeaseError::TaskClaim(resource.to_string()));
+            }
             for attempt in 0.. {
                 match try_acquire(&mut *conn, schema, resource, holder, ttl_ms).await {
                     Ok(Some(outcome)) => return Ok(outcome),

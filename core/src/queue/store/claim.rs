@@ -1,6 +1,6 @@
-//! Claiming: each claim takes the task's lease (`task:<id>`) with a new
-//! fencing token in the transaction that marks the task started, so the
-//! task row and its lease never disagree; one statement claims many.
+//! Claiming: each claim writes its holder, a new fencing token and its
+//! deadline into the task row, which is the claim's lease (there is no
+//! other lease row to disagree with it); one statement claims many.
 
 use super::{MAX_BATCH, TaskError, sql};
 use crate::db::Schema;
@@ -10,12 +10,6 @@ use crate::queue::{ClaimFilter, Task};
 use sqlx::PgConnection;
 use std::time::Duration;
 
-/// How many times [`claim_next_in`] runs [`sql::claim_past_held`] before
-/// it answers that nothing is claimable. Once is enough unless someone
-/// takes a candidate's lease by hand between that statement's read of the
-/// lease and its upsert of it.
-const PAST_HELD_TRIES: usize = 3;
-
 /// Claims the oldest claimable task for `processor`, taking its lease for
 /// `ttl` in the same transaction. Late tasks (started, lease expired) are
 /// taken over first, then pending ones in `scheduled_at` order. A late task
@@ -23,9 +17,7 @@ const PAST_HELD_TRIES: usize = 3;
 /// ([`crate::queue::rescuer`]). `None` when nothing is claimable.
 ///
 /// One statement, one round trip and one commit ([`sql::claim`] with a
-/// limit of one). Only when that statement found a candidate it could not
-/// claim (a task whose lease someone holds by hand) does the claim run the
-/// same rule again, passing over such tasks ([`sql::claim_past_held`]).
+/// limit of one).
 pub async fn claim_next(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -60,40 +52,17 @@ pub async fn claim_next_in(
                 crate::live::Topics::TASKS | crate::live::Topics::LEASES,
             );
             let holders = [processor.as_str()];
-            let mut past_held = false;
-            for _ in 0..=PAST_HELD_TRIES {
-                let batch = claim_up_to(conn, schema, &holders, ttl, filter, past_held).await?;
-                if let Some(task) = batch.claimed.into_iter().next() {
-                    return Ok(Some(task));
-                }
-                if batch.candidates == 0 {
-                    return Ok(None);
-                }
-                // A candidate's lease is held by hand: the same rule, passing
-                // over such tasks (read from the database each time, so a
-                // lease taken by hand a moment ago is seen at the next try).
-                past_held = true;
-            }
-            Ok(None)
+            let claimed = claim_up_to(conn, schema, &holders, ttl, filter).await?;
+            Ok(claimed.into_iter().next())
         }
         .await
     )
 }
 
-/// What one claim statement did: the tasks it claimed, and how many
-/// candidates it locked (more than claimed means someone holds the lease of
-/// the others by hand).
-struct ClaimBatch {
-    claimed: Vec<Task>,
-    candidates: i64,
-}
-
 /// Claims up to `limit` claimable tasks for `processor` in one statement
 /// (one round trip, one commit), each with its own lease and fencing token,
-/// in the order [`claim_next`] would claim them. A candidate whose lease
-/// someone holds by hand is left alone and takes its place in the batch
-/// (see [`sql::claim_past_held`]). Fewer than `limit` (or none) when there
-/// is not that much work.
+/// in the order [`claim_next`] would claim them. Fewer than `limit` (or
+/// none) when there is not that much work.
 pub async fn claim_batch(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -115,27 +84,19 @@ pub async fn claim_batch(
                 )));
             }
             let holders = vec![processor.as_str(); limit];
-            Ok(
-                claim_up_to(conn, schema, &holders, ttl, &ClaimFilter::default(), false)
-                    .await?
-                    .claimed,
-            )
+            claim_up_to(conn, schema, &holders, ttl, &ClaimFilter::default()).await
         }
         .await
     )
 }
 
-/// What [`claim_for`] did: the tasks it claimed (each with its holder as
-/// `processor`), and whether it passed over candidates whose lease someone
-/// holds by hand, behind which [`claim_next_in`] then looks.
+/// What [`claim_for`] did: the tasks it claimed, each with its holder as
+/// `processor`.
 #[derive(Debug, Default)]
 pub struct Claimed {
     /// The tasks claimed, in claim order (late ones first, then by
     /// priority, due time and id).
     pub tasks: Vec<Task>,
-    /// Candidates were passed over: [`claim_next_in`] may find work behind
-    /// them.
-    pub passed_over: bool,
 }
 
 /// Claims up to one task for each entry of `holders` among the tasks
@@ -163,53 +124,47 @@ pub async fn claim_for(
             )));
         }
         let names: Vec<&str> = holders.iter().map(Holder::as_str).collect();
-        let batch = claim_up_to(conn, schema, &names, ttl, filter, false).await?;
         Ok(Claimed {
-            passed_over: batch.candidates > batch.claimed.len() as i64,
-            tasks: batch.claimed,
+            tasks: claim_up_to(conn, schema, &names, ttl, filter).await?,
         })
     }
     .await)
 }
 
-/// Runs the claim statement ([`sql::claim`], or [`sql::claim_past_held`]
-/// with `past_held`) for `holders`: every way a task is claimed comes here.
+/// Runs the claim statement ([`sql::claim`]) for `holders`: every way a
+/// task is claimed comes here.
 async fn claim_up_to(
     conn: &mut PgConnection,
     schema: &Schema,
     holders: &[&str],
     ttl: Duration,
     filter: &ClaimFilter,
-    past_held: bool,
-) -> Result<ClaimBatch, TaskError> {
-    crate::db::atomically!(conn, schema, Result<ClaimBatch, TaskError>, async {
-        let ttl_ms = leases::ttl_ms(ttl)?;
-        // Races prevented, all in one statement:
-        // - two workers claiming the same task: the claim statement's row locks (`sql::claim`) lock
-        //   each candidate row until commit and makes every other claimer move
-        //   on to the next row instead of queueing behind it (claims never
-        //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
-        //   locked row's newest version, so a task that a committed transaction
-        //   just finished or re-claimed is not taken.
-        // - a takeover racing the old holder's heartbeat or completion: a late
-        //   task's row is locked here, and their UPDATEs re-check the deadline
-        //   and token on the newest version (see `HOLDS_CLAIM`).
-        // - two terms of one task lease: the lease upsert below is the lease
-        //   store's acquire (`ON CONFLICT ... WHERE l.expires_at <= now()`,
-        //   re-checked under the row lock), so a live lease held by hand is
-        //   left alone; its candidate is counted but not claimed.
-        // - a takeover racing the rescuer: a late task out of attempts is no
-        //   candidate at all, so a claim never takes what the rescuer fails.
-        // Late claims go first (they are older than anything pending); pending
-        // tasks are looked at only when no late one is.
-        let limit = holders.len().clamp(1, MAX_BATCH);
-        let by_kind = filter.kinds.is_some();
-        let sql = if past_held {
-            sql::claim_past_held(limit, by_kind)
-        } else {
-            sql::claim(limit, by_kind)
-        };
-        for attempt in 0.. {
+) -> Result<Vec<Task>, TaskError> {
+    crate::db::atomically!(
+        conn,
+        schema,
+        Result<Vec<Task>, TaskError>,
+        async {
+            let ttl_ms = leases::ttl_ms(ttl)?;
+            // Races prevented, all in one statement:
+            // - two workers claiming the same task: the claim statement's row locks (`sql::claim`) lock
+            //   each candidate row until commit and makes every other claimer move
+            //   on to the next row instead of queueing behind it (claims never
+            //   serialize; no OFFSET scan). PostgreSQL re-checks the WHERE on the
+            //   locked row's newest version, so a task that a committed transaction
+            //   just finished or re-claimed is not taken.
+            // - a takeover racing the old holder's heartbeat or completion: a late
+            //   task's row is locked here, and their UPDATEs re-check the deadline
+            //   and token on the newest version (see `HOLDS_CLAIM`).
+            // - two claims issuing one token: the token is the locked row's own
+            //   `fencing_token + 1` (see `sql::claim`).
+            // - a takeover racing the rescuer: a late task out of attempts is no
+            //   candidate at all, so a claim never takes what the rescuer fails.
+            // Late claims go first (they are older than anything pending); pending
+            // tasks are looked at only when no late one is.
+            let limit = holders.len().clamp(1, MAX_BATCH);
+            let by_kind = filter.kinds.is_some();
+            let sql = sql::claim(limit, by_kind);
             let mut query = schema
                 .query(&sql)
                 .bind(holders)
@@ -218,40 +173,20 @@ async fn claim_up_to(
             if let Some(kinds) = &filter.kinds {
                 query = query.bind(kinds);
             }
-            let rows = query.fetch_all(&mut *conn).await;
-            match rows {
-                Ok(rows) => {
-                    use sqlx::Row;
-                    // Always one row at least: the count, and no task when
-                    // nothing was claimed.
-                    let candidates = match rows.first() {
-                        Some(row) => row.try_get("candidates")?,
-                        None => 0,
-                    };
-                    let mut claimed = Vec::with_capacity(rows.len());
-                    for row in &rows {
-                        if row.try_get::<Option<i64>, _>("id")?.is_some() {
-                            claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
-                            if row.try_get::<Option<bool>, _>("took_over")? == Some(true) {
-                                crate::metrics::took_over(
-                                    row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0),
-                                );
-                            }
-                        }
-                    }
-                    crate::metrics::claimed(&claimed);
-                    return Ok(ClaimBatch {
-                        claimed,
-                        candidates,
-                    });
+            let rows = query.fetch_all(&mut *conn).await?;
+            use sqlx::Row;
+            let mut claimed = Vec::with_capacity(rows.len());
+            for row in &rows {
+                claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
+                if row.try_get::<bool, _>("took_over")? {
+                    crate::metrics::took_over(
+                        row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0),
+                    );
                 }
-                // The fencing-token guard (see the leases migration) refused a
-                // token computed from an old snapshot: run it again.
-                Err(e) if leases::is_serialization_failure(&e) && attempt < 5 => continue,
-                Err(e) => return Err(e.into()),
             }
+            crate::metrics::claimed(&claimed);
+            Ok(claimed)
         }
-        unreachable!("the loop only ends by returning")
-    }
-    .await)
+        .await
+    )
 }

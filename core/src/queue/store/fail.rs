@@ -2,10 +2,9 @@
 //! retry policy's backoff or failed for good, the claim released.
 
 use super::guard::update_claim;
-use super::{RetryPolicy, TaskError, millis, task_resource};
+use super::{RetryPolicy, TaskError, millis};
 use crate::db::Schema;
 use crate::lease::Holder;
-use crate::lease::store::{self as leases, LeaseError};
 use crate::queue::{AttemptOutcome, Task};
 use sqlx::PgConnection;
 use std::borrow::Cow;
@@ -119,7 +118,6 @@ pub async fn fail_as(
             },
         )
         .await?;
-        release_claim(&mut tx, schema, id, processor, token).await?;
         if outcome != AttemptOutcome::Failed {
             // The trigger recorded the attempt's end as a failure; say which
             // kind, in the same transaction (the token names the attempt).
@@ -142,8 +140,8 @@ pub async fn fail_as(
 }
 
 /// Puts claimed task `id` back to pending, due in `delay`, without using up
-/// an attempt (its attempt count goes back by one), and releases the
-/// claim's lease; the task's history records the snooze (`snoozed`, with
+/// an attempt (its attempt count goes back by one), which ends the claim;
+/// the task's history records the snooze (`snoozed`, with
 /// `{"for_ms": …}`). Accepted only from the current claim's holder, as
 /// [`fail`] is.
 pub async fn snooze(
@@ -181,7 +179,6 @@ pub async fn snooze(
             |q| q.bind(delay_ms as f64),
         )
         .await?;
-        release_claim(&mut tx, schema, id, processor, token).await?;
         schema
             .query(
                 "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
@@ -197,25 +194,4 @@ pub async fn snooze(
         Ok(task)
     }
     .await)
-}
-
-async fn release_claim(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    id: i64,
-    processor: &Holder,
-    token: i64,
-) -> Result<(), TaskError> {
-    crate::db::atomically!(
-        conn,
-        schema,
-        async {
-            match leases::release(conn, schema, &task_resource(id)?, processor, Some(token)).await {
-                // Already gone (released by hand): the task row decided; fine.
-                Ok(_) | Err(LeaseError::NotFound(_)) => Ok(()),
-                Err(e) => Err(e.into()),
-            }
-        }
-        .await
-    )
 }

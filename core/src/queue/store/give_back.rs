@@ -4,7 +4,7 @@
 //! counted, its lease released, and its history saying so.
 
 use super::guard::refuse_alone;
-use super::sql::{STARTED, lease_live};
+use super::sql::STARTED;
 use super::{MAX_BATCH, TASK_COLUMNS, TaskError, bounded_error};
 use crate::db::Schema;
 use crate::lease::Holder;
@@ -57,10 +57,9 @@ pub async fn give_back_each(
         // deadlock) and re-checks processor, token, status and deadline on
         // its newest version, as every processor write does (`HOLDS_CLAIM`):
         // once the deadline passed or a takeover committed (a new token),
-        // the old claim's give-back changes nothing and is refused. The lease
-        // is released only with its task row, under the same holder and
-        // token, and only while it is live, so a give-back never ends
-        // another term.
+        // the old claim's give-back changes nothing and is refused, so a
+        // give-back never ends another term (the task row is the claim's
+        // lease; the trigger records its release).
         let back: Vec<Task> = schema
             .query_as(&format!(
                 "WITH claim AS (
@@ -73,16 +72,8 @@ pub async fn give_back_each(
                  WHERE t.id = claim.id AND t.processor = claim.processor AND t.fencing_token = claim.token
                    AND {STARTED} AND t.must_heartbeat_before > now()
                 RETURNING t.*
-             ), released AS (
-                UPDATE $schema.leases l
-                   SET released_at = now(), expires_at = date_trunc('milliseconds', now())
-                  FROM back
-                 WHERE l.resource = 'task:' || back.id AND l.holder = back.processor
-                   AND l.fencing_token = back.fencing_token
-                   AND {live}
              )
-             SELECT {TASK_COLUMNS} FROM back ORDER BY id",
-                live = lease_live("now()")
+             SELECT {TASK_COLUMNS} FROM back ORDER BY id"
             ))
             .bind(&ids)
             .bind(&tokens)

@@ -1,17 +1,16 @@
-//! Heartbeats: a claim extended, task row and lease together, one claim
-//! or many in one statement.
+//! Heartbeats: a claim extended (the task row, which is its lease), one
+//! claim or many in one statement.
 
 use super::guard::{refuse_alone, update_claim};
-use super::sql::{STARTED, lease_live};
-use super::{MAX_BATCH, TASK_COLUMNS, TaskError, millis, task_resource};
+use super::sql::STARTED;
+use super::{MAX_BATCH, TASK_COLUMNS, TaskError, millis};
 use crate::db::Schema;
 use crate::lease::Holder;
-use crate::lease::store as leases;
 use crate::queue::Task;
 use sqlx::PgConnection;
 use std::time::Duration;
 
-/// Extends the claim on task `id` by `ttl` (task row and lease together).
+/// Extends the claim on task `id` by `ttl`.
 /// Refused (and recorded) unless `processor` holds the current claim.
 pub async fn heartbeat(
     conn: &mut PgConnection,
@@ -31,7 +30,7 @@ pub async fn heartbeat(
             // Race prevented: a heartbeat from a processor whose claim expired,
             // racing the takeover by another worker (see `update_claim`).
             let ms = millis(ttl);
-            let (mut tx, task) = update_claim(
+            let (tx, task) = update_claim(
                 conn,
                 schema,
                 id,
@@ -43,15 +42,6 @@ pub async fn heartbeat(
                 |q| q.bind(ms),
             )
             .await?;
-            leases::renew(
-                &mut tx,
-                schema,
-                &task_resource(id)?,
-                processor,
-                Some(token),
-                Some(ttl),
-            )
-            .await?;
             tx.commit().await?;
             Ok(task)
         }
@@ -60,7 +50,7 @@ pub async fn heartbeat(
 }
 
 /// Extends many claims at once, each `(task id, fencing token, processor)`,
-/// by `ttl` (task row and lease together): one statement, one commit, what
+/// by `ttl`: one statement, one commit, what
 /// a runtime's heartbeats of all its tasks cost. Answers each claim's
 /// outcome, in their order: the task with its new deadline, or why it was
 /// refused, each refusal recorded like a refused [`heartbeat`].
@@ -88,8 +78,7 @@ pub async fn heartbeat_each(
         // racing takeovers by other workers (as `heartbeat`, for many claims).
         // The UPDATE locks each task row (in id order: two batches never
         // deadlock) and re-checks processor, token, status and deadline on its
-        // newest version; the lease of a term is renewed only with its task
-        // row, under the same holder and token, and only while it is live.
+        // newest version, so a claim taken over is never renewed.
         let started = std::time::Instant::now();
         let renewed: Vec<Task> = schema
             .query_as(&format!(
@@ -103,18 +92,8 @@ pub async fn heartbeat_each(
                  WHERE t.id = beat.id AND t.processor = beat.processor AND t.fencing_token = beat.token
                    AND {STARTED} AND t.must_heartbeat_before > now()
                 RETURNING t.*
-             ), lease AS (
-                UPDATE $schema.leases l
-                   SET renewed_at = now(), ttl_ms = $4,
-                       expires_at = now() + make_interval(secs => $4::float8 / 1000),
-                       renew_count = l.renew_count + 1
-                  FROM renewed
-                 WHERE l.resource = 'task:' || renewed.id AND l.holder = renewed.processor
-                   AND l.fencing_token = renewed.fencing_token
-                   AND {live}
              )
-             SELECT {TASK_COLUMNS} FROM renewed ORDER BY id",
-                live = lease_live("now()")
+             SELECT {TASK_COLUMNS} FROM renewed ORDER BY id"
             ))
             .bind(&ids)
             .bind(&tokens)

@@ -4,7 +4,7 @@
 //! tasks, `maintenance`.)
 //!
 //! One file per idea, one path per item (`queue::store::…`): `enqueue.rs`;
-//! `claim.rs` (a lease per claim, one statement for many); `guard.rs` (the
+//! `claim.rs` (one statement for many claims); `guard.rs` (the
 //! claim guard every processor write shares, and the record of a refused
 //! write); `heartbeat.rs`; `complete.rs`; `fail.rs`; `give_back.rs` (claims a
 //! runtime prefetched and never started, given back without using an
@@ -13,9 +13,10 @@
 //! the lists); `attempts.rs` (a task's attempts on record); [`sql`] (the
 //! hot statements as text).
 //!
-//! A claim takes the task's lease (`task:<id>`) in the same transaction as
-//! it marks the task started, so the task row and its lease never disagree.
-//! Heartbeat, complete and fail are accepted only from the processor that
+//! A claim's lease is its task row: the claim writes its holder
+//! (`processor`), a new fencing token and its deadline
+//! (`must_heartbeat_before`) there, and its history goes to `lease_events`
+//! under `task:<id>` (the tasks trigger). Heartbeat, complete and fail are accepted only from the processor that
 //! holds the current claim, with its fencing token, before its deadline; a
 //! refused write changes nothing and is recorded in `lease_events` as
 //! `stale_write_refused`, in the same transaction as the refusal.
@@ -39,7 +40,7 @@
 //! let task = store::enqueue(&mut conn, &schema, &new).await?;
 //! assert_eq!((task.status, task.queue.as_str()), (TaskStatus::Pending, "default"));
 //!
-//! // A worker claims it: its lease on `task:<id>` for 30 s, with a fencing token.
+//! // A worker claims it for 30 s, with a fencing token.
 //! let worker = Holder::parse("worker-1")?;
 //! let ttl = Duration::from_secs(30);
 //! let claimed = store::claim_next(&mut conn, &schema, &worker, ttl).await?.expect("a task is due");
@@ -86,8 +87,6 @@ pub use give_back::give_back_each;
 pub use heartbeat::{heartbeat, heartbeat_each};
 pub use read::{get, list, list_page};
 
-use super::Task;
-use crate::lease::Resource;
 use crate::lease::store::LeaseError;
 use std::time::Duration;
 
@@ -300,10 +299,6 @@ impl RetryPolicies {
 /// The most tasks one batch statement ([`claim_batch`], [`claim_for`],
 /// [`heartbeat_each`], [`complete_each`]) may name.
 pub const MAX_BATCH: usize = 1000;
-
-pub(super) fn task_resource(id: i64) -> Result<Resource, TaskError> {
-    Resource::parse(Task::resource_name(id)).map_err(|e| TaskError::BadInput(e.to_string()))
-}
 
 pub(super) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

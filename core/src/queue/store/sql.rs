@@ -19,11 +19,33 @@ use super::TASK_COLUMNS;
 ///
 /// **The claim rule**, the only place it is written: a task is claimable
 /// when it is pending and due, or late (started, its deadline passed) with
-/// an attempt left; its queue is not paused ([`RUNNING`]); and nobody holds
-/// its lease `task:<id>` (the lease store's acquire decides, see
-/// [`claim_past_held`]). A late task that used its attempts is never
-/// claimed: the rescuer fails it ([`crate::queue::rescuer`]). A new rule
-/// (a limit per key, say) is a condition here, in both candidate sets.
+/// an attempt left; and its queue is not paused ([`RUNNING`]). A late task
+/// that used its attempts is never claimed: the rescuer fails it
+/// ([`crate::queue::rescuer`]). A new rule (a limit per key, say) is a
+/// condition here, in both candidate sets.
+///
+/// **The task row is the claim's lease** (issue 41): the claim writes its
+/// holder (`processor`), its fencing token (the task's last token + 1) and
+/// its deadline (`must_heartbeat_before`, now + `$2` ms) into the row, and
+/// nothing else: no `leases` or `lease_fencing` row. The history
+/// (`lease_events` under `task:<id>`) and the attempt are written by the
+/// tasks trigger `tasks_record_claims` in the same statement.
+///
+/// Races prevented:
+/// - **Two claimers, one task** (two runtimes, a REST claim and a runtime,
+///   a prefetch and a takeover): each candidate row is locked `FOR UPDATE
+///   SKIP LOCKED`; a claimer that finds it locked passes over it, and one
+///   that locks it after another claim committed re-checks the candidate
+///   set's condition on the newest row version (READ COMMITTED), where the
+///   task is started with a deadline ahead: not late, so not claimed.
+/// - **Two claims issuing one token**: the token is the row's own
+///   `fencing_token + 1`, computed by the `UPDATE` on the newest version
+///   of the row it holds locked, so each claim of a task issues a token
+///   above every earlier one, however many claims race.
+/// - **A takeover racing the late holder's completion or heartbeat**: both
+///   lock the row; the holder's write re-checks its token and the deadline
+///   on the newest version (see [`complete`]) and is refused once the
+///   deadline passed or the token moved.
 ///
 /// The limit is written into the statement, not bound: with a bound limit
 /// PostgreSQL cannot tell a one-task claim from a thousand-task one when it
@@ -38,51 +60,19 @@ use super::TASK_COLUMNS;
 /// reads the flag itself ([`RUNNING`]), so a pause is effective at the next
 /// claim, in the database, on every runtime at once.
 pub fn claim(limit: usize, by_kind: bool) -> String {
-    claim_statement(limit, by_kind, false)
-}
-
-/// [`claim`] that also passes over the tasks whose lease someone holds by
-/// hand (through the lease API): what [`claim_next`](super::claim_next)
-/// runs when [`claim`] found only such candidates. [`claim`] takes them as
-/// candidates and leaves them unclaimed (its lease upsert is the lease
-/// store's acquire, which leaves a live lease alone), so with a limit of
-/// one a held task at the head of the queue would hide every task behind
-/// it. This variant reads each candidate's lease first; [`claim`] does not,
-/// so the hot path pays nothing for a case that needs a person.
-///
-/// The test is written so that it runs per candidate, by the lease's
-/// unique resource: a scalar subquery, which PostgreSQL never turns into a
-/// join, and `lease_live`, which no index on the deadline can serve (see
-/// there: a join could otherwise read every live lease for each claim).
-pub fn claim_past_held(limit: usize, by_kind: bool) -> String {
-    claim_statement(limit, by_kind, true)
-}
-
-/// The text of [`claim`] and [`claim_past_held`]: one rule, the lease test
-/// written in or left out.
-fn claim_statement(limit: usize, by_kind: bool, past_held: bool) -> String {
     let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
-    let unheld = if past_held {
-        format!(
-            "AND NOT COALESCE((SELECT {live} FROM $schema.leases l
-                                WHERE l.resource = 'task:' || tasks.id), false)",
-            live = lease_live("now()")
-        )
-    } else {
-        String::new()
-    };
     format!(
         "WITH late AS (
             SELECT id, true AS late, last_heartbeat_at AS last_seen FROM $schema.tasks
              WHERE status = 'started' AND must_heartbeat_before <= now()
                AND attempts < max_attempts
-               AND queue = $3 {kinds} {RUNNING} {unheld}
+               AND queue = $3 {kinds} {RUNNING}
              ORDER BY must_heartbeat_before, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), fresh AS (
             SELECT id, false AS late, NULL::timestamptz AS last_seen FROM $schema.tasks
              WHERE status = 'pending' AND scheduled_at <= now()
-               AND queue = $3 {kinds} {RUNNING} {unheld}
+               AND queue = $3 {kinds} {RUNNING}
                AND NOT EXISTS (SELECT 1 FROM late)
              ORDER BY priority, scheduled_at, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
@@ -91,34 +81,19 @@ fn claim_statement(limit: usize, by_kind: bool, past_held: bool) -> String {
               FROM (SELECT * FROM late UNION ALL SELECT * FROM fresh) c
          ), holder AS (
             SELECT h.name, h.n FROM unnest($1::text[]) WITH ORDINALITY AS h(name, n)
-         ), lease AS (
-            INSERT INTO $schema.leases AS l (resource, holder, acquired_at, expires_at, ttl_ms, fencing_token)
-            SELECT 'task:' || c.id, h.name, now(), now() + make_interval(secs => $2::float8 / 1000), $2,
-                   COALESCE((SELECT f.last_token FROM $schema.lease_fencing f
-                              WHERE f.resource = 'task:' || c.id), 0) + 1
-              FROM candidate c JOIN holder h ON h.n = c.n
-             ORDER BY c.id
-            ON CONFLICT (resource) DO UPDATE
-               SET holder = EXCLUDED.holder, acquired_at = now(), renewed_at = NULL,
-                   released_at = NULL, expires_at = EXCLUDED.expires_at,
-                   ttl_ms = EXCLUDED.ttl_ms, renew_count = 0,
-                   fencing_token = GREATEST(l.fencing_token, EXCLUDED.fencing_token - 1) + 1
-             WHERE l.expires_at <= now()
-            RETURNING resource, holder, fencing_token, expires_at
          ), claimed AS (
             UPDATE $schema.tasks t
-               SET status = 'started', processor = lease.holder, fencing_token = lease.fencing_token,
+               SET status = 'started', processor = holder.name,
+                   fencing_token = COALESCE(t.fencing_token, 0) + 1,
                    started_at = now(), last_heartbeat_at = now(),
-                   must_heartbeat_before = lease.expires_at, attempts = t.attempts + 1
-              FROM candidate c JOIN lease ON lease.resource = 'task:' || c.id
+                   must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000),
+                   attempts = t.attempts + 1
+              FROM candidate c JOIN holder ON holder.n = c.n
              WHERE t.id = c.id
             RETURNING t.*, c.late AS took_over, c.n AS claim_order,
                       (EXTRACT(EPOCH FROM (now() - c.last_seen)) * 1000)::bigint AS silent_ms
          )
-         SELECT n.candidates, claimed.*
-           FROM (SELECT count(*) AS candidates FROM candidate) n
-           LEFT JOIN (SELECT {TASK_COLUMNS}, took_over, silent_ms, claim_order FROM claimed) claimed ON true
-          ORDER BY claimed.claim_order"
+         SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed ORDER BY claim_order"
     )
 }
 
@@ -154,22 +129,17 @@ pub const RUNNING: &str =
 /// test means the same.
 pub(super) const STARTED: &str = "t.status || '' = 'started'";
 
-/// The test, in the same statements and in an operator's cancel, that the
-/// lease row `l` of a claim is still live at `clock`, written so that no
-/// index can serve it: they must find each lease by its resource (a unique
-/// key). With `l.expires_at > clock` a plan could read every live lease by
-/// `leases_expires_at_idx` instead and compare each with every task of the
-/// batch: statistics are always taken before the live leases' deadlines,
-/// which are the column's newest values, so the planner guesses that one
-/// lease is live (seen in issue 27's benchmark: completions of 100 tasks
-/// taking 21 ms instead of 4 with some thousand leases live, a runtime at
-/// 4,600 tasks/s instead of 20,000). Adding no time changes no answer.
-pub(crate) fn lease_live(clock: &str) -> String {
-    format!("l.released_at IS NULL AND l.expires_at + interval '0 s' > {clock}")
-}
-
 /// The one statement that completes the claims `($1 ids, $2 tokens, $3
 /// processors)` with outputs `$4` (see [`complete_each`](super::complete_each)).
+///
+/// Race prevented: a completion racing the takeover of its late claim (a
+/// paused or partitioned holder's write arriving after its deadline). The
+/// `UPDATE` locks each task row and re-checks processor, token, status and
+/// deadline on its newest version: once the deadline passed or another
+/// claim committed (a new token), the old holder's completion changes
+/// nothing and is refused. The claim's lease is the task row, so ending
+/// the row's claim ends its term; the `released` history row is the
+/// trigger's.
 pub fn complete() -> String {
     complete_at("now()")
 }
@@ -191,16 +161,8 @@ pub(super) fn complete_at(clock: &str) -> String {
              WHERE t.id = claim.id AND t.fencing_token = claim.token AND t.processor = claim.processor
                AND {STARTED} AND t.must_heartbeat_before > {clock}
             RETURNING t.*
-         ), released AS (
-            UPDATE $schema.leases l
-               SET released_at = {clock}, expires_at = date_trunc('milliseconds', {clock})
-              FROM done
-             WHERE l.resource = 'task:' || done.id AND l.holder = done.processor
-               AND l.fencing_token = done.fencing_token
-               AND {live}
          )
-         SELECT {TASK_COLUMNS} FROM done ORDER BY id",
-        live = lease_live(clock)
+         SELECT {TASK_COLUMNS} FROM done ORDER BY id"
     )
 }
 

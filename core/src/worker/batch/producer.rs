@@ -296,43 +296,9 @@ async fn serve(
             .push_back(task);
     }
     let waiting = |task: crate::queue::Task| Waiting::claimed(Claim::of(task), sent, setup.ttl);
-    // Candidates the statement passed over (a task whose lease is held by
-    // hand) send the workers left wanting to `claim_next_in`, which runs the
-    // claim rule's variant that walks past such leases, one worker at a time.
-    let mut careful = claimed.passed_over;
     for want in wants {
         let mut mine = by_holder.remove(want.worker.as_str()).unwrap_or_default();
-        let task = match mine.pop_front() {
-            Some(task) => Some(task),
-            None if careful => {
-                let next = async {
-                    let conn = held.conn(setup).await?;
-                    Ok::<_, TransportError>(
-                        store::claim_next_in(
-                            conn,
-                            &setup.schema,
-                            &want.worker,
-                            setup.ttl,
-                            &setup.filter,
-                        )
-                        .await?,
-                    )
-                }
-                .await;
-                match next {
-                    Ok(Some(task)) => Some(task),
-                    Ok(None) => {
-                        careful = false;
-                        None
-                    }
-                    Err(e) => {
-                        let _ = want.reply.send(Err(e));
-                        continue;
-                    }
-                }
-            }
-            None => None,
-        };
+        let task = mine.pop_front();
         let Some(task) = task else {
             served.unserved.push(want.worker.clone());
             let _ = want.reply.send(Ok(None));

@@ -42,7 +42,7 @@
 //! it gets [`WorkerConfig::lost_grace`] to return; whatever it answers then
 //! is discarded. A task whose kind has no handler fails its attempt.
 //!
-//! An operator's cancel (or force-release) ends the claim in the database;
+//! An operator's cancel ends the claim in the database;
 //! a worker [hearing cancels](Worker::hearing_cancels) heartbeats at once
 //! on the announcement, is refused, and so loses the claim within moments
 //! instead of at its next heartbeat.
