@@ -81,24 +81,37 @@ pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
     .map_err(super::context::refused)
 }
 
-/// Cancels (`action` = `cancel`) or retries (`retry`) task `id`: an
-/// operator action, audited in the same transaction.
+/// Cancels (`action` = `cancel`) or retries (`retry`) task `id`, or
+/// releases (`release`) its claim whose token is `token`: an operator
+/// action, audited in the same transaction.
 #[server(prefix = "/sfn")]
-pub async fn control_task(id: i64, action: String) -> Result<String, AppError> {
+pub async fn control_task(
+    id: i64,
+    action: String,
+    #[server(default)] token: Option<i64>,
+) -> Result<String, AppError> {
+    use leasekeeper_core::queue::control;
     crate::error::check_id(id)?;
     let state = super::context::operator_state().await?;
     let action = parse_action(&action)?;
     let mut conn = state.pool.acquire().await?;
-    let task = leasekeeper_core::queue::control::apply(
-        &mut conn,
-        state.schema(),
-        action,
-        id,
-        &state.instance_id,
-    )
-    .await
+    let task = match (action, token) {
+        (TaskAction::Release, Some(token)) => {
+            control::release(&mut conn, state.schema(), id, token, &state.instance_id).await
+        }
+        (TaskAction::Release, None) => {
+            return Err(super::context::refused(AppError::BadRequest(
+                "a release names the claim's token".into(),
+            )));
+        }
+        _ => control::apply(&mut conn, state.schema(), action, id, &state.instance_id).await,
+    }
     .map_err(|e| super::context::refused(e.into()))?;
     Ok(match task.status {
+        TaskStatus::Started => format!(
+            "task {id}'s claim (token {}) released; the next worker to claim takes it over",
+            token.unwrap_or_default()
+        ),
         TaskStatus::Cancelled => format!(
             "task {id} cancelled; a worker that still runs it has its next heartbeat or completion refused"
         ),
@@ -147,6 +160,7 @@ pub async fn control_tasks(
     let done = match action {
         TaskAction::Cancel => "cancelled",
         TaskAction::Retry => "retried",
+        TaskAction::Release => "released",
     };
     Ok(format!("{count} {} tasks {done}", status.as_str()))
 }
@@ -509,10 +523,16 @@ fn capitalized(word: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The cancel or retry button of one task (none for a processed task).
+/// The cancel or retry button of one task (none for a processed task),
+/// and for a started one the release of its claim (token `token`).
 #[component]
-fn TaskControl(id: i64, status: TaskStatus, one: ServerAction<ControlTask>) -> impl IntoView {
-    TaskAction::for_status(status).map(TaskAction::as_str).map(|action| {
+fn TaskControl(
+    id: i64,
+    status: TaskStatus,
+    token: Option<i64>,
+    one: ServerAction<ControlTask>,
+) -> impl IntoView {
+    let main = TaskAction::for_status(status).map(TaskAction::as_str).map(|action| {
         view! {
             <ActionForm action=one>
                 <input type="hidden" name="id" value=id/>
@@ -524,7 +544,22 @@ fn TaskControl(id: i64, status: TaskStatus, one: ServerAction<ControlTask>) -> i
                 </button>
             </ActionForm>
         }
-    })
+    });
+    let release = token.filter(|_| status == TaskStatus::Started).map(|token| {
+        view! {
+            <ActionForm action=one>
+                <input type="hidden" name="id" value=id/>
+                <input type="hidden" name="action" value="release"/>
+                <input type="hidden" name="token" value=token/>
+                <button type="submit" data-testid="task-release"
+                    class="rounded bg-white px-2 py-0.5 text-xs font-medium ring-1 ring-slate-300 hover:bg-slate-100"
+                    title="End this claim now: the next worker to claim takes the task over with the next token; this worker is refused its next write">
+                    "Release claim"
+                </button>
+            </ActionForm>
+        }
+    });
+    view! { <div class="flex gap-1">{main}{release}</div> }
 }
 
 #[component]
@@ -567,7 +602,7 @@ fn TaskTable(page: TaskPage, one: ServerAction<ControlTask>) -> impl IntoView {
                             </td>
                             <td class="max-w-xs truncate px-3 py-2 font-mono text-xs text-slate-600">{task.task_data.to_string()}</td>
                             <td class=controls_class("controls", "px-3 py-2 bg-white")>
-                                <TaskControl id=task.id status=task.status one/>
+                                <TaskControl id=task.id status=task.status token=task.fencing_token one/>
                             </td>
                         </tr>
                     }
@@ -590,7 +625,7 @@ fn TaskDetailView(detail: TaskDetail, one: ServerAction<ControlTask>) -> impl In
                 <span>"processor " <b class="font-mono" data-testid="detail-processor">{task.processor.clone().unwrap_or_default()}</b></span>
                 <span>"token " <b class="font-mono" data-testid="detail-token">{task.fencing_token.map(|t| t.to_string()).unwrap_or_default()}</b></span>
                 <span data-testid="detail-attempts">{format!("attempt {} of {}", task.attempts, task.max_attempts)}</span>
-                <TaskControl id=task.id status=task.status one/>
+                <TaskControl id=task.id status=task.status token=task.fencing_token one/>
             </div>
             <dl class="mt-2 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2">
                 <div><dt class="inline text-slate-500">"kind "</dt><dd class="inline font-mono" data-testid="detail-kind">{task.kind.clone()}</dd></div>

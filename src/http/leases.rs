@@ -337,7 +337,7 @@ pub struct ForceReleaseBody {
     path = "/api/leases/{id}/force-release",
     tag = "leases",
     summary = "Force-release a term (operator)",
-    description = "Ends that term now, whoever holds it. A task lease's claim ends with it: the task is taken over at once and its old processor's writes are refused. Recorded in `lease_events` as an `operator` event.",
+    description = "Ends that term now, whoever holds it. (A task's claim has no lease row: `POST /api/tasks/{id}/release` ends it.) Recorded in `lease_events` as an `operator` event.",
     params(LeaseIdPath),
     request_body = ForceReleaseBody,
     security((), ("admin_token" = [])),

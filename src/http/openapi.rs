@@ -117,6 +117,7 @@ library's own leases and audit trails.";
         tasks::reads::attempts,
         tasks::controls::cancel_one,
         tasks::controls::retry_one,
+        tasks::controls::release_one,
         tasks::controls::cancel_matching,
         tasks::controls::retry_matching,
         workers::list,

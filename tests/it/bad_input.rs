@@ -33,6 +33,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/api/tasks/{task}/complete"),
     ("PUT", "/api/tasks/{id}/fail"),
     ("PUT", "/api/tasks/{task}/fail"),
+    ("POST", "/api/tasks/{id}/release"),
     ("GET", "/api/workers/{id}"),
     ("PUT", "/api/workers/{id}"),
     ("POST", "/api/workers/{id}/pause"),

@@ -377,13 +377,20 @@ async fn either_token_opens_every_worker_route() {
 #[tokio::test]
 async fn the_worker_token_never_opens_a_control() {
     let api = locked(false).await;
-    let (id, fence) = claimed(&api).await;
+    let (id, _) = claimed(&api).await;
     let (_, task) = api.get(&format!("/api/tasks/{id}")).await;
-    let lease_id: i64 = sqlx::query_scalar("SELECT id FROM leases WHERE resource = $1")
-        .bind(format!("task:{id}"))
-        .fetch_one(&api.db.pool)
-        .await
-        .unwrap();
+    // A lease of the lease store to force-release (a task's claim has none).
+    let lease = leasekeeper_core::lease::store::acquire(
+        &mut api.db.pool.acquire().await.unwrap(),
+        &Default::default(),
+        &leasekeeper_core::lease::Resource::parse("job:held").unwrap(),
+        &leasekeeper_core::lease::Holder::parse("h").unwrap(),
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+    .into_lease();
+    let (lease_id, lease_token) = (lease.id, lease.fencing_token);
     let before = footprint(&api).await;
     let controls: Vec<(Method, String, Value)> = vec![
         (Method::POST, "/api/generator/start".into(), Value::Null),
@@ -397,7 +404,7 @@ async fn the_worker_token_never_opens_a_control() {
         (
             Method::POST,
             format!("/api/leases/{lease_id}/force-release"),
-            json!({"fencing_token": fence}),
+            json!({"fencing_token": lease_token}),
         ),
     ];
     for (method, uri, body) in &controls {
@@ -418,7 +425,7 @@ async fn the_worker_token_never_opens_a_control() {
         Method::POST,
         &format!("/api/leases/{lease_id}/force-release"),
         Some(ADMIN),
-        json!({"fencing_token": fence}),
+        json!({"fencing_token": lease_token}),
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{b}");

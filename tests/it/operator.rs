@@ -229,7 +229,7 @@ async fn force_release_ends_the_term_the_operator_saw_and_no_other() {
 }
 
 #[tokio::test]
-async fn force_releasing_a_task_lease_ends_the_claim_too() {
+async fn releasing_a_task_s_claim_ends_it_and_the_task_is_taken_over_at_once() {
     let api = Api::new().await;
     let (s, task) = api
         .post(
@@ -244,18 +244,23 @@ async fn force_releasing_a_task_lease_ends_the_claim_too() {
     assert!(s.is_success(), "{claim}");
     let task_id = claim["id"].as_i64().unwrap();
     let token = claim["fencing_token"].as_i64().unwrap();
-    let lease_id: i64 = sqlx::query_scalar("SELECT id FROM leases WHERE resource = $1")
-        .bind(format!("task:{task_id}"))
-        .fetch_one(&api.db.pool)
-        .await
-        .unwrap();
+    // Another term's token: nothing changes.
     let (s, body) = api
         .post(
-            &format!("/api/leases/{lease_id}/force-release"),
+            &format!("/api/tasks/{task_id}/release"),
+            json!({"fencing_token": token + 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    let (s, body) = api
+        .post(
+            &format!("/api/tasks/{task_id}/release"),
             json!({"fencing_token": token}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "started");
+    assert!(body["heartbeat_in_ms"].as_i64().unwrap() <= 0, "{body}");
     // The old processor's completion is refused; another worker takes over.
     let (s, _) = api
         .put(
@@ -269,7 +274,29 @@ async fn force_releasing_a_task_lease_ends_the_claim_too() {
         .await;
     assert!(s.is_success(), "{again}");
     assert_eq!(again["id"].as_i64(), Some(task_id));
-    assert!(again["fencing_token"].as_i64().unwrap() > token);
+    assert_eq!(again["fencing_token"].as_i64(), Some(token + 1));
+    // Released twice: its claim is the new one's now.
+    let (s, body) = api
+        .post(
+            &format!("/api/tasks/{task_id}/release"),
+            json!({"fencing_token": token}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    // The history: the release ends the term, then the takeover; audited.
+    let kinds = crate::common::event_kinds(&api.db.pool, &format!("task:{task_id}")).await;
+    assert_eq!(
+        kinds,
+        [
+            "acquired",
+            "released",
+            "operator",
+            "stale_write_refused",
+            "taken_over"
+        ]
+    );
+    let (_, audit) = api.get("/api/audit").await;
+    assert!(audit.to_string().contains("release_claim"), "{audit}");
 }
 
 /// Race: the holder renews while the operator force-releases the same term.

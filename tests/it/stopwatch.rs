@@ -23,7 +23,7 @@ async fn expire(db: &TestDb, name: &str) {
 async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
-    for name in ["task:1", "task:2"] {
+    for name in ["job:1", "job:2"] {
         leases::acquire(
             &mut conn,
             &Default::default(),
@@ -37,7 +37,7 @@ async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
     leases::acquire(
         &mut conn,
         &Default::default(),
-        &resource("task:3"),
+        &resource("job:3"),
         &holder("w-alive"),
         TTL,
     )
@@ -63,31 +63,31 @@ async fn a_kill_is_timed_until_each_of_its_leases_is_taken_over() {
     );
 
     tokio::time::sleep(Duration::from_millis(50)).await;
-    expire(&db, "task:1").await;
+    expire(&db, "job:1").await;
     let taken = leases::acquire(
         &mut conn,
         &Default::default(),
-        &resource("task:1"),
+        &resource("job:1"),
         &holder("w-next"),
         TTL,
     )
     .await
     .unwrap();
     let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
-    let one = rows.iter().find(|f| f.resource == "task:1").unwrap();
+    let one = rows.iter().find(|f| f.resource == "job:1").unwrap();
     assert_eq!(one.new_holder.as_deref(), Some("w-next"));
     assert_eq!(one.new_token, Some(taken.lease().fencing_token));
     assert!(one.new_token > one.old_token);
     assert!(one.elapsed_ms.unwrap() >= 50, "{one:?}");
     assert_eq!(one.rule.as_deref(), Some("ttl"), "it ran out: {one:?}");
-    let two = rows.iter().find(|f| f.resource == "task:2").unwrap();
+    let two = rows.iter().find(|f| f.resource == "job:2").unwrap();
     assert!(
         two.taken_at.is_none(),
-        "task:2 was never taken over: {two:?}"
+        "job:2 was never taken over: {two:?}"
     );
     assert_eq!(two.rule, None, "no rule before a takeover");
     // A takeover the dashboard caused is not counted again as a silent death.
-    assert_eq!(rows.iter().filter(|f| f.resource == "task:1").count(), 1);
+    assert_eq!(rows.iter().filter(|f| f.resource == "job:1").count(), 1);
 }
 
 #[tokio::test]
@@ -168,7 +168,7 @@ async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
     leases::acquire(
         &mut conn,
         &Default::default(),
-        &resource("task:77"),
+        &resource("job:77"),
         &holder("w-killed"),
         TTL,
     )
@@ -208,39 +208,39 @@ async fn a_kill_stays_listed_behind_newer_failovers_until_it_resolves() {
     }
     let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
     assert_eq!(rows.iter().filter(|f| f.cause == "found_dead").count(), 10);
-    let kill = rows.iter().find(|f| f.resource == "task:77");
+    let kill = rows.iter().find(|f| f.resource == "job:77");
     assert!(
         kill.is_some_and(|k| k.taken_at.is_none() && k.ended.is_none()),
         "the unresolved kill must stay listed: {rows:?}"
     );
     // Ordered newest first, the kill (the oldest) last.
-    assert_eq!(rows.last().map(|f| f.resource.as_str()), Some("task:77"));
+    assert_eq!(rows.last().map(|f| f.resource.as_str()), Some("job:77"));
 
     // Resolved by a takeover: still listed (for a few minutes), with its time.
-    expire(&db, "task:77").await;
+    expire(&db, "job:77").await;
     leases::acquire(
         &mut conn,
         &Default::default(),
-        &resource("task:77"),
+        &resource("job:77"),
         &holder("w-next"),
         TTL,
     )
     .await
     .unwrap();
     let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
-    let kill = rows.iter().find(|f| f.resource == "task:77").unwrap();
+    let kill = rows.iter().find(|f| f.resource == "job:77").unwrap();
     assert_eq!(kill.new_holder.as_deref(), Some("w-next"));
     assert!(kill.elapsed_ms.is_some() && kill.ended.is_none());
     // Killed an hour ago and resolved long since: no longer kept.
     sqlx::raw_sql(
         "UPDATE failover_kills SET killed_at = killed_at - interval '2 hours';
-         UPDATE lease_events SET at = at - interval '2 hours' WHERE resource = 'task:77'",
+         UPDATE lease_events SET at = at - interval '2 hours' WHERE resource = 'job:77'",
     )
     .execute(&mut *conn)
     .await
     .unwrap();
     let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
-    assert!(rows.iter().all(|f| f.resource != "task:77"), "{rows:?}");
+    assert!(rows.iter().all(|f| f.resource != "job:77"), "{rows:?}");
 }
 
 #[tokio::test]
@@ -280,7 +280,6 @@ async fn a_killed_task_that_runs_out_of_attempts_says_it_failed() {
         .execute(&mut *conn)
         .await
         .unwrap();
-    expire(&db, &name).await;
     assert!(
         tasks::claim_next(&mut conn, &Default::default(), &holder("w-next"), TTL)
             .await

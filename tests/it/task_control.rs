@@ -43,12 +43,13 @@ async fn audit(api: &Api, id: i64) -> Vec<(String, String)> {
     .unwrap()
 }
 
+/// Whether task `id` has a live claim: its lease is the task row.
 async fn lease_live(api: &Api, id: i64) -> bool {
     sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM leases WHERE resource = $1
-                           AND released_at IS NULL AND expires_at > now())",
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1
+                           AND status = 'started' AND must_heartbeat_before > now())",
     )
-    .bind(format!("task:{id}"))
+    .bind(id)
     .fetch_one(&api.db.pool)
     .await
     .unwrap()

@@ -486,7 +486,7 @@ async fn an_idle_worker_wakes_on_an_enqueue_instead_of_waiting_for_its_poll() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
+async fn an_idle_worker_wakes_when_an_operator_releases_a_task_s_claim() {
     let db = TestDb::new().await;
     let (fleet, live) = slow_polling_fleet(&db, "inst-f");
     // A task held by hand, with a long lease, before the worker starts.
@@ -504,20 +504,12 @@ async fn an_idle_worker_wakes_when_an_operator_force_releases_a_task_lease() {
     fleet.spawn().await.unwrap();
     idle(&db, "inst-f-w1").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let lease = leasekeeper_core::lease::store::get_by_resource(
-        &mut db.pool.acquire().await.unwrap(),
-        &Default::default(),
-        &leasekeeper_core::lease::Resource::parse(Task::resource_name(held.id)).unwrap(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
     let started = Instant::now();
-    leasekeeper::ops::force_release(
+    leasekeeper_core::queue::control::release(
         &mut db.pool.acquire().await.unwrap(),
         &Default::default(),
-        lease.id,
-        lease.fencing_token,
+        held.id,
+        held.fencing_token.unwrap(),
         "inst-f",
     )
     .await

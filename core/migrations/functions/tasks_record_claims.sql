@@ -38,6 +38,18 @@ SET enable_seqscan = off
 SET enable_nestloop = off
 AS $$
 BEGIN
+    -- Race prevented: a claim issuing a token the task already had. Every
+    -- claim of this version moves the token up under the row's lock (see
+    -- the claim statement); a claim by an older version still running
+    -- through the upgrade (which took its token from `lease_fencing`, no
+    -- longer kept for tasks) or a hand-made UPDATE could move it back,
+    -- and a write fenced by the old token would then pass. Refused whole.
+    IF EXISTS (SELECT 1 FROM old_rows o JOIN new_rows n ON n.id = o.id
+                WHERE n.fencing_token < o.fencing_token) THEN
+        RAISE EXCEPTION 'a task''s fencing token may only rise: this change moves one back'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'stop every runtime, worker and instance older than migration 20261208000001';
+    END IF;
     -- One statement for the whole change: the rows whose claim began,
     -- ended or was renewed (any other update of a task passes by), the
     -- attempts they closed, the attempts they opened, and their history.

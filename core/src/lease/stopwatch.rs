@@ -9,8 +9,8 @@ use crate::db::Schema;
 use sqlx::PgConnection;
 
 /// Records that `subject` (a worker or an instance) was just killed, with
-/// every live lease held by any of `holders` (the worker's id; an instance's
-/// id and its workers' ids). Returns how many leases it held.
+/// every live lease and task claim held by any of `holders` (the worker's
+/// id; an instance's id and its workers' ids). Returns how many it held.
 pub async fn record_kill(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -19,13 +19,17 @@ pub async fn record_kill(
     holders: &[String],
 ) -> sqlx::Result<u64> {
     crate::db::atomically!(conn, schema, async {
-        // Only reads leases to decide nothing about ownership: it snapshots who
-        // held what at the kill. Run right after the kill, before the leases
-        // can expire, it sees every term the victim left behind.
+        // Only reads leases and claims to decide nothing about ownership: it
+        // snapshots who held what at the kill. Run right after the kill, before
+        // the terms can expire, it sees every term the victim left behind: its
+        // leases, and its tasks' claims (a claim's lease is its task row).
         let done = schema.query(
             "INSERT INTO $schema.failover_kills (subject_kind, subject, resource, holder, fencing_token)
              SELECT $1, $2, resource, holder, fencing_token FROM $schema.leases
-              WHERE holder = ANY($3) AND released_at IS NULL AND expires_at > now()",
+              WHERE holder = ANY($3) AND released_at IS NULL AND expires_at > now()
+             UNION ALL
+             SELECT $1, $2, 'task:' || id, processor, fencing_token FROM $schema.tasks
+              WHERE status = 'started' AND processor = ANY($3) AND must_heartbeat_before > now()",
         )
         .bind(subject_kind)
         .bind(subject)

@@ -1,10 +1,10 @@
 //! Operator controls on tasks and leases: cancel and retry, one task or
-//! every task matching a filter; and force-release of a lease (ending a
-//! task's claim with it).
+//! every task matching a filter; release of a task's claim; and
+//! force-release of a lease.
 //!
 //! - **Cancel** takes a pending or started task out of the queue (status
-//!   `cancelled`). A started task's claim ends with it: its lease is
-//!   released in the same transaction, and its processor's later heartbeats,
+//!   `cancelled`). A started task's claim ends with it (the task row is its
+//!   lease), and its processor's later heartbeats,
 //!   completion or failure report are refused and recorded as stale writes
 //!   (the task is no longer `started`). The process running it hears of
 //!   it at once ([`Topics::CANCELS`], announced after the commit): its
@@ -13,6 +13,9 @@
 //!   completes, usually within milliseconds.
 //! - **Retry** puts a failed or cancelled task back to `pending`, runnable
 //!   now, with its attempts reset to 0.
+//! - **Release** ([`release`]) ends a started task's claim now and leaves
+//!   the task to be taken over at once, with the next token: for a worker
+//!   that is stuck but alive. Its processor hears of it as of a cancel.
 //!
 //! Every change writes one `operator` row per task to `lease_events` (on
 //! resource `task:<id>`, naming the action, who took it and the claim's
@@ -47,11 +50,13 @@ use std::time::Duration;
 pub use super::TaskAction as Action;
 
 impl Action {
-    /// The `action` an audit row names: `cancel_task` or `retry_task`.
+    /// The `action` an audit row names: `cancel_task`, `retry_task` or
+    /// `release_claim`.
     pub fn audit_name(self) -> &'static str {
         match self {
             Action::Cancel => "cancel_task",
             Action::Retry => "retry_task",
+            Action::Release => "release_claim",
         }
     }
 
@@ -64,6 +69,11 @@ impl Action {
             Action::Retry => {
                 "status = 'pending', attempts = 0, scheduled_at = now(), failed_at = NULL, \
                  cancelled_at = NULL, must_heartbeat_before = NULL"
+            }
+            // Late now, never later than it was (a deadline moved on would
+            // be a renewal).
+            Action::Release => {
+                "must_heartbeat_before = LEAST(must_heartbeat_before, now() - interval '1 millisecond')"
             }
         }
     }
@@ -145,12 +155,49 @@ pub async fn retry(
     .await)
 }
 
-/// [`cancel`] or [`retry`] task `id`, as `action` says.
+/// Ends the claim of started task `id` whose token is `token` now, on
+/// behalf of `by`: the task stays started but late, so the next claim takes
+/// it over with the next token, and its processor's heartbeat, completion
+/// or failure is refused (it hears of it as of a cancel, and idle workers
+/// are woken as by an enqueue). [`TaskError::Stale`] (a conflict) when the
+/// task is not started or its claim has another token now (it was taken
+/// over: the operator meant the earlier one); [`TaskError::NotFound`] when
+/// there is no such task.
+pub async fn release(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    token: i64,
+    by: &str,
+) -> Result<Task, TaskError> {
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        apply_to(conn, schema, Action::Release, id, Some(token), by).await
+    }
+    .await)
+}
+
+/// [`cancel`], [`retry`] or release task `id`, as `action` says (a release
+/// whatever its claim's token; see [`release`]).
 pub async fn apply(
     conn: &mut PgConnection,
     schema: &Schema,
     action: Action,
     id: i64,
+    by: &str,
+) -> Result<Task, TaskError> {
+    crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
+        apply_to(conn, schema, action, id, None, by).await
+    }
+    .await)
+}
+
+/// [`apply`], only to the claim whose token is `token` when given.
+async fn apply_to(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    action: Action,
+    id: i64,
+    token: Option<i64>,
     by: &str,
 ) -> Result<Task, TaskError> {
     crate::db::atomically!(conn, schema, Result<Task, TaskError>, async {
@@ -161,30 +208,45 @@ pub async fn apply(
         // row version once the row lock is ours: a completion that commits
         // first leaves the task processed and this changes nothing (a conflict,
         // said below); a claim that commits first leaves it started, and a
-        // cancel then ends that claim (its lease, below). Whatever commits after
-        // us sees the new status: a processor's heartbeat or completion of a
-        // cancelled task is refused, a claim skips it.
+        // cancel or release then ends that claim (the task row is its lease).
+        // Whatever commits after us sees the new status or deadline: a
+        // processor's heartbeat or completion of a cancelled or released claim
+        // is refused, a claim skips a cancelled task. A release names its
+        // claim's token, re-checked on the newest version too, so a claim
+        // that took the task over meanwhile is not the one released.
         let changed = schema.query(&format!(
             "UPDATE $schema.tasks SET {set}
                FROM (SELECT id AS pick_id, status AS was FROM $schema.tasks WHERE id = $1 FOR UPDATE) pick
               WHERE id = pick.pick_id AND {applies}
+                AND ($2::int8 IS NULL OR fencing_token = $2)
              RETURNING {TASK_COLUMNS}, pick.was",
             set = action.set_clause(),
             applies = action.applies_sql(),
         ))
         .bind(id)
+        .bind(token)
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| key_taken(e, &format!("task {id} cannot be retried")))?;
         let Some(row) = changed else {
-            let status: Option<TaskStatus> = schema
-                .query_scalar("SELECT status FROM $schema.tasks WHERE id = $1")
+            let now: Option<(TaskStatus, Option<i64>)> = schema
+                .query_as("SELECT status, fencing_token FROM $schema.tasks WHERE id = $1")
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await?;
-            return Err(match status {
+            return Err(match now {
                 None => TaskError::NotFound(id),
-                Some(status) => TaskError::Stale {
+                Some((TaskStatus::Started, current)) if token.is_some() && current != token => {
+                    TaskError::Stale {
+                        id,
+                        reason: format!(
+                            "its claim is token {} now, not {}; nothing changed",
+                            current.unwrap_or_default(),
+                            token.unwrap_or_default()
+                        ),
+                    }
+                }
+                Some((status, _)) => TaskError::Stale {
                     id,
                     reason: format!(
                         "it is {}; {} applies to {} tasks; nothing changed",
@@ -200,12 +262,14 @@ pub async fn apply(
         let changed = Changed {
             id: task.id,
             token: task.fencing_token,
+            processor: task.processor.clone(),
             was,
         };
-        let ended_a_claim = action == Action::Cancel && changed.was == TaskStatus::Started.as_str();
+        let ended_a_claim = action != Action::Retry && changed.was == TaskStatus::Started.as_str();
         finish(&mut tx, schema, action, &[changed], by, false).await?;
         tx.commit().await?;
-        if action == Action::Retry {
+        if action != Action::Cancel {
+            // Claimable now: wake idle workers, as an enqueue does.
             live::announce(Topics::WORK);
         }
         if ended_a_claim {
@@ -297,12 +361,12 @@ pub async fn apply_matching(
                   ORDER BY id LIMIT {BATCH}
                   FOR UPDATE SKIP LOCKED) pick
           WHERE t.id = pick.pick_id AND t.{applies}
-         RETURNING t.id, t.fencing_token AS token, pick.was",
+         RETURNING t.id, t.fencing_token AS token, t.processor, pick.was",
         set = action.set_clause(),
         status = filter.status.as_str(),
         applies = action.applies_sql(),
         free_key = match action {
-            Action::Cancel => "",
+            Action::Cancel | Action::Release => "",
             // A retried task whose unique key (scope active) another
             // pending or started task holds would break the key: left as it
             // is. Of several matching tasks sharing a key, the oldest only.
@@ -357,14 +421,14 @@ pub async fn apply_matching(
             tokio::time::sleep(Duration::from_millis(25)).await;
             continue;
         }
-        let ended_a_claim = action == Action::Cancel
+        let ended_a_claim = action != Action::Retry
             && changed
                 .iter()
                 .any(|c| c.was == TaskStatus::Started.as_str());
         finish(&mut tx, schema, action, &changed, by, true).await?;
         tx.commit().await?;
         total += changed.len() as u64;
-        if action == Action::Retry {
+        if action != Action::Cancel {
             live::announce(Topics::WORK);
         }
         if ended_a_claim {
@@ -382,11 +446,13 @@ pub async fn apply_matching(
 struct Changed {
     id: i64,
     token: Option<i64>,
+    processor: Option<String>,
     was: String,
 }
 
-/// After the tasks `changed` changed: every task gets its audit row. In the
-/// transaction of the change. (A cancel's end of a live claim is the task
+/// After the tasks `changed` changed: a release records the end of each
+/// claim's term; every task gets its audit row. In the transaction of the
+/// change. (A cancel's end of a live claim is the task
 /// row's change itself: the row is the claim's lease, and the trigger
 /// records the release.)
 async fn finish(
@@ -401,6 +467,28 @@ async fn finish(
         let ids: Vec<i64> = changed.iter().map(|c| c.id).collect();
         let tokens: Vec<Option<i64>> = changed.iter().map(|c| c.token).collect();
         let was: Vec<&str> = changed.iter().map(|c| c.was.as_str()).collect();
+        if action == Action::Release {
+            // The term ends now in the history, as a release: a reader of
+            // lease_events (the split-brain check, the timeline) ends it
+            // here, not at the deadline it had, so the takeover that follows
+            // at once is no overlap.
+            let processors: Vec<Option<&str>> =
+                changed.iter().map(|c| c.processor.as_deref()).collect();
+            schema
+                .query(
+                    "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, expires_at, detail)
+                     SELECT 'task:' || c.id, c.processor, c.token, 'released',
+                            date_trunc('milliseconds', now()), jsonb_build_object('by', $4::text)
+                       FROM unnest($1::int8[], $2::int8[], $3::text[]) AS c(id, token, processor)
+                      ORDER BY c.id",
+                )
+                .bind(&ids)
+                .bind(&tokens)
+                .bind(&processors)
+                .bind(by)
+                .execute(&mut *conn)
+                .await?;
+        }
         schema
             .query(
                 "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)

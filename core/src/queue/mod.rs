@@ -60,6 +60,11 @@ pub enum TaskAction {
     Cancel,
     /// Failed or cancelled → pending, attempts reset.
     Retry,
+    /// Started → still started, its claim ended now: another worker may
+    /// take the task over at once (with the next token), and its
+    /// processor's writes are refused. What a force-release of a task's
+    /// lease did before the task row became the lease (issue 41).
+    Release,
 }
 
 impl TaskAction {
@@ -68,6 +73,7 @@ impl TaskAction {
         match self {
             TaskAction::Cancel => &[TaskStatus::Pending, TaskStatus::Started],
             TaskAction::Retry => &[TaskStatus::Failed, TaskStatus::Cancelled],
+            TaskAction::Release => &[TaskStatus::Started],
         }
     }
 
@@ -78,27 +84,32 @@ impl TaskAction {
     }
 
     /// The action that applies to a task in `status`, if any (none for a
-    /// processed task).
+    /// processed task): cancel or retry ([`TaskAction::Release`] is the
+    /// started task's second action).
     pub fn for_status(status: TaskStatus) -> Option<TaskAction> {
         [TaskAction::Cancel, TaskAction::Retry]
             .into_iter()
             .find(|a| a.applies_to().contains(&status))
     }
 
-    /// `cancel` or `retry`.
+    /// `cancel`, `retry` or `release`.
     pub fn as_str(self) -> &'static str {
         match self {
             TaskAction::Cancel => "cancel",
             TaskAction::Retry => "retry",
+            TaskAction::Release => "release",
         }
     }
 
-    /// Parses `cancel` or `retry`, else says what it takes.
+    /// Parses `cancel`, `retry` or `release`, else says what it takes.
     pub fn parse(raw: &str) -> Result<TaskAction, String> {
         match raw {
             "cancel" => Ok(TaskAction::Cancel),
             "retry" => Ok(TaskAction::Retry),
-            other => Err(format!("action must be cancel or retry, got {other:?}")),
+            "release" => Ok(TaskAction::Release),
+            other => Err(format!(
+                "action must be cancel, retry or release, got {other:?}"
+            )),
         }
     }
 }

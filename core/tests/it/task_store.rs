@@ -506,6 +506,25 @@ async fn a_task_s_claim_is_its_task_row_and_the_lease_store_refuses_its_name() {
             ("released".to_string(), w("w2"), Some(2), None),
         ]
     );
+    // A token never goes back (an older version's claim, a hand-made
+    // change): refused whole by the tasks trigger.
+    let back = sqlx::query("UPDATE tasks SET fencing_token = 1 WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
+    let sqlx::Error::Database(e) = &back else {
+        panic!("{back}")
+    };
+    assert_eq!(e.code().as_deref(), Some("23514"), "{back}");
+    assert_eq!(
+        store::get(&mut conn, &Default::default(), ids[0])
+            .await
+            .unwrap()
+            .unwrap()
+            .fencing_token,
+        Some(2)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

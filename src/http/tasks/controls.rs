@@ -1,4 +1,5 @@
-//! The operator's controls on tasks: cancel or retry one task, or every
+//! The operator's controls on tasks: cancel, retry or release (the claim
+//! of) one task, cancel or retry every
 //! task matching the list's filters (in batches, each audited in its own
 //! transaction; see [`leasekeeper_core::queue::control`]).
 
@@ -77,6 +78,57 @@ pub(super) async fn retry_one(
             &mut *s.pool.acquire().await?,
             s.schema(),
             id,
+            &s.instance_id,
+        )
+        .await?,
+    ))
+}
+
+/// The body of a release: the claim the operator means to end.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The token of the claim to end (a claim that took the task over
+    /// since has another, and is left alone).
+    #[serde(deserialize_with = "leasekeeper_core::json::int")]
+    fencing_token: i64,
+}
+
+/// `POST /api/tasks/{id}/release {"fencing_token": N}`: an operator ends
+/// claim N of a started task now; the task is taken over at once with the
+/// next token. 409 when the task is not started or its claim has another
+/// token now.
+#[utoipa::path(
+    post,
+    path = "/api/tasks/{id}/release",
+    tag = "tasks",
+    summary = "Release a task's claim (operator)",
+    description = "Ends that claim now, whoever holds it: the task stays started but late, so the next claim takes it over with the next token (idle workers are woken), and the old processor's heartbeat, completion or failure is refused (a runtime's handler hears it as a cancel). The claim's end (`released`) and the action (`operator`) go to the task's history in the same transaction. For a worker stuck but alive; cancel takes the task out of the queue instead.",
+    params(TaskIdPath),
+    request_body = ReleaseBody,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, its claim ended", body = Task),
+        BadId,
+        Unauthorized,
+        TaskNotFound,
+        (status = 409, description = "The task is not started, or its claim has another token now", body = ErrorBody),
+        TooLarge,
+        NotJson,
+    )
+)]
+pub(super) async fn release_one(
+    State(s): State<AppState>,
+    _: crate::auth::Operator,
+    Id(id): Id,
+    JsonBody(body): JsonBody<ReleaseBody>,
+) -> Result<Json<Task>, AppError> {
+    Ok(Json(
+        control::release(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            id,
+            body.fencing_token,
             &s.instance_id,
         )
         .await?,

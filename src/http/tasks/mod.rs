@@ -37,6 +37,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/{id}/attempts", get(reads::attempts))
         .route("/api/tasks/{id}/cancel", post(controls::cancel_one))
         .route("/api/tasks/{id}/retry", post(controls::retry_one))
+        .route("/api/tasks/{id}/release", post(controls::release_one))
         .route("/api/tasks/cancel", post(controls::cancel_matching))
         .route("/api/tasks/retry", post(controls::retry_matching))
 }
