@@ -222,7 +222,6 @@ async fn run(
     // server: our figures include announcing every change.
     let hub = LiveHub::start(pool.clone());
     let mut r = Results::new();
-    seed_fencing_history(pool).await?;
 
     let mut by_workers = Vec::new();
     let mut claims = Samples(Vec::new());
@@ -560,8 +559,7 @@ fn key(key: String) -> &'static str {
 
 /// Empties the queue (tasks, their leases and history) and queues `n`
 /// tasks (of the simulated kind, for the store-level loops), then vacuums
-/// and checkpoints so the run starts clean. `lease_fencing` is kept, as it
-/// is in production (it is never deleted).
+/// and checkpoints so the run starts clean.
 async fn prepare(pool: &PgPool, n: i64) -> Result<()> {
     empty(pool).await?;
     add_tasks(pool, n).await?;
@@ -595,30 +593,10 @@ async fn empty(pool: &PgPool) -> Result<()> {
 /// for a prepared statement) reads all of it instead, while the run adds a
 /// row per task. A deployment's tables are never empty like that.
 async fn settle(pool: &PgPool) -> Result<()> {
-    sqlx::query("VACUUM ANALYZE tasks, lease_fencing, task_counts")
+    sqlx::query("VACUUM ANALYZE tasks, task_counts")
         .execute(pool)
         .await?;
     sqlx::query("CHECKPOINT").execute(pool).await?;
-    Ok(())
-}
-
-/// `lease_fencing` keeps the last token of every resource ever leased (one
-/// row per task ever claimed), so in a running deployment it is large. On
-/// a fresh database it is empty, and the planner plans the claim's token
-/// lookup in it as a sequential scan; a prepared statement keeps that plan
-/// until autovacuum's first ANALYZE of the table (within about a minute of
-/// the first claims), and until then every claim reads the whole table:
-/// measured here, half the throughput after a few seconds. The benchmark
-/// measures the steady state: it seeds 100,000 rows of history first.
-async fn seed_fencing_history(pool: &PgPool) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO lease_fencing (resource, last_token)
-         SELECT 'bench:history-' || g, 1 FROM generate_series(1, 100000) g
-         ON CONFLICT (resource) DO NOTHING",
-    )
-    .execute(pool)
-    .await?;
-    sqlx::query("ANALYZE lease_fencing").execute(pool).await?;
     Ok(())
 }
 

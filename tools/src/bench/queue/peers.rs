@@ -10,7 +10,7 @@
 //!   a change to the runtime.
 
 use super::race::{Protocol, race};
-use super::{DB, bulk, contestants, seed_fencing_history};
+use super::{DB, bulk, contestants};
 use crate::bench::{Details, Options, Progress, Results, fresh_database, ratio, report_with};
 use anyhow::Result;
 use leasekeeper::settings::Settings;
@@ -44,7 +44,6 @@ async fn partial(
     let mut r = Results::new();
     let mut details = Details::new();
     let result = async {
-        seed_fencing_history(&db.pool).await?;
         if racing {
             progress.phase(&format!("the race, {} alternating rounds", protocol.rounds));
             details.push(("protocol".into(), protocol.describe()));

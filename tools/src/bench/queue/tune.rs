@@ -116,7 +116,6 @@ pub(super) fn awa_best() -> awa::Settings {
 pub async fn tune(settings: Settings, options: Options, only: Option<&str>) -> Result<()> {
     let protocol = Protocol::tuning(options.quick);
     let db = fresh_database(&settings, DB, 40).await?;
-    super::seed_fencing_history(&db.pool).await?;
     let wanted = |who: &str| only.is_none_or(|o| o == who);
     let (ours, graphile, awa) = (
         if wanted("ours") {
