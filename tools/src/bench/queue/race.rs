@@ -239,6 +239,15 @@ impl Running {
         }
     }
 
+    /// The statement that counts this contestant's completions in the
+    /// database (none for Awa, whose program answers its count).
+    fn count_sql(&self) -> Option<String> {
+        match self {
+            Running::Processes { completed, .. } => Some(completed.clone()),
+            Running::Awa(_) => None,
+        }
+    }
+
     /// Step 4: a graceful shut-down, waited for.
     async fn stop(self) -> Result<()> {
         match self {
@@ -294,15 +303,26 @@ pub(super) async fn round(
     let wal_before = wal_lsn(&db.pool).await?;
     let mut running = contestant.start(db, protocol.depth, id).await?;
     let clocked = clock(&db.pool, &mut running, protocol).await;
-    let total = running.completed(&db.pool).await;
+    let counted = running.completed(&db.pool).await;
+    let count_again = running.count_sql();
     let stopped = running.stop().await;
     let (per_s, window_s) = clocked?;
     stopped?;
-    // Every completion the round made, committed by the shut-down (ours
-    // and graphile-worker's flush their batches then; Awa's count is read
-    // before, and its shut-down's last batch is not in it: a hair more
-    // rows per task for Awa, never fewer).
-    let total = total?;
+    // Every completion the round made, committed by the shut-down: ours and
+    // graphile-worker's counted again from the database after it (they go
+    // on completing until they stop, and flush their batches then: a count
+    // taken before the stop left those out while their rows were in, and
+    // put up to a quarter more rows on each of our tasks at 25,000 a
+    // second); Awa's is its program's, read before its stop, whose last
+    // batch is not in it: a hair more rows per task for Awa, never fewer.
+    let total = match count_again {
+        Some(sql) => {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(&db.pool)
+                .await?
+        }
+        None => counted?,
+    };
     let wal_per_task =
         ((wal_lsn(&db.pool).await? - wal_before) as f64 / total.max(1) as f64).round();
     // Their backends have ended, so their statistics are flushed; give the
