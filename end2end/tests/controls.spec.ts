@@ -1,6 +1,6 @@
 import { test, expect, APIRequestContext } from "../support/test";
 
-// Task controls (cancel, retry, one and all matching the filter), the audit
+// Task controls (cancel, retry, release, one and all matching the filter), the audit
 // page, and paging, in a real browser. Tasks get a kind of their own so no
 // simulated worker (which runs `sleep` tasks) claims them.
 
@@ -75,6 +75,39 @@ test("cancelling a started task from the page ends its claim: its holder's heart
   expect((await beat.json()).error).toContain("cancelled");
   // The refused write shows in the history (live).
   await expect(detail.locator('[data-testid="history-event"][data-kind="stale_write_refused"]')).toHaveCount(1);
+});
+
+test("releasing a started task's claim from the page: its holder is refused and another worker takes it over with the next token", async ({ page, request }) => {
+  const k = kind();
+  const task = await enqueue(request, k);
+  const claimed = await claimAs(request, k, "pw-rel-holder");
+  expect(claimed.id).toBe(task.id);
+
+  await page.goto(`/tasks?id=${task.id}`);
+  const detail = page.getByTestId("task-detail");
+  await expect(detail.getByTestId("detail-status")).toHaveText("started");
+  await expect(detail.getByTestId("detail-token")).toHaveText(String(claimed.fencing_token));
+  await detail.getByTestId("task-release").click();
+  // Still started, its claim over: the history ends the term and names the action.
+  await expect(detail.getByTestId("lease-history")).toContainText("operator: release claim");
+  await expect(detail.locator('[data-testid="history-event"][data-kind="released"]')).toHaveCount(1);
+  await expect(detail.getByTestId("detail-status")).toHaveText("started");
+
+  const beat = await request.put(`/api/tasks/${task.id}/heartbeat`, {
+    data: { processor: "pw-rel-holder", fencing_token: claimed.fencing_token },
+  });
+  expect(beat.status()).toBe(409);
+  const next = await claimAs(request, k, "pw-rel-next");
+  expect(next.id).toBe(task.id);
+  expect(next.fencing_token).toBe(claimed.fencing_token + 1);
+  // The page follows: the new holder and token, live.
+  await expect(detail.getByTestId("detail-processor")).toHaveText("pw-rel-next");
+  await expect(detail.getByTestId("detail-token")).toHaveText(String(claimed.fencing_token + 1));
+  // A pending task offers no release.
+  const pending = await enqueue(request, k);
+  await page.goto(`/tasks?id=${pending.id}`);
+  await expect(page.getByTestId("task-detail").getByTestId("task-cancel")).toBeVisible();
+  await expect(page.getByTestId("task-detail").getByTestId("task-release")).toHaveCount(0);
 });
 
 test("every failed task is retried after a confirmation, and keeping them changes nothing", async ({ page, request }) => {
