@@ -2,14 +2,14 @@ import { test } from "../support/test";
 import path from "node:path";
 
 // Not a test: refreshes the screenshots of the README and docs/dashboard.md from a running dashboard.
-//   SCREENSHOTS=1 LEPTOS_SITE_ADDR=127.0.0.1:3010 npx playwright test tests/screenshots.spec.ts
+//   SCREENSHOTS=1 SHOT_TASK=<id> SHOT_LEASE=<id> LEPTOS_SITE_ADDR=127.0.0.1:3010 npx playwright test tests/screenshots.spec.ts
 // (run against `leasekeeper-tools cluster` with the generator started, so the
 // pages have something to show). Skipped unless SCREENSHOTS is set.
 
 const docs = path.resolve(__dirname, "..", "..", "docs");
 const pages: [string, string][] = [
   ["overview", "/"],
-  ["leases", "/leases?id=1"],
+  ["leases", `/leases?id=${process.env.SHOT_LEASE ?? "1"}`],
   ["tasks", `/tasks?id=${process.env.SHOT_TASK ?? "1"}`],
   ["workers", "/workers"],
   ["schedules", "/schedules"],
