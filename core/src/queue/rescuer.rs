@@ -122,7 +122,7 @@ pub async fn rescue(
             //
             // Ordered by tasks_started_idx, so a batch reads the late tasks only.
             let failed: Vec<i64> = schema
-                .query_scalar(&format!(
+                .query_scalar(
                     "WITH doomed AS (
                         SELECT id FROM $schema.tasks
                          WHERE status = 'started' AND must_heartbeat_before <= now()
@@ -137,8 +137,8 @@ pub async fn rescue(
                                                 t.attempts, t.max_attempts)
                        FROM doomed d
                       WHERE t.id = d.id
-                     RETURNING t.id"
-                ))
+                     RETURNING t.id",
+                )
                 .bind(i64::try_from(batch.max(1)).unwrap_or(i64::MAX))
                 .fetch_all(&mut *tx)
                 .await?;

@@ -489,7 +489,9 @@ async fn a_task_s_claim_is_its_task_row_and_the_lease_store_refuses_its_name() {
     .await
     .unwrap();
     assert_eq!(rows, (0, 0), "no lease or fencing row for a task");
-    let history: Vec<(String, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+    /// kind, holder, token, previous holder
+    type Event = (String, Option<String>, Option<i64>, Option<String>);
+    let history: Vec<Event> = sqlx::query_as(
         "SELECT kind, holder, fencing_token, previous_holder FROM lease_events WHERE resource = $1 ORDER BY id",
     )
     .bind(resource.as_str())
