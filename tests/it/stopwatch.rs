@@ -124,6 +124,52 @@ async fn a_silent_death_is_timed_from_the_last_renewal() {
     assert_eq!(f.rule.as_deref(), Some("ttl"));
 }
 
+/// A task's claim an operator released, then taken over, is no silent
+/// death; a late one taken over is.
+#[tokio::test]
+async fn a_released_claim_taken_over_is_not_a_silent_death() {
+    use leasekeeper_core::queue::{NewTask, control, store as tasks};
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let task = tasks::enqueue(
+            &mut conn,
+            &Default::default(),
+            &NewTask::new("t", json!({})),
+        )
+        .await
+        .unwrap();
+        ids.push(task.id);
+    }
+    let released = tasks::claim_next(&mut conn, &Default::default(), &holder("w-old"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let late = tasks::claim_next(&mut conn, &Default::default(), &holder("w-gone"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    control::release(&mut conn, &Default::default(), released.id, 1, "ops")
+        .await
+        .unwrap();
+    sqlx::query("UPDATE tasks SET must_heartbeat_before = now() - interval '1 ms' WHERE id = $1")
+        .bind(late.id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    for who in ["w-new1", "w-new2"] {
+        tasks::claim_next(&mut conn, &Default::default(), &holder(who), TTL)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let rows = recent(&mut conn, &Default::default(), 10).await.unwrap();
+    let resources: Vec<String> = rows.iter().map(|f| f.resource.clone()).collect();
+    assert_eq!(resources, vec![format!("task:{}", late.id)], "{rows:?}");
+    assert_eq!(rows[0].cause, "found_dead");
+}
+
 #[tokio::test]
 async fn killing_a_busy_worker_through_the_api_starts_the_stopwatch() {
     let api = Api::new().await;

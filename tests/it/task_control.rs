@@ -363,6 +363,22 @@ async fn the_page_controls_cancel_and_retry() {
 /// a live lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_racing_the_holders_completion_never_lets_both_win() {
+    an_action_racing_the_holders_completion("cancel", "cancelled").await;
+}
+
+/// Race: an operator releases a started task's claim at the instant its
+/// holder completes it. Exactly one wins: either the task is processed and
+/// the release is refused (409), or the task is still started with its
+/// claim ended (late, ready for a takeover) and the completion refused and
+/// recorded. Never both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_racing_the_holders_completion_never_lets_both_win() {
+    an_action_racing_the_holders_completion("release", "started").await;
+}
+
+/// 60 rounds of `action` (`cancel` or `release`, posted to the task) racing
+/// the holder's completion; the task is in `status` when the action won.
+async fn an_action_racing_the_holders_completion(action: &'static str, status: &'static str) {
     let api = Arc::new(Api::new().await);
     let (mut cancelled, mut completed) = (0, 0);
     for round in 0..60 {
@@ -375,9 +391,12 @@ async fn a_cancel_racing_the_holders_completion_never_lets_both_win() {
             let (api, barrier) = (api.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                api.post(&format!("/api/tasks/{id}/cancel"), json!({}))
-                    .await
-                    .0
+                api.post(
+                    &format!("/api/tasks/{id}/{action}"),
+                    json!({"fencing_token": token}),
+                )
+                .await
+                .0
             })
         };
         let complete = {
@@ -395,7 +414,7 @@ async fn a_cancel_racing_the_holders_completion_never_lets_both_win() {
         let (_, task) = api.get(&format!("/api/tasks/{id}")).await;
         match (c, d) {
             (StatusCode::OK, StatusCode::CONFLICT) => {
-                assert_eq!(task["status"], "cancelled", "round {round}");
+                assert_eq!(task["status"], status, "round {round}");
                 assert!(
                     !lease_live(&api, id).await,
                     "round {round}: lease left live"
@@ -419,7 +438,7 @@ async fn a_cancel_racing_the_holders_completion_never_lets_both_win() {
     }
     assert!(
         cancelled > 0 && completed > 0,
-        "not raced: {cancelled} cancelled, {completed} completed"
+        "not raced: {action} won {cancelled}, the completion {completed}"
     );
 }
 

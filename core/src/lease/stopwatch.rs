@@ -91,6 +91,11 @@ pub async fn recent(
                  WHERE e.kind = 'taken_over' AND e.at > now() - interval '10 minutes'
                    AND NOT EXISTS (SELECT 1 FROM $schema.failover_kills k
                                     WHERE k.resource = e.resource AND k.fencing_token = last.fencing_token)
+                   -- A term an operator released (a task's claim, which is
+                   -- taken over after it) did not die silently.
+                   AND NOT EXISTS (SELECT 1 FROM $schema.lease_events r
+                                    WHERE r.resource = e.resource AND r.fencing_token = last.fencing_token
+                                      AND r.kind = 'released')
                  ORDER BY e.at DESC LIMIT $1
              ), everything AS (
                 SELECT * FROM killed UNION ALL SELECT * FROM silent

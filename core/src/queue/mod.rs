@@ -433,7 +433,7 @@ mod action_tests {
     use super::{TaskAction, TaskStatus};
 
     #[test]
-    fn each_status_but_processed_has_exactly_one_action() {
+    fn each_status_but_processed_has_its_cancel_or_retry_and_a_started_one_a_release() {
         assert_eq!(
             TaskAction::for_status(TaskStatus::Pending),
             Some(TaskAction::Cancel)
@@ -452,11 +452,14 @@ mod action_tests {
         );
         assert_eq!(TaskAction::for_status(TaskStatus::Processed), None);
         assert_eq!(TaskAction::parse("retry"), Ok(TaskAction::Retry));
+        assert_eq!(TaskAction::parse("release"), Ok(TaskAction::Release));
         assert!(
             TaskAction::parse("delete")
                 .unwrap_err()
-                .contains("cancel or retry")
+                .contains("cancel, retry or release")
         );
         assert_eq!(TaskAction::Cancel.applies_text(), "pending or started");
+        // A started task's second action: its claim released.
+        assert_eq!(TaskAction::Release.applies_text(), "started");
     }
 }
