@@ -311,10 +311,9 @@ pub(super) async fn round(
     // Every completion the round made, committed by the shut-down: ours and
     // graphile-worker's counted again from the database after it (they go
     // on completing until they stop, and flush their batches then: a count
-    // taken before the stop left those out while their rows were in, and
-    // put up to a quarter more rows on each of our tasks at 25,000 a
-    // second); Awa's is its program's, read before its stop, whose last
-    // batch is not in it: a hair more rows per task for Awa, never fewer.
+    // taken before the stop left those out while their rows were in); Awa's
+    // is its program's, read before its stop, whose last batch is not in it:
+    // a hair more rows per task for Awa, never fewer.
     let total = match count_again {
         Some(sql) => {
             sqlx::query_scalar::<_, i64>(&sql)
