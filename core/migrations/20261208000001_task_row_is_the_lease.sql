@@ -11,9 +11,9 @@
 --   row in `leases` guards nothing (the REST lease API already refuses the
 --   prefix; the migration deletes the ones there are);
 -- * the term's history stays in `lease_events` under `task:<id>`, written
---   by the tasks trigger `tasks_record_claims` (which also keeps the
---   attempts, as `tasks_record_attempts` did), so every reader of the
---   history reads what it read.
+--   by the tasks trigger `tasks_record_attempts` (its new body is in
+--   migrations/functions/tasks_record_attempts.sql, which also keeps the
+--   attempts), so every reader of the history reads what it read.
 --
 -- Upgrading: stop every runtime, worker and instance of an older version
 -- before this migration runs (they would still write task leases and take
@@ -29,13 +29,3 @@ SET LOCAL leasekeeper.pruning = 'on';
 DELETE FROM leases WHERE resource LIKE 'task:%';
 DELETE FROM lease_fencing WHERE resource LIKE 'task:%';
 RESET leasekeeper.pruning;
-
-DROP TRIGGER tasks_record_attempts ON tasks;
-DROP FUNCTION tasks_record_attempts();
-
-CREATE FUNCTION tasks_record_claims() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$ BEGIN RETURN NULL; END $$;
-
-CREATE TRIGGER tasks_record_claims
-    AFTER UPDATE ON tasks
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION tasks_record_claims();

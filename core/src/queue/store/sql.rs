@@ -29,7 +29,7 @@ use super::TASK_COLUMNS;
 /// its deadline (`must_heartbeat_before`, now + `$2` ms) into the row, and
 /// nothing else: no `leases` or `lease_fencing` row. The history
 /// (`lease_events` under `task:<id>`) and the attempt are written by the
-/// tasks trigger `tasks_record_claims` in the same statement.
+/// tasks trigger `tasks_record_attempts` in the same statement.
 ///
 /// Races prevented:
 /// - **Two claimers, one task** (two runtimes, a REST claim and a runtime,

@@ -31,7 +31,7 @@
 -- of the attempts it closes as an array (the scan reads their entries
 -- only), and enable_nestloop = off (the changed tasks are joined by merge
 -- or hash, not read again for each). Tested in tests/it/attempts.rs.
-CREATE OR REPLACE FUNCTION tasks_record_claims() RETURNS trigger
+CREATE OR REPLACE FUNCTION tasks_record_attempts() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET enable_seqscan = off
