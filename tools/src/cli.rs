@@ -131,6 +131,18 @@ pub enum BenchWhat {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// What a task's attempt and history rows cost: our best settings as
+    /// they are and with the tasks trigger off (an experiment: no
+    /// deployment can turn it off), against graphile-worker's best, in one
+    /// race by its protocol.
+    Floor {
+        /// Shorter rounds.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Only the peers' phases of the queue suite, with the same keys:
     /// graphile-worker and Awa at concurrency 16 (defaults and best
     /// settings) and the bulk inserts (enqueue_many, graphile-worker's

@@ -107,6 +107,17 @@ async fn main() -> ExitCode {
                 )
                 .await
             }
+            Some(BenchWhat::Floor { quick, json }) => {
+                bench::queue::peers::floor(
+                    settings,
+                    bench::Options {
+                        quick,
+                        json,
+                        charts: None,
+                    },
+                )
+                .await
+            }
             Some(BenchWhat::Fleet { quick, json }) => {
                 bench::queue::fleet_only(
                     settings,

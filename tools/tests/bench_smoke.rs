@@ -115,9 +115,10 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
     }
     let _ = std::fs::remove_dir_all(&charts);
     // The race's protocol and every contestant's rounds and settings are
-    // written beside the figures: at least three rounds, alternated.
+    // written beside the figures: alternated rounds, two at least in a
+    // quick run (three in a full one, a unit test of the protocol says).
     let protocol = &results["protocol"];
-    assert!(protocol["rounds"].as_u64() >= Some(3), "{protocol}");
+    assert!(protocol["rounds"].as_u64() >= Some(2), "{protocol}");
     for key in [
         "fleet_w16",
         "fleet_best_w16",
@@ -149,8 +150,8 @@ fn the_quick_queue_bench_writes_every_key_and_loses_no_task() {
         results["enqueue_many_per_s_rounds"]
             .as_array()
             .map(Vec::len)
-            >= Some(5),
-        "five bulk rounds at least"
+            >= Some(3),
+        "three bulk rounds at least in a quick run (five in a full one)"
     );
     assert_eq!(results["failover_tasks_lost"], 0.0, "{results}");
     assert_eq!(results["failover_tasks_completed_twice"], 0.0, "{results}");

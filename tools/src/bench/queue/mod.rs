@@ -148,11 +148,11 @@ impl Plan {
         if quick {
             Plan {
                 warmup: Duration::from_millis(500),
-                run: Duration::from_secs(3),
+                run: Duration::from_secs(2),
                 wakeups: 60,
-                failovers: 5,
+                failovers: 3,
                 quick: true,
-                history_rows: 1_000_000,
+                history_rows: 300_000,
                 rounds: 1,
                 latency_tasks: 40,
             }
@@ -337,9 +337,9 @@ async fn run(
     progress.phase(&format!(
         "bulk insert of {} tasks, {} rotated rounds: enqueue_many, graphile-worker's addJobs, Awa's COPY",
         bulk::BULK,
-        bulk::ROUNDS
+        if plan.quick { bulk::QUICK_ROUNDS } else { bulk::ROUNDS }
     ));
-    let bulk = bulk::bulk_inserts(db, progress, &mut r, &mut details).await?;
+    let bulk = bulk::bulk_inserts(db, plan.quick, progress, &mut r, &mut details).await?;
 
     progress.phase("what batching costs one task: enqueue to committed completion, idle runtime");
     let latency_tasks = plan.latency_tasks;

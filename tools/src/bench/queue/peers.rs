@@ -8,9 +8,16 @@
 //! - `bench fleet [--quick] [--json PATH]`: only our runtime's two
 //!   contestants (`fleet_w16`, `fleet_best_w16`): the quick way to measure
 //!   a change to the runtime.
+//! - `bench floor [--quick] [--json PATH]`: what a task's history and
+//!   attempt rows cost, measured against the fastest peer in one race: our
+//!   best settings as they are (`fleet_best_w16`), the same with the tasks
+//!   trigger off (`fleet_best_w16_no_history`: no attempt and no history
+//!   rows, two row writes a task as graphile-worker's), and graphile-worker
+//!   tuned (`graphile_best_w16`). An experiment, not a product setting: no
+//!   deployment can turn the trigger off (issue 41's note).
 
-use super::race::{Protocol, race};
-use super::{DB, bulk, contestants};
+use super::race::{Contestant, Protocol, race};
+use super::{DB, bulk, contestants, tune};
 use crate::bench::{Details, Options, Progress, Results, fresh_database, ratio, report_with};
 use anyhow::Result;
 use leasekeeper::settings::Settings;
@@ -18,43 +25,89 @@ use leasekeeper::settings::Settings;
 /// `bench peers`: the race and the bulk inserts (or, `bulk_only`, the
 /// bulk inserts alone).
 pub async fn suite(settings: Settings, options: Options, bulk_only: bool) -> Result<()> {
-    partial(settings, options, !bulk_only, true, |_| true).await
+    let racing = if bulk_only { Vec::new() } else { contestants() };
+    partial(settings, options, racing, true).await
 }
 
 /// `bench fleet`: our runtime's contestants only.
 pub async fn fleet_only(settings: Settings, options: Options) -> Result<()> {
-    partial(settings, options, true, false, |key| {
-        key.starts_with("fleet")
-    })
-    .await
+    let ours = contestants()
+        .into_iter()
+        .filter(|(key, _)| key.starts_with("fleet"))
+        .collect();
+    partial(settings, options, ours, false).await
 }
 
-/// The race of the contestants whose key `keep` keeps (when `racing`),
-/// then the bulk inserts (when `inserting`), on a fresh database.
+/// `bench floor`: our best with and without the tasks trigger, and
+/// graphile-worker's best, in one race.
+pub async fn floor(settings: Settings, options: Options) -> Result<()> {
+    let ours = tune::ours_best();
+    let chosen = vec![
+        ("fleet_best_w16", Contestant::Ours(ours)),
+        (
+            "fleet_best_w16_no_history",
+            Contestant::OursWithoutHistory(ours),
+        ),
+        (
+            "graphile_best_w16",
+            Contestant::Graphile(tune::graphile_best()),
+        ),
+    ];
+    partial(settings, options, chosen, false).await
+}
+
+/// The ratios reported when both their figures ran: (key, figure over,
+/// figure under).
+const RATIOS: [(&str, &str, &str); 3] = [
+    (
+        "fleet_best_vs_graphile_best",
+        "fleet_best_w16",
+        "graphile_best_w16",
+    ),
+    (
+        "fleet_best_no_history_vs_graphile_best",
+        "fleet_best_w16_no_history",
+        "graphile_best_w16",
+    ),
+    (
+        "fleet_best_no_history_vs_with",
+        "fleet_best_w16_no_history",
+        "fleet_best_w16",
+    ),
+];
+
+/// The race of the contestants `racing` (none: no race), then the bulk
+/// inserts (when `inserting`), on a fresh database.
 async fn partial(
     settings: Settings,
     options: Options,
-    racing: bool,
+    racing: Vec<(&'static str, Contestant)>,
     inserting: bool,
-    keep: fn(&str) -> bool,
 ) -> Result<()> {
     let protocol = Protocol::new(options.quick);
     let db = fresh_database(&settings, DB, 40).await?;
-    let progress = Progress::new(u64::from(racing) + u64::from(inserting));
+    let progress = Progress::new(u64::from(!racing.is_empty()) + u64::from(inserting));
     let mut r = Results::new();
     let mut details = Details::new();
     let result = async {
-        if racing {
+        if !racing.is_empty() {
             progress.phase(&format!("the race, {} alternating rounds", protocol.rounds));
             details.push(("protocol".into(), protocol.describe()));
-            let chosen = contestants().into_iter().filter(|(k, _)| keep(k)).collect();
-            for standing in race(&db, &protocol, chosen, &progress).await? {
+            let standings = race(&db, &protocol, racing, &progress).await?;
+            for standing in &standings {
                 standing.report(&mut r, &mut details);
+            }
+            let figure = |key: &str| standings.iter().find(|s| s.key == key).map(|s| s.per_s());
+            for (name, over, under) in RATIOS {
+                if let (Some(a), Some(b)) = (figure(over), figure(under)) {
+                    r.push((name, ratio(a, b)));
+                }
             }
         }
         if inserting {
             progress.phase("bulk insert: enqueue_many, graphile-worker's addJobs, Awa's COPY");
-            let bulk = bulk::bulk_inserts(&db, &progress, &mut r, &mut details).await?;
+            let bulk =
+                bulk::bulk_inserts(&db, options.quick, &progress, &mut r, &mut details).await?;
             r.push((
                 "enqueue_many_vs_fastest_peer",
                 ratio(bulk.ours, bulk.graphile.max(bulk.awa)),

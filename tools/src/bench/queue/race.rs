@@ -28,7 +28,7 @@
 //!    round: rows, from PostgreSQL's statistics of its schema (ins + upd +
 //!    del), and WAL bytes, from the cluster's WAL position.
 //!
-//! **Rounds**: [`Protocol::rounds`] (at least 3), alternating: in round `r`
+//! **Rounds**: [`Protocol::rounds`] (3; 2 with `--quick`), alternating: in round `r`
 //! the contestants run in the order rotated by `r`, so a noisy moment of
 //! the machine does not land on one contestant only. The figure is the
 //! median of the rounds; every round's figure is kept (`<key>_rounds`).
@@ -76,9 +76,13 @@ impl Protocol {
     /// The measured rounds: full, or `--quick` (shorter, not for the targets).
     pub(super) fn new(quick: bool) -> Self {
         if quick {
+            // Two rounds (still alternating) of a shallower queue:
+            // `--quick` keeps under four minutes, and is not for the
+            // targets (the fastest peer's window closes early, at a tenth
+            // left).
             Protocol {
-                rounds: 3,
-                depth: 90_000,
+                rounds: 2,
+                depth: 60_000,
                 warmup: Duration::from_millis(300),
                 window: Duration::from_millis(1500),
                 poll: Duration::from_millis(250),
@@ -137,6 +141,11 @@ pub(super) enum Contestant {
     /// The same over this many rows of old history in `lease_events`
     /// (put there in the preparation; see [`super::fleet::seed_history`]).
     OursOverHistory(fleet::Settings, i64),
+    /// The same with the tasks trigger (`tasks_record_attempts`: attempt
+    /// and history rows) turned off for its rounds: `bench floor`'s
+    /// measure of what they cost. Every other contestant of ours turns it
+    /// back on in its preparation, and the race turns it on at its end.
+    OursWithoutHistory(fleet::Settings),
     Graphile(graphile::Settings),
     Awa(awa::Settings),
 }
@@ -148,6 +157,9 @@ impl Contestant {
             Contestant::OursOverHistory(s, rows) => {
                 format!("{} over {rows} rows of history", s.label())
             }
+            Contestant::OursWithoutHistory(s) => {
+                format!("{} with the tasks trigger off", s.label())
+            }
             Contestant::Graphile(s) => s.label(),
             Contestant::Awa(s) => s.label(),
         }
@@ -156,7 +168,9 @@ impl Contestant {
     /// Its settings, as written to the JSON.
     pub(super) fn settings(&self) -> Value {
         let mut v = match self {
-            Contestant::Ours(s) | Contestant::OursOverHistory(s, _) => serde_json::to_value(s),
+            Contestant::Ours(s)
+            | Contestant::OursOverHistory(s, _)
+            | Contestant::OursWithoutHistory(s) => serde_json::to_value(s),
             Contestant::Graphile(s) => serde_json::to_value(s),
             Contestant::Awa(s) => serde_json::to_value(s),
         }
@@ -164,6 +178,9 @@ impl Contestant {
         let who = match self {
             Contestant::Ours(_) | Contestant::OursOverHistory(..) => {
                 "leasekeeper (this commit)".to_string()
+            }
+            Contestant::OursWithoutHistory(_) => {
+                "leasekeeper (this commit), tasks trigger off".to_string()
             }
             Contestant::Graphile(_) => format!("graphile-worker {}", graphile::GRAPHILE_VERSION),
             Contestant::Awa(_) => "awa 0.6.9".to_string(),
@@ -177,7 +194,9 @@ impl Contestant {
     /// The schema of its tables (whose statistics give its rows per task).
     fn schema(&self, db: &BenchDb) -> String {
         match self {
-            Contestant::Ours(_) | Contestant::OursOverHistory(..) => db.schema.as_str().to_string(),
+            Contestant::Ours(_)
+            | Contestant::OursOverHistory(..)
+            | Contestant::OursWithoutHistory(_) => db.schema.as_str().to_string(),
             Contestant::Graphile(_) => "graphile_worker".into(),
             Contestant::Awa(_) => "awa".into(),
         }
@@ -186,14 +205,27 @@ impl Contestant {
     /// Step 1: its queue emptied, `depth` jobs queued, settled.
     async fn prepare(&self, db: &BenchDb, depth: i64) -> Result<()> {
         match self {
-            Contestant::Ours(_) => {
-                super::empty(&db.pool).await?;
-                super::add_tasks_of(&db.pool, fleet::NOOP, depth).await?;
-            }
-            Contestant::OursOverHistory(_, rows) => {
-                super::empty(&db.pool).await?;
-                fleet::seed_history(&db.pool, *rows).await?;
-                super::add_tasks_of(&db.pool, fleet::NOOP, depth).await?;
+            Contestant::Ours(_)
+            | Contestant::OursOverHistory(..)
+            | Contestant::OursWithoutHistory(_) => {
+                history_trigger(&db.pool, !matches!(self, Contestant::OursWithoutHistory(_)))
+                    .await?;
+                // On a connection of its own, closed when done: a backend's
+                // table statistics reach `pg_stat_user_tables` when it
+                // ends, while an idle pooled one's come up to seconds
+                // later and would land in the round's count of rows per
+                // task (the peers prepare in processes that end).
+                let own = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect_with((*db.pool.connect_options()).clone())
+                    .await
+                    .context("connecting to prepare a round")?;
+                super::empty(&own).await?;
+                if let Contestant::OursOverHistory(_, rows) = self {
+                    fleet::seed_history(&own, *rows).await?;
+                }
+                super::add_tasks_of(&own, fleet::NOOP, depth).await?;
+                own.close().await;
             }
             Contestant::Graphile(_) => graphile::prepare(&db.conninfo, depth).await?,
             Contestant::Awa(s) => awa::prepare(&db.conninfo, depth, s).await?,
@@ -204,7 +236,9 @@ impl Contestant {
     /// Step 2: its processes, ready.
     async fn start(&self, db: &BenchDb, depth: i64, id: &str) -> Result<Running> {
         Ok(match self {
-            Contestant::Ours(s) | Contestant::OursOverHistory(s, _) => Running::Processes {
+            Contestant::Ours(s)
+            | Contestant::OursOverHistory(s, _)
+            | Contestant::OursWithoutHistory(s) => Running::Processes {
                 children: vec![fleet::start_process(db, id, s).await?],
                 completed: "SELECT coalesce(sum(processed), 0)::int8 FROM task_counts".into(),
             },
@@ -215,6 +249,19 @@ impl Contestant {
             Contestant::Awa(s) => Running::Awa(Box::new(awa::start(&db.conninfo, s).await?)),
         })
     }
+}
+
+/// Turns the tasks trigger that writes the attempt and history rows on or
+/// off (for [`Contestant::OursWithoutHistory`] only).
+async fn history_trigger(pool: &PgPool, on: bool) -> Result<()> {
+    let verb = if on { "ENABLE" } else { "DISABLE" };
+    sqlx::query(&format!(
+        "ALTER TABLE tasks {verb} TRIGGER tasks_record_attempts"
+    ))
+    .execute(pool)
+    .await
+    .with_context(|| format!("{verb} TRIGGER tasks_record_attempts"))?;
+    Ok(())
 }
 
 /// A contestant at work.
@@ -324,9 +371,9 @@ pub(super) async fn round(
     };
     let wal_per_task =
         ((wal_lsn(&db.pool).await? - wal_before) as f64 / total.max(1) as f64).round();
-    // Their backends have ended, so their statistics are flushed; give the
-    // statistics a moment all the same.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Their backends have ended, so their statistics are flushed as they
+    // exit (as the preparation's were); a moment for the last to exit.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let writes_after = table_writes(&db.pool, &schema).await?;
     let by_table: Vec<(String, f64)> = writes_after
         .iter()
@@ -526,6 +573,23 @@ pub(super) async fn race(
     contestants: Vec<(&'static str, Contestant)>,
     progress: &Progress,
 ) -> Result<Vec<Standing>> {
+    let ablated = contestants
+        .iter()
+        .any(|(_, c)| matches!(c, Contestant::OursWithoutHistory(_)));
+    let raced = race_rounds(db, protocol, contestants, progress).await;
+    if ablated {
+        // Whatever happened: the schema as the code keeps it.
+        history_trigger(&db.pool, true).await?;
+    }
+    raced
+}
+
+async fn race_rounds(
+    db: &BenchDb,
+    protocol: &Protocol,
+    contestants: Vec<(&'static str, Contestant)>,
+    progress: &Progress,
+) -> Result<Vec<Standing>> {
     let mut standings: Vec<Standing> = contestants
         .into_iter()
         .map(|(key, contestant)| Standing {
@@ -563,7 +627,9 @@ pub(super) async fn race(
                 Err(e)
                     if !matches!(
                         standing.contestant,
-                        Contestant::Ours(_) | Contestant::OursOverHistory(..)
+                        Contestant::Ours(_)
+                            | Contestant::OursOverHistory(..)
+                            | Contestant::OursWithoutHistory(_)
                     ) =>
                 {
                     let who = match standing.contestant {
@@ -598,14 +664,17 @@ mod tests {
 
     #[test]
     fn the_protocol_takes_three_rounds_and_no_window_runs_the_queue_dry() {
-        for quick in [false, true] {
+        // The issue asks for at least three rounds; `--quick`, not for the
+        // targets, takes two, still alternating.
+        assert!(Protocol::new(false).rounds >= 3);
+        assert!(Protocol::new(true).rounds >= 2);
+        // Warm-up and window must leave more than the part of the queue at
+        // which the window closes early for a contestant of 35,000 jobs a
+        // second (graphile-worker's best, run A; a faster one's window
+        // closes early, as the protocol says), and of 25,000 in a quick run.
+        for (quick, rate) in [(false, 35_000.0), (true, 25_000.0)] {
             let p = Protocol::new(quick);
-            assert!(p.rounds >= 3, "the issue asks for at least three rounds");
-            // The fastest contestant measured here does about 33,000 jobs
-            // a second (graphile-worker's best, run A): warm-up and window
-            // must leave more than the part of the queue at which the
-            // window closes early.
-            let used = 35_000.0 * (p.warmup + p.window).as_secs_f64();
+            let used = rate * (p.warmup + p.window).as_secs_f64();
             assert!(
                 used < (p.depth - p.depth / DRY_FRACTION) as f64,
                 "quick {quick}: {used}"
