@@ -74,11 +74,7 @@ async fn main() -> ExitCode {
             }) => {
                 bench::queue::peers::suite(
                     settings,
-                    bench::Options {
-                        quick,
-                        json,
-                        charts: None,
-                    },
+                    bench::Options::without_charts(quick, json),
                     bulk_only,
                 )
                 .await
@@ -86,11 +82,7 @@ async fn main() -> ExitCode {
             Some(BenchWhat::Tune { quick, only, json }) => {
                 bench::queue::tune::tune(
                     settings,
-                    bench::Options {
-                        quick,
-                        json,
-                        charts: None,
-                    },
+                    bench::Options::without_charts(quick, json),
                     only.as_deref(),
                 )
                 .await
@@ -99,35 +91,17 @@ async fn main() -> ExitCode {
                 bench::queue::rescue_only(
                     settings,
                     usize::from(kills),
-                    bench::Options {
-                        quick: false,
-                        json,
-                        charts: None,
-                    },
+                    bench::Options::without_charts(false, json),
                 )
                 .await
             }
             Some(BenchWhat::Floor { quick, json }) => {
-                bench::queue::peers::floor(
-                    settings,
-                    bench::Options {
-                        quick,
-                        json,
-                        charts: None,
-                    },
-                )
-                .await
+                bench::queue::peers::floor(settings, bench::Options::without_charts(quick, json))
+                    .await
             }
             Some(BenchWhat::Fleet { quick, json }) => {
-                bench::queue::fleet_only(
-                    settings,
-                    bench::Options {
-                        quick,
-                        json,
-                        charts: None,
-                    },
-                )
-                .await
+                bench::queue::fleet_only(settings, bench::Options::without_charts(quick, json))
+                    .await
             }
             Some(BenchWhat::Dashboard {
                 quick,
@@ -136,11 +110,7 @@ async fn main() -> ExitCode {
             }) => {
                 bench::dashboard::dashboard(
                     settings,
-                    bench::Options {
-                        quick,
-                        json,
-                        charts: None,
-                    },
+                    bench::Options::without_charts(quick, json),
                     pixel_only,
                 )
                 .await

@@ -50,12 +50,23 @@ use tokio_util::sync::CancellationToken;
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Fewer and shorter samples (the queue suite: under two minutes).
+    /// Fewer and shorter samples (the queue suite: under four minutes).
     pub quick: bool,
     /// Where to write the results as a flat JSON object.
     pub json: Option<PathBuf>,
     /// Where to write SVG charts of the results (the queue suite only).
     pub charts: Option<PathBuf>,
+}
+
+impl Options {
+    /// `quick`, the results written to `json` (when given), no charts.
+    pub fn without_charts(quick: bool, json: Option<PathBuf>) -> Self {
+        Options {
+            quick,
+            json,
+            charts: None,
+        }
+    }
 }
 
 /// Named results in the order measured; `NaN` means "could not run" and is
