@@ -30,7 +30,12 @@ const _: () = assert!(BULK <= MAX_ENQUEUE_BATCH);
 pub(super) const ROUNDS: usize = 5;
 const _: () = assert!(ROUNDS >= 5, "the issue asks for at least five bulk rounds");
 /// Rounds of a `--quick` run, which keeps under four minutes.
-pub(super) const QUICK_ROUNDS: usize = 3;
+const QUICK_ROUNDS: usize = 3;
+
+/// Rounds of a full or a `quick` run.
+pub(super) fn round_count(quick: bool) -> usize {
+    if quick { QUICK_ROUNDS } else { ROUNDS }
+}
 
 /// Jobs per second of each bulk insert, median; `NaN` where it could not
 /// run.
@@ -40,7 +45,7 @@ pub(super) struct BulkInserts {
     pub awa: f64,
 }
 
-/// Every round of the three ([`ROUNDS`], or [`QUICK_ROUNDS`] when `quick`),
+/// Every round of the three ([`round_count`]),
 /// the figures pushed to `r` and `details`.
 pub(super) async fn bulk_inserts(
     db: &BenchDb,
@@ -51,7 +56,7 @@ pub(super) async fn bulk_inserts(
 ) -> Result<BulkInserts> {
     let mut rounds: [Vec<f64>; 3] = Default::default();
     let mut skipped = [false; 3];
-    for round in 0..if quick { QUICK_ROUNDS } else { ROUNDS } {
+    for round in 0..round_count(quick) {
         for i in 0..3 {
             let k = (i + round) % 3;
             if skipped[k] {

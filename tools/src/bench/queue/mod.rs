@@ -337,7 +337,7 @@ async fn run(
     progress.phase(&format!(
         "bulk insert of {} tasks, {} rotated rounds: enqueue_many, graphile-worker's addJobs, Awa's COPY",
         bulk::BULK,
-        if plan.quick { bulk::QUICK_ROUNDS } else { bulk::ROUNDS }
+        bulk::round_count(plan.quick)
     ));
     let bulk = bulk::bulk_inserts(db, plan.quick, progress, &mut r, &mut details).await?;
 

@@ -151,6 +151,11 @@ pub(super) enum Contestant {
 }
 
 impl Contestant {
+    /// A peer's (graphile-worker or Awa), not our runtime.
+    fn is_peer(&self) -> bool {
+        matches!(self, Contestant::Graphile(_) | Contestant::Awa(_))
+    }
+
     pub(super) fn label(&self) -> String {
         match self {
             Contestant::Ours(s) => s.label(),
@@ -168,11 +173,11 @@ impl Contestant {
     /// Its settings, as written to the JSON.
     pub(super) fn settings(&self) -> Value {
         let mut v = match self {
+            Contestant::Graphile(s) => serde_json::to_value(s),
+            Contestant::Awa(s) => serde_json::to_value(s),
             Contestant::Ours(s)
             | Contestant::OursOverHistory(s, _)
             | Contestant::OursWithoutHistory(s) => serde_json::to_value(s),
-            Contestant::Graphile(s) => serde_json::to_value(s),
-            Contestant::Awa(s) => serde_json::to_value(s),
         }
         .unwrap_or(Value::Null);
         let who = match self {
@@ -194,20 +199,18 @@ impl Contestant {
     /// The schema of its tables (whose statistics give its rows per task).
     fn schema(&self, db: &BenchDb) -> String {
         match self {
-            Contestant::Ours(_)
-            | Contestant::OursOverHistory(..)
-            | Contestant::OursWithoutHistory(_) => db.schema.as_str().to_string(),
             Contestant::Graphile(_) => "graphile_worker".into(),
             Contestant::Awa(_) => "awa".into(),
+            _ => db.schema.as_str().to_string(),
         }
     }
 
     /// Step 1: its queue emptied, `depth` jobs queued, settled.
     async fn prepare(&self, db: &BenchDb, depth: i64) -> Result<()> {
         match self {
-            Contestant::Ours(_)
-            | Contestant::OursOverHistory(..)
-            | Contestant::OursWithoutHistory(_) => {
+            Contestant::Graphile(_) => graphile::prepare(&db.conninfo, depth).await?,
+            Contestant::Awa(s) => awa::prepare(&db.conninfo, depth, s).await?,
+            _ => {
                 history_trigger(&db.pool, !matches!(self, Contestant::OursWithoutHistory(_)))
                     .await?;
                 // On a connection of its own, closed when done: a backend's
@@ -227,8 +230,6 @@ impl Contestant {
                 super::add_tasks_of(&own, fleet::NOOP, depth).await?;
                 own.close().await;
             }
-            Contestant::Graphile(_) => graphile::prepare(&db.conninfo, depth).await?,
-            Contestant::Awa(s) => awa::prepare(&db.conninfo, depth, s).await?,
         }
         settle(&db.pool, &self.schema(db)).await
     }
@@ -236,17 +237,17 @@ impl Contestant {
     /// Step 2: its processes, ready.
     async fn start(&self, db: &BenchDb, depth: i64, id: &str) -> Result<Running> {
         Ok(match self {
+            Contestant::Graphile(s) => Running::Processes {
+                children: graphile::start(&db.conninfo, s).await?,
+                completed: graphile::completed_sql(depth),
+            },
+            Contestant::Awa(s) => Running::Awa(Box::new(awa::start(&db.conninfo, s).await?)),
             Contestant::Ours(s)
             | Contestant::OursOverHistory(s, _)
             | Contestant::OursWithoutHistory(s) => Running::Processes {
                 children: vec![fleet::start_process(db, id, s).await?],
                 completed: "SELECT coalesce(sum(processed), 0)::int8 FROM task_counts".into(),
             },
-            Contestant::Graphile(s) => Running::Processes {
-                children: graphile::start(&db.conninfo, s).await?,
-                completed: graphile::completed_sql(depth),
-            },
-            Contestant::Awa(s) => Running::Awa(Box::new(awa::start(&db.conninfo, s).await?)),
         })
     }
 }
@@ -624,14 +625,7 @@ async fn race_rounds(
                     }
                     standing.rounds.push(result);
                 }
-                Err(e)
-                    if !matches!(
-                        standing.contestant,
-                        Contestant::Ours(_)
-                            | Contestant::OursOverHistory(..)
-                            | Contestant::OursWithoutHistory(_)
-                    ) =>
-                {
+                Err(e) if standing.contestant.is_peer() => {
                     let who = match standing.contestant {
                         Contestant::Graphile(_) => "graphile-worker",
                         _ => "awa",
