@@ -30,6 +30,11 @@ pub const COMPLETIONS_TOTAL: &str = "leasekeeper_completions_total";
 /// Counter, labels `queue`, `kind`: failed attempts (retried or failed for
 /// good), as reported by their claim's holder.
 pub const FAILURES_TOTAL: &str = "leasekeeper_failures_total";
+/// Counter, label `queue`: claims a queue's limits turned down: each time
+/// a claim of a limited queue took fewer tasks than it asked for while due
+/// tasks waited, the shortfall (at most the due tasks left). See
+/// [`crate::queue::queue_limits`].
+pub const CLAIMS_DEFERRED_TOTAL: &str = "leasekeeper_claims_deferred_total";
 /// Counter: new terms begun on a lease whose previous term ran out
 /// unreleased (a task taken over from a silent worker, a singleton from a
 /// dead instance).
@@ -81,6 +86,10 @@ pub fn describe() {
     describe_counter!(
         FAILURES_TOTAL,
         "Failed attempts reported through this process (retried or failed for good)."
+    );
+    describe_counter!(
+        CLAIMS_DEFERRED_TOTAL,
+        "Claims of a limited queue turned down by its limits while due tasks waited."
     );
     describe_counter!(
         TAKEOVERS_TOTAL,
@@ -171,6 +180,12 @@ pub(crate) fn claimed(tasks: &[crate::queue::Task]) {
         metrics::counter!(CLAIMS_TOTAL, "queue" => task.queue.clone(), "kind" => task.kind.clone())
             .increment(1);
     }
+}
+
+/// A claim of `queue` got `n` tasks fewer than it asked for, its limits
+/// holding back due tasks.
+pub(crate) fn deferred(queue: &str, n: u64) {
+    metrics::counter!(CLAIMS_DEFERRED_TOTAL, "queue" => queue.to_string()).increment(n);
 }
 
 /// `task` was completed.

@@ -1,16 +1,20 @@
-//! `/api/queues`: every queue with its figures, one queue, and the
-//! operator's pause and resume (see [`leasekeeper_core::queue::queues`]).
-//! Pause and resume are operator actions (the admin token when one is set),
-//! recorded in `lease_events` on resource `queue:<name>`.
+//! `/api/queues`: every queue with its figures, one queue, the operator's
+//! pause and resume (see [`leasekeeper_core::queue::queues`]) and its
+//! limits ([`leasekeeper_core::queue::queue_limits`]). Pause, resume and
+//! limits are operator actions (the admin token when one is set), recorded
+//! in `lease_events` on resource `queue:<name>`.
 
+use super::extract::JsonBody;
 use super::responses::Unauthorized;
+use super::responses::{NotJson, TooLarge};
 use crate::auth::Operator;
 use crate::error::{AppError, ErrorBody};
 use crate::state::AppState;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use leasekeeper_core::queue::queue_limits::QueueLimits;
 use leasekeeper_core::queue::queues::{self, QueueInfo};
 
 /// The queue routes.
@@ -20,6 +24,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/queues/{name}", get(get_one))
         .route("/api/queues/{name}/pause", post(pause))
         .route("/api/queues/{name}/resume", post(resume))
+        .route("/api/queues/{name}/limits", put(set_limits))
 }
 
 /// `{name}` of a queue route.
@@ -173,6 +178,42 @@ async fn resume(
             &mut *s.pool.acquire().await?,
             s.schema(),
             &name,
+            &s.instance_id,
+        )
+        .await?,
+    ))
+}
+
+#[utoipa::path(
+    put,
+    path = "/api/queues/{name}/limits",
+    tag = "queues",
+    summary = "Set a queue's limits (operator)",
+    description = "Replaces the queue's limits with the body's (a field null or absent clears it): `max_started` (at most this many of its tasks started at once, prefetched claims included; 1 to 100,000), `max_started_per_key` (per `concurrency_key`; 1 to 100,000), `rate_per_second` (claims a second across the fleet, a token bucket in the database; above 0, up to 1,000,000) and `rate_burst` (1 to 1,000,000; one second's worth when absent; only with a rate). Exact across every instance: the claim enforces them in the database. A limited queue serves its keys fairly (fewest started first). Effective at the next claim; tasks started before a limit was lowered finish normally. A bad value answers 400 naming the field, and nothing changes. A name no task has used yet is created with the limits. Audited in the same transaction when anything changed.",
+    params(QueuePath),
+    request_body = QueueLimits,
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The queue, with its limits", body = QueueInfo),
+        (status = 400, description = "Not a queue name, bad JSON, or a limit out of range (the message names the field)", body = ErrorBody),
+        Unauthorized,
+        TooLarge,
+        NotJson,
+    )
+)]
+async fn set_limits(
+    State(s): State<AppState>,
+    _: Operator,
+    Name(name): Name,
+    JsonBody(body): JsonBody<serde_json::Value>,
+) -> Result<Json<QueueInfo>, AppError> {
+    let limits = QueueLimits::from_json(&body).map_err(|e| AppError::BadRequest(e.reason))?;
+    Ok(Json(
+        queues::set_limits(
+            &mut *s.pool.acquire().await?,
+            s.schema(),
+            &name,
+            &limits,
             &s.instance_id,
         )
         .await?,

@@ -525,7 +525,7 @@ pub async fn prune_queues(
                 .query_scalar(
                     "WITH doomed AS (
                         SELECT q.name FROM $schema.queues q
-                         WHERE q.name = ANY($1) AND NOT q.paused
+                         WHERE q.name = ANY($1) AND NOT q.paused AND NOT q.limited
                            AND NOT EXISTS (SELECT 1 FROM $schema.tasks t
                                             WHERE t.queue = q.name AND t.status = 'pending')
                            AND NOT EXISTS (SELECT 1 FROM $schema.tasks t

@@ -28,6 +28,9 @@ pub const TIMEOUTS: RangeInclusive<Duration> =
 /// /api/tasks/batch`).
 pub const MAX_ENQUEUE_BATCH: usize = 10_000;
 
+/// The longest concurrency key, in characters.
+pub const MAX_CONCURRENCY_KEY_CHARS: usize = 256;
+
 /// The longest unique key, in characters.
 pub const MAX_UNIQUE_KEY_CHARS: usize = 256;
 
@@ -64,6 +67,8 @@ pub enum TaskField {
     UniqueScope,
     /// `unique_period_seconds` ([`Unique::period`](super::Unique::period)).
     UniquePeriod,
+    /// `concurrency_key` ([`NewTask::concurrency_key`]).
+    ConcurrencyKey,
     /// `seconds` of a snooze.
     Snooze,
     /// `error` of a failed attempt.
@@ -83,6 +88,7 @@ impl TaskField {
             TaskField::UniqueKey => "unique_key",
             TaskField::UniqueScope => "unique_scope",
             TaskField::UniquePeriod => "unique_period_seconds",
+            TaskField::ConcurrencyKey => "concurrency_key",
             TaskField::Snooze => "seconds",
             TaskField::Error => "error",
         }
@@ -183,6 +189,25 @@ pub(crate) fn check_error(error: &str) -> Result<(), InvalidTask> {
     Ok(())
 }
 
+/// A key field (`unique_key`, `concurrency_key`): 1 to `max` characters,
+/// no NUL.
+fn check_key(field: TaskField, key: &str, max: usize) -> Result<(), InvalidTask> {
+    let chars = key.chars().count();
+    if chars == 0 || chars > max {
+        return Err(InvalidTask::new(
+            field,
+            format!("{field} must be 1 to {max} characters, got {chars}"),
+        ));
+    }
+    if key.contains('\0') {
+        return Err(InvalidTask::new(
+            field,
+            format!("{field} must not contain NUL"),
+        ));
+    }
+    Ok(())
+}
+
 impl NewTask {
     /// Checks every field against its limit: a kind and queue name
     /// ([`TaskName`]), `max_attempts` 1 to [`MAX_ATTEMPTS`], data that
@@ -218,22 +243,11 @@ impl NewTask {
         if let Some(timeout) = self.timeout {
             check_duration(TaskField::Timeout, timeout)?;
         }
+        if let Some(key) = &self.concurrency_key {
+            check_key(TaskField::ConcurrencyKey, key, MAX_CONCURRENCY_KEY_CHARS)?;
+        }
         if let Some(unique) = &self.unique {
-            let chars = unique.key.chars().count();
-            if chars == 0 || chars > MAX_UNIQUE_KEY_CHARS {
-                return Err(InvalidTask::new(
-                    TaskField::UniqueKey,
-                    format!(
-                        "unique_key must be 1 to {MAX_UNIQUE_KEY_CHARS} characters, got {chars}"
-                    ),
-                ));
-            }
-            if unique.key.contains('\0') {
-                return Err(InvalidTask::new(
-                    TaskField::UniqueKey,
-                    "unique_key must not contain NUL",
-                ));
-            }
+            check_key(TaskField::UniqueKey, &unique.key, MAX_UNIQUE_KEY_CHARS)?;
             if let Some(period) = unique.period {
                 check_duration(TaskField::UniquePeriod, period)?;
             }

@@ -6,6 +6,7 @@
 mod attempt;
 #[cfg(feature = "postgres")]
 pub mod control;
+pub mod queue_limits;
 pub mod queues;
 #[cfg(feature = "postgres")]
 pub mod rescuer;
@@ -176,6 +177,9 @@ pub struct Task {
     /// Its own time limit per attempt, in milliseconds (null: the runtime's
     /// default for its kind, if any).
     pub timeout_ms: Option<i32>,
+    /// The key its queue's limits count it under, if it has one
+    /// ([`NewTask::concurrency_key`]).
+    pub concurrency_key: Option<String>,
 }
 
 impl Task {
@@ -237,6 +241,10 @@ pub struct NewTask {
     /// Its time limit per attempt ([`NewTask::timeout`]).
     #[serde(default)]
     pub timeout: Option<std::time::Duration>,
+    /// The key its queue's limits count it under
+    /// ([`NewTask::concurrency_key`]).
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
     /// The schedule enqueuing it, and the tick (set by the scheduler).
     #[serde(skip)]
     pub(crate) scheduled_by: Option<(String, Option<DateTime<Utc>>)>,
@@ -281,8 +289,20 @@ impl NewTask {
             delay: None,
             unique: None,
             timeout: None,
+            concurrency_key: None,
             scheduled_by: None,
         }
+    }
+
+    /// Counts it under `key` (1 to 256 characters: a tenant, an account,
+    /// an API) for its queue's limits: at most
+    /// [`max_started_per_key`](crate::queue::queue_limits::QueueLimits::max_started_per_key)
+    /// tasks of one key are started at once, and a limited queue serves its
+    /// keys fairly, so one key's backlog does not hold up another's task.
+    /// Without a key, a task counts toward the queue's `max_started` only.
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
+        self
     }
 
     /// Each attempt may run at most `timeout` (1 ms to 24 h): then the

@@ -64,6 +64,13 @@ pub struct QueueInfo {
     /// Workers running a task of the queue now (distinct processors of its
     /// started tasks).
     pub workers: i64,
+    /// Its limits ([`crate::queue::queue_limits`]); each null when not set.
+    #[cfg_attr(feature = "postgres", sqlx(flatten))]
+    pub limits: crate::queue::queue_limits::QueueLimits,
+    /// Its concurrency keys with the most started tasks, busiest first (at
+    /// most [`BUSIEST_KEYS`](crate::queue::queue_limits::BUSIEST_KEYS)).
+    #[cfg_attr(feature = "postgres", sqlx(json))]
+    pub busiest_keys: Vec<crate::queue::queue_limits::KeyStarted>,
 }
 
 /// The lease-history resource an operator's change of a queue is recorded
@@ -80,6 +87,7 @@ mod db {
     use super::{QueueInfo, resource};
     use crate::db::Schema;
     use crate::live::{self, Topics};
+    use crate::queue::queue_limits::QueueLimits;
     use serde_json::json;
     use sqlx::{Connection, PgConnection};
 
@@ -173,7 +181,17 @@ mod db {
                coalesce(live.failed, 0) AS failed,
                (EXTRACT(EPOCH FROM (now() - live.oldest_due)) * 1000)::bigint AS oldest_pending_age_ms,
                coalesce(recent.completed, 0) AS completed_last_minute,
-               coalesce(live.workers, 0) AS workers
+               coalesce(live.workers, 0) AS workers,
+               q.max_started, q.max_started_per_key, q.rate_per_second, q.rate_burst,
+               coalesce((SELECT jsonb_agg(jsonb_build_object('key', k.key, 'started', k.started)
+                                          ORDER BY k.started DESC, k.key)
+                           FROM (SELECT s.concurrency_key AS key, count(*) AS started
+                                   FROM $schema.tasks s
+                                  WHERE s.queue = q.name AND s.status = 'started'
+                                    AND s.concurrency_key IS NOT NULL
+                                  GROUP BY s.concurrency_key
+                                  ORDER BY count(*) DESC, s.concurrency_key
+                                  LIMIT 5) k), '[]') AS busiest_keys
           FROM $schema.queues q
           LEFT JOIN live ON live.queue = q.name
           LEFT JOIN recent ON recent.queue = q.name
@@ -373,6 +391,92 @@ mod db {
                 let queue = queue.ok_or_else(|| QueueError::NotFound(name.to_string()))?;
                 if !paused && changed.is_some() {
                     // After the commit: a worker woken now sees the flag cleared.
+                    live::announce(Topics::WORK);
+                }
+                Ok(queue)
+            }
+            .await
+        )
+    }
+
+    /// Sets queue `name`'s limits to `limits` (each `None` clears it) on
+    /// behalf of `by`, creating the queue's row when no task used it yet,
+    /// and answers the queue. Audited (`queue_limits` on `queue:<name>`) in
+    /// the same transaction when anything changed; an unchanged set writes
+    /// nothing. A new or changed rate starts with a full bucket. Idle
+    /// workers are woken after the commit: a raised limit frees slots.
+    pub async fn set_limits(
+        conn: &mut PgConnection,
+        schema: &Schema,
+        name: &str,
+        limits: &QueueLimits,
+        by: &str,
+    ) -> Result<QueueInfo, QueueError> {
+        check(name)?;
+        limits
+            .validate()
+            .map_err(|e| QueueError::BadInput(e.reason))?;
+        crate::db::atomically!(
+            conn,
+            schema,
+            async {
+                let _announced = live::announce_on_return(Topics::TASKS);
+                let mut tx = conn.begin().await?;
+                // Race prevented: a change of the limits racing a claim of the
+                // queue, or another change. The upsert locks the queue row, so
+                // it waits for a limited claim in progress (which holds that
+                // lock, see `sql::LOCK_LIMITED`), and the claims after it read
+                // the new limits; of two changes, the second re-checks
+                // `IS DISTINCT FROM` on the first's row and audits only if it
+                // changes something. The bucket is reset only when the rate or
+                // burst changes, so re-declaring the same limits (every
+                // runtime's start) does not refill it.
+                let changed: Option<String> = schema
+                    .query_scalar(
+                        "INSERT INTO $schema.queues AS q
+                                (name, max_started, max_started_per_key, rate_per_second, rate_burst,
+                                 rate_tokens, rate_at, limits_updated_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $4 IS NOT NULL THEN now() END, now())
+                         ON CONFLICT (name) DO UPDATE
+                            SET max_started = $2, max_started_per_key = $3,
+                                rate_per_second = $4, rate_burst = $5,
+                                rate_tokens = CASE
+                                    WHEN $4 IS NULL THEN NULL
+                                    WHEN q.rate_per_second = $4 AND q.rate_burst IS NOT DISTINCT FROM $5
+                                    THEN q.rate_tokens ELSE $6 END,
+                                rate_at = CASE
+                                    WHEN $4 IS NULL THEN NULL
+                                    WHEN q.rate_per_second = $4 AND q.rate_burst IS NOT DISTINCT FROM $5
+                                    THEN q.rate_at ELSE now() END,
+                                limits_updated_at = now()
+                          WHERE (q.max_started, q.max_started_per_key, q.rate_per_second, q.rate_burst)
+                                IS DISTINCT FROM ($2, $3, $4, $5)
+                         RETURNING name",
+                    )
+                    .bind(name)
+                    .bind(limits.max_started)
+                    .bind(limits.max_started_per_key)
+                    .bind(limits.rate_per_second)
+                    .bind(limits.rate_burst)
+                    .bind(limits.burst().map(f64::from))
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if changed.is_some() {
+                    crate::lease::store::record_operator_action(
+                        &mut tx,
+                        schema,
+                        &resource(name),
+                        by,
+                        "queue_limits",
+                        json!({ "queue": name, "limits": limits }),
+                    )
+                    .await?;
+                }
+                let queue = get(&mut tx, schema, name)
+                    .await?
+                    .ok_or_else(|| QueueError::NotFound(name.to_string()))?;
+                tx.commit().await?;
+                if changed.is_some() {
                     live::announce(Topics::WORK);
                 }
                 Ok(queue)

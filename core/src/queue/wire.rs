@@ -83,6 +83,17 @@ pub struct EnqueueBody {
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 31622400))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unique_period_seconds: Option<f64>,
+    /// The key the queue's limits count the task under (1 to 256
+    /// characters: a tenant, an account, an API): at most the queue's
+    /// `max_started_per_key` tasks of one key are started at once, and a
+    /// limited queue serves its keys fairly. Without one, the task counts
+    /// toward the queue's `max_started` only.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 256, pattern = "^[^\\x00]*$")
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 impl EnqueueBody {
@@ -135,6 +146,7 @@ impl EnqueueBody {
         task.delay = delay;
         task.timeout = timeout;
         task.unique = self.unique_key.map(|key| Unique { key, scope, period });
+        task.concurrency_key = self.concurrency_key;
         task.validate()?;
         Ok(task)
     }

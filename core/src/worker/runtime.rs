@@ -62,6 +62,7 @@ use crate::instance::Registration;
 use crate::lease::Holder;
 use crate::live::LiveHub;
 use crate::liveness::{Liveness, LivenessSignal};
+use crate::queue::queue_limits::QueueLimits;
 use crate::queue::store::{RetryPolicies, RetryPolicy};
 use crate::queue::wake::{CancelSignal, WorkSignal};
 use crate::queue::{ClaimFilter, DEFAULT_QUEUE, check_name};
@@ -98,6 +99,7 @@ pub struct RuntimeBuilder {
     batching: Batching,
     prefetch: Prefetch,
     schedules: Vec<NewSchedule>,
+    limits: Vec<(String, QueueLimits)>,
     scheduler: Option<SchedulerConfig>,
     direct: Option<sqlx::postgres::PgConnectOptions>,
 }
@@ -268,6 +270,31 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Declares queue `queue`'s limits (see [`crate::queue::queue_limits`]):
+    /// set when the runtime starts (an unchanged declaration changes
+    /// nothing and keeps the rate's bucket as it is; a changed one is
+    /// audited under this runtime's id), then enforced by every claim of
+    /// the queue across the fleet. The last declaration of a queue wins;
+    /// an operator's later change stands until a runtime starts with
+    /// another declaration.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool, sync: impl leasekeeper_core::worker::handler::Handler) -> Result<(), Box<dyn std::error::Error>> {
+    /// use leasekeeper_core::queue::queue_limits::QueueLimits;
+    /// use leasekeeper_core::Runtime;
+    /// let runtime = Runtime::builder(pool)
+    ///     .queue("sync", 20)
+    ///     .handler("sync", sync)
+    ///     .queue_limits("sync", QueueLimits { max_started_per_key: Some(2), ..QueueLimits::default() })
+    ///     .start()
+    ///     .await?;
+    /// # let _ = runtime; Ok(()) }
+    /// ```
+    pub fn queue_limits(mut self, queue: impl Into<String>, limits: QueueLimits) -> Self {
+        self.limits.push((queue.into(), limits));
+        self
+    }
+
     /// How this runtime's scheduler competes for `singleton:scheduler` and
     /// fires; `None` runs no scheduler here (another replica, or the
     /// dashboard, fires the schedules). Default:
@@ -342,9 +369,23 @@ impl RuntimeBuilder {
             crate::schedule::store::check(schedule)
                 .map_err(|e| RuntimeError::Config(format!("schedule {:?}: {e}", schedule.name)))?;
         }
+        for (queue, limits) in &self.limits {
+            check_name("queue", queue).map_err(RuntimeError::Config)?;
+            limits
+                .validate()
+                .map_err(|e| RuntimeError::Config(format!("queue {queue:?}: {e}")))?;
+        }
         {
             let schema = crate::db::Schema::of(&self.pool);
             let mut conn = self.pool.acquire().await?;
+            for (queue, limits) in &self.limits {
+                crate::queue::queues::set_limits(&mut conn, &schema, queue, limits, &id)
+                    .await
+                    .map_err(|e| match e {
+                        crate::queue::queues::QueueError::Db(e) => RuntimeError::Db(e),
+                        other => RuntimeError::Config(format!("queue {queue:?}: {other}")),
+                    })?;
+            }
             for schedule in &self.schedules {
                 crate::schedule::store::upsert(&mut conn, &schema, schedule, &id)
                     .await
@@ -485,6 +526,7 @@ impl Runtime {
             batching: Batching::default(),
             prefetch: Prefetch::default(),
             schedules: Vec::new(),
+            limits: Vec::new(),
             scheduler: Some(SchedulerConfig::default()),
             direct: None,
         }

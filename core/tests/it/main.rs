@@ -22,6 +22,7 @@ mod liveness;
 mod overview;
 mod pooler;
 mod prefetch;
+mod queue_limits;
 mod queues;
 mod rescuer;
 mod retention;

@@ -7,7 +7,7 @@ use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::store as leases;
 use crate::queue::{ClaimFilter, Task};
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 use std::time::Duration;
 
 /// Claims the oldest claimable task for `processor`, taking its lease for
@@ -164,29 +164,136 @@ async fn claim_up_to(
             // tasks are looked at only when no late one is.
             let limit = holders.len().clamp(1, MAX_BATCH);
             let by_kind = filter.kinds.is_some();
-            let sql = sql::claim(limit, by_kind);
-            let mut query = schema
-                .query(&sql)
-                .bind(holders)
-                .bind(ttl_ms)
-                .bind(&filter.queue);
-            if let Some(kinds) = &filter.kinds {
-                query = query.bind(kinds);
-            }
-            let rows = query.fetch_all(&mut *conn).await?;
-            use sqlx::Row;
-            let mut claimed = Vec::with_capacity(rows.len());
-            for row in &rows {
-                claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
-                if row.try_get::<bool, _>("took_over")? {
-                    crate::metrics::took_over(
-                        row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0),
-                    );
+            let mut limited = limited::known(schema, &filter.queue);
+            if !limited {
+                let rows = run(
+                    conn,
+                    schema,
+                    &sql::claim(limit, by_kind),
+                    holders,
+                    ttl_ms,
+                    filter,
+                )
+                .await?;
+                if !rows.is_empty() {
+                    return finish(&rows);
+                }
+                // Nothing: an idle queue, or a limited one, which that
+                // statement leaves alone (`sql::RUNNING`).
+                limited = schema
+                    .query_scalar(
+                        "SELECT EXISTS (SELECT 1 FROM $schema.queues WHERE name = $1 AND limited)",
+                    )
+                    .bind(&filter.queue)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if !limited {
+                    return Ok(Vec::new());
                 }
             }
-            crate::metrics::claimed(&claimed);
-            Ok(claimed)
+            // A limited queue: its claims take turns on its row's lock (see
+            // `sql::LOCK_LIMITED` and `sql::limited_claim` for the races).
+            let mut tx = conn.begin().await?;
+            let locked = schema
+                .query(sql::LOCK_LIMITED)
+                .bind(&filter.queue)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+            limited::remember(schema, &filter.queue, locked);
+            let statement = if locked {
+                sql::limited_claim(limit, by_kind)
+            } else {
+                sql::claim(limit, by_kind)
+            };
+            let rows = run(&mut tx, schema, &statement, holders, ttl_ms, filter).await?;
+            tx.commit().await?;
+            if locked && rows.len() < holders.len() {
+                let short = (holders.len() - rows.len()) as i64;
+                let waiting: i64 = schema
+                    .query_scalar(
+                        "SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
+                          WHERE queue = $1 AND status = 'pending' AND scheduled_at <= now()
+                          LIMIT $2) due",
+                    )
+                    .bind(&filter.queue)
+                    .bind(short)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if waiting > 0 {
+                    crate::metrics::deferred(&filter.queue, waiting as u64);
+                }
+            }
+            finish(&rows)
         }
         .await
     )
+}
+
+/// Runs claim statement `statement` for `holders` on `conn`.
+async fn run(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    statement: &str,
+    holders: &[&str],
+    ttl_ms: i64,
+    filter: &ClaimFilter,
+) -> Result<Vec<sqlx::postgres::PgRow>, TaskError> {
+    let mut query = schema
+        .query(statement)
+        .bind(holders)
+        .bind(ttl_ms)
+        .bind(&filter.queue);
+    if let Some(kinds) = &filter.kinds {
+        query = query.bind(kinds);
+    }
+    Ok(query.fetch_all(&mut *conn).await?)
+}
+
+/// The tasks of a claim statement's rows, counted in the metrics.
+fn finish(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<Task>, TaskError> {
+    use sqlx::Row;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);
+        if row.try_get::<bool, _>("took_over")? {
+            crate::metrics::took_over(row.try_get::<Option<i64>, _>("silent_ms")?.unwrap_or(0));
+        }
+    }
+    crate::metrics::claimed(&claimed);
+    Ok(claimed)
+}
+
+/// The queues this process has found limited, by schema and name: their
+/// claims go straight to the limited statement. Only a shortcut: a queue
+/// wrongly thought unlimited is claimed by a statement that claims nothing
+/// of a limited queue, and a queue wrongly thought limited is found out by
+/// the lock statement, which answers no row for it; each corrects this.
+mod limited {
+    use crate::db::Schema;
+    use std::collections::HashSet;
+    use std::sync::{LazyLock, Mutex};
+
+    static LIMITED: LazyLock<Mutex<HashSet<(String, String)>>> =
+        LazyLock::new(|| Mutex::new(HashSet::new()));
+
+    /// Whether queue `name` of `schema` was limited when last claimed here.
+    pub(super) fn known(schema: &Schema, name: &str) -> bool {
+        LIMITED
+            .lock()
+            .map(|set| set.contains(&(schema.as_str().to_string(), name.to_string())))
+            .unwrap_or(false)
+    }
+
+    /// Remembers whether queue `name` of `schema` is `limited`.
+    pub(super) fn remember(schema: &Schema, name: &str, limited: bool) {
+        if let Ok(mut set) = LIMITED.lock() {
+            let key = (schema.as_str().to_string(), name.to_string());
+            if limited {
+                set.insert(key);
+            } else {
+                set.remove(&key);
+            }
+        }
+    }
 }

@@ -143,6 +143,7 @@ struct Columns {
     schedule: Vec<Option<String>>,
     tick_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
     timeout_ms: Vec<Option<i32>>,
+    concurrency_key: Vec<Option<String>>,
 }
 
 impl Columns {
@@ -169,6 +170,7 @@ impl Columns {
             c.tick_at
                 .push(t.scheduled_by.as_ref().and_then(|(_, t)| *t));
             c.timeout_ms.push(timeout_ms(t));
+            c.concurrency_key.push(t.concurrency_key.clone());
         }
         c
     }
@@ -194,15 +196,16 @@ async fn insert_plain(
     let mut rows: Vec<(i64, DateTime<Utc>, DateTime<Utc>)> = schema
         .query_as(
             "INSERT INTO $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue,
-                                        priority, schedule, tick_at, timeout_ms)
+                                        priority, schedule, tick_at, timeout_ms, concurrency_key)
              SELECT nextval('$schema.tasks_id_seq'), i.task_data, i.max_attempts,
                     date_trunc('milliseconds', now() + make_interval(secs => i.delay_ms / 1000)),
-                    i.kind, i.queue, i.priority, i.schedule, i.tick_at, i.timeout_ms
+                    i.kind, i.queue, i.priority, i.schedule, i.tick_at, i.timeout_ms,
+                    i.concurrency_key
                FROM unnest($1::jsonb[], $2::int4[], $3::float8[], $4::text[], $5::text[],
-                           $6::int2[], $7::text[], $8::timestamptz[], $9::int4[])
+                           $6::int2[], $7::text[], $8::timestamptz[], $9::int4[], $10::text[])
                     WITH ORDINALITY
                     AS i(task_data, max_attempts, delay_ms, kind, queue, priority, schedule,
-                         tick_at, timeout_ms, n)
+                         tick_at, timeout_ms, concurrency_key, n)
               ORDER BY i.n
              RETURNING id, scheduled_at, created_at",
         )
@@ -215,6 +218,7 @@ async fn insert_plain(
         .bind(&c.schedule)
         .bind(&c.tick_at)
         .bind(&c.timeout_ms)
+        .bind(&c.concurrency_key)
         .fetch_all(&mut *conn)
         .await?;
     if rows.len() != tasks.len() {
@@ -263,6 +267,7 @@ fn new_task(t: &NewTask, id: i64, scheduled_at: DateTime<Utc>, created_at: DateT
         schedule: t.scheduled_by.as_ref().map(|(s, _)| s.clone()),
         tick_at: t.scheduled_by.as_ref().and_then(|(_, at)| *at),
         timeout_ms: timeout_ms(t),
+        concurrency_key: t.concurrency_key.clone(),
     }
 }
 
@@ -339,7 +344,7 @@ async fn insert_copy(
     let mut copy_in = conn
         .copy_in_raw(schema.sql(
             "COPY $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue, priority,
-                                 schedule, tick_at, timeout_ms, created_at)
+                                 schedule, tick_at, timeout_ms, created_at, concurrency_key)
              FROM STDIN",
         ))
         .await?;
@@ -357,6 +362,7 @@ async fn insert_copy(
             Field::Time(t.scheduled_by.as_ref().and_then(|(_, at)| *at)),
             Field::OptInt(timeout_ms(t).map(Into::into)),
             Field::Time(Some(now)),
+            Field::Text(t.concurrency_key.as_deref()),
         ]);
         if (n + 1) % CHUNK == 0 || n + 1 == tasks.len() {
             copy_in.send(rows.take()).await?;
@@ -432,20 +438,20 @@ async fn insert_all(
                                 ELSE i.unique_key END AS slot
                       FROM unnest($1::jsonb[], $2::int4[], $3::float8[], $4::text[], $5::text[],
                                   $6::int2[], $7::text[], $8::text[], $9::float8[], $10::text[],
-                                  $11::timestamptz[], $12::int4[])
+                                  $11::timestamptz[], $12::int4[], $13::text[])
                            WITH ORDINALITY
                            AS i(task_data, max_attempts, delay_ms, kind, queue, priority,
                                 unique_key, unique_scope, period_s, schedule, tick_at,
-                                timeout_ms, n)
+                                timeout_ms, concurrency_key, n)
                      ORDER BY i.n
                  ), added AS (
                     INSERT INTO $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue,
                                                priority, unique_key, unique_scope, unique_slot,
-                                               schedule, tick_at, timeout_ms)
+                                               schedule, tick_at, timeout_ms, concurrency_key)
                     SELECT id, task_data, max_attempts,
                            date_trunc('milliseconds', now() + make_interval(secs => delay_ms / 1000)),
                            kind, queue, priority, unique_key, unique_scope, slot, schedule, tick_at,
-                           timeout_ms
+                           timeout_ms, concurrency_key
                       FROM input ORDER BY n
                     ON CONFLICT (kind, unique_slot)
                        WHERE unique_slot IS NOT NULL
@@ -469,6 +475,7 @@ async fn insert_all(
             .bind(&c.schedule)
             .bind(&c.tick_at)
             .bind(&c.timeout_ms)
+            .bind(&c.concurrency_key)
             .fetch_all(&mut *conn)
             .await?;
         let mut taken: Vec<(usize, String)> = Vec::new();

@@ -97,7 +97,7 @@ pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, sch
     fencing_token, last_error, failed_at, cancelled_at, created_at, \
     CASE WHEN status = 'started' \
          THEN (EXTRACT(EPOCH FROM (must_heartbeat_before - now())) * 1000)::bigint END AS heartbeat_in_ms, \
-    unique_key, unique_scope, schedule, tick_at, timeout_ms";
+    unique_key, unique_scope, schedule, tick_at, timeout_ms, concurrency_key";
 
 /// Why a task operation did not happen.
 #[derive(Debug, thiserror::Error)]

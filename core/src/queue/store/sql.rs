@@ -17,12 +17,14 @@ use super::TASK_COLUMNS;
 /// id), so that a holder given several (a worker's local queue, see
 /// [`crate::worker::batch`]) runs them in the queue's order.
 ///
-/// **The claim rule**, the only place it is written: a task is claimable
-/// when it is pending and due, or late (started, its deadline passed) with
-/// an attempt left; and its queue is not paused ([`RUNNING`]). A late task
-/// that used its attempts is never claimed: the rescuer fails it
-/// ([`crate::queue::rescuer`]). A new rule (a limit per key, say) is a
-/// condition here, in both candidate sets.
+/// **The claim rule**, written once ([`late_rule`], [`fresh_rule`]) and
+/// used by both claim statements (this one and [`limited_claim`]): a task
+/// is claimable when it is pending and due, or late (started, its deadline
+/// passed) with an attempt left; and its queue is not paused ([`RUNNING`]).
+/// A late task that used its attempts is never claimed: the rescuer fails
+/// it ([`crate::queue::rescuer`]). A queue with limits is claimed by
+/// [`limited_claim`] alone: this statement claims nothing of it
+/// ([`RUNNING`]).
 ///
 /// **The task row is the claim's lease** (issue 41): the claim writes its
 /// holder (`processor`), its fencing token (the task's last token + 1) and
@@ -61,45 +63,213 @@ use super::TASK_COLUMNS;
 /// claim, in the database, on every runtime at once.
 pub fn claim(limit: usize, by_kind: bool) -> String {
     let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
+    let late = late_rule("", "now()");
+    let fresh = fresh_rule("", "now()");
+    let take = take("now()");
     format!(
         "WITH late AS (
             SELECT id, true AS late, last_heartbeat_at AS last_seen FROM $schema.tasks
-             WHERE status = 'started' AND must_heartbeat_before <= now()
-               AND attempts < max_attempts
-               AND queue = $3 {kinds} {RUNNING}
+             WHERE {late} AND queue = $3 {kinds} {RUNNING}
              ORDER BY must_heartbeat_before, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
          ), fresh AS (
             SELECT id, false AS late, NULL::timestamptz AS last_seen FROM $schema.tasks
-             WHERE status = 'pending' AND scheduled_at <= now()
-               AND queue = $3 {kinds} {RUNNING}
+             WHERE {fresh} AND queue = $3 {kinds} {RUNNING}
                AND NOT EXISTS (SELECT 1 FROM late)
              ORDER BY priority, scheduled_at, id
              LIMIT {limit} FOR UPDATE SKIP LOCKED
-         ), candidate AS (
+         ), {take}
+         SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed ORDER BY claim_order"
+    )
+}
+
+/// **The claim rule's first half**: a late task (started, its deadline
+/// passed by `clock`, an attempt left) may be taken over. The rescuer
+/// fails a late task whose attempts are used ([`crate::queue::rescuer`]).
+/// `t` is the table's alias with its dot (`"t."`), or empty.
+fn late_rule(t: &str, clock: &str) -> String {
+    format!(
+        "{t}status = 'started' AND {t}must_heartbeat_before <= {clock} \
+         AND {t}attempts < {t}max_attempts"
+    )
+}
+
+/// **The claim rule's second half**: a pending task due by `clock` may be
+/// claimed. `t` as in [`late_rule`].
+fn fresh_rule(t: &str, clock: &str) -> String {
+    format!("{t}status = 'pending' AND {t}scheduled_at <= {clock}")
+}
+
+/// The end every claim statement shares: the candidates (`late`, then
+/// `fresh`, each a CTE of `id, late, last_seen` in claim order) numbered,
+/// paired with the holders `$1` in order, and written into their task rows
+/// as of `clock` (`claimed`): holder, a token one above the task's last,
+/// the deadline `$2` ms on, one more attempt.
+fn take(clock: &str) -> String {
+    format!(
+        "candidate AS (
             SELECT c.*, row_number() OVER () AS n
-              FROM (SELECT * FROM late UNION ALL SELECT * FROM fresh) c
+              FROM (SELECT id, late, last_seen FROM late
+                    UNION ALL SELECT id, late, last_seen FROM fresh) c
          ), holder AS (
             SELECT h.name, h.n FROM unnest($1::text[]) WITH ORDINALITY AS h(name, n)
          ), claimed AS (
             UPDATE $schema.tasks t
                SET status = 'started', processor = holder.name,
                    fencing_token = COALESCE(t.fencing_token, 0) + 1,
-                   started_at = now(), last_heartbeat_at = now(),
-                   must_heartbeat_before = now() + make_interval(secs => $2::float8 / 1000),
+                   started_at = {clock}, last_heartbeat_at = {clock},
+                   must_heartbeat_before = {clock} + make_interval(secs => $2::float8 / 1000),
                    attempts = t.attempts + 1
               FROM candidate c JOIN holder ON holder.n = c.n
              WHERE t.id = c.id
             RETURNING t.*, c.late AS took_over, c.n AS claim_order,
-                      (EXTRACT(EPOCH FROM (now() - c.last_seen)) * 1000)::bigint AS silent_ms
+                      (EXTRACT(EPOCH FROM ({clock} - c.last_seen)) * 1000)::bigint AS silent_ms
+         )"
+    )
+}
+
+/// The statement that locks queue `$1`'s row when the queue has limits
+/// (`max_started`, `max_started_per_key` or a rate), answering a row then
+/// and none otherwise: the first statement of a claim of a limited queue
+/// ([`limited_claim`]), in the claim's transaction. The lock is held to
+/// its commit, so the claims of a limited queue take turns; a change of
+/// its limits or its pause waits for the claim in progress.
+pub const LOCK_LIMITED: &str =
+    "SELECT 1 FROM $schema.queues WHERE name = $1 AND limited FOR UPDATE";
+
+/// The claim of a queue with limits (issue 39): [`claim`]'s rule, with its
+/// holders `$1`, lease `$2` ms, queue `$3` and kinds `$4`, and the queue's
+/// limits on top: at most `max_started` of its tasks started at once, at
+/// most `max_started_per_key` per concurrency key, at most the tokens of
+/// its bucket claimed (a takeover is a claim and takes a token; it needs
+/// no slot, its task already holds one). Pending tasks are served fairly
+/// between keys: each candidate's turn is its key's started tasks plus
+/// its rank within the key (by priority, due time, id), and the lowest
+/// turns go first, so a key with one task waiting and none running goes
+/// before the next task of a key with many running, whatever the backlog;
+/// of equal turns, the key served longer ago (`queue_keys`, written here)
+/// goes first; within a key, priority orders as in every queue. Keyless tasks are one
+/// group for fairness and have no per-key cap. The claim takes its time
+/// from `statement_timestamp()`, the moment its turn began, not the
+/// transaction's start.
+///
+/// It runs after [`LOCK_LIMITED`] in the same transaction and nothing else
+/// does: that is what makes the limits exact. Races prevented:
+/// - **Two claimers each seeing the last free slot** (of the queue or of a
+///   key): the queue row's lock makes the limited claims take turns, and
+///   under READ COMMITTED each statement reads a snapshot taken when it
+///   starts, so this statement, begun after the lock was granted, counts
+///   every task the claims before it started (they committed before
+///   releasing the lock). Tasks that end meanwhile only free slots. A
+///   limit is never exceeded by claims made after it was set; tasks
+///   started before a limit was lowered run on and finish.
+/// - **Two claimers each spending the bucket's last token**: the bucket is
+///   read and written (`bucket`) under the same lock, in the statement that
+///   claims.
+/// - **A claim that does not know the queue is limited**: [`claim`] claims
+///   nothing of a limited queue ([`RUNNING`]), and its caller then takes
+///   this way.
+/// - Two claimers, one task, and the token: as in [`claim`] (each
+///   candidate row locked `FOR UPDATE SKIP LOCKED` and re-checked on its
+///   newest version, the token the locked row's own + 1).
+pub fn limited_claim(limit: usize, by_kind: bool) -> String {
+    let kinds = if by_kind { "AND kind = ANY($4)" } else { "" };
+    let t_kinds = if by_kind { "AND t.kind = ANY($4)" } else { "" };
+    let clock = "statement_timestamp()";
+    let late = late_rule("", clock);
+    let fresh = fresh_rule("t.", clock);
+    let take = take(clock);
+    format!(
+        "WITH RECURSIVE q AS (
+            SELECT max_started, max_started_per_key,
+                   CASE WHEN rate_per_second IS NOT NULL THEN
+                        LEAST(COALESCE(rate_burst, GREATEST(1, ceil(rate_per_second)))::float8,
+                              rate_tokens + rate_per_second
+                                * GREATEST(0, EXTRACT(EPOCH FROM ({clock} - rate_at))::float8))
+                   END AS tokens
+              FROM $schema.queues WHERE name = $3 AND limited AND NOT paused
+         ), room AS (
+            SELECT LEAST({limit}::bigint,
+                         COALESCE(q.max_started - (SELECT count(*) FROM $schema.tasks s
+                                                    WHERE s.queue = $3 AND s.status = 'started'),
+                                  {limit}),
+                         COALESCE(floor(q.tokens)::bigint, {limit})) AS slots,
+                   LEAST({limit}::bigint, COALESCE(floor(q.tokens)::bigint, {limit})) AS tokens,
+                   q.max_started_per_key AS per_key
+              FROM q
+         ), late AS (
+            SELECT id, true AS late, last_heartbeat_at AS last_seen FROM $schema.tasks
+             WHERE {late} AND queue = $3 {kinds}
+             ORDER BY must_heartbeat_before, id
+             LIMIT COALESCE((SELECT GREATEST(tokens, 0) FROM room), 0)
+             FOR UPDATE SKIP LOCKED
+         ), keys AS (
+            (SELECT t.concurrency_key AS k FROM $schema.tasks t
+              WHERE t.queue = $3 AND t.status = 'pending' AND t.concurrency_key IS NOT NULL
+              ORDER BY t.concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.concurrency_key FROM $schema.tasks t
+                     WHERE t.queue = $3 AND t.status = 'pending' AND t.concurrency_key > keys.k
+                     ORDER BY t.concurrency_key LIMIT 1)
+              FROM keys WHERE keys.k IS NOT NULL
+         ), keyed AS (
+            SELECT keys.k,
+                   (SELECT count(*) FROM $schema.tasks s
+                     WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key = keys.k) AS started,
+                   (SELECT served_at FROM $schema.queue_keys qk
+                     WHERE qk.queue = $3 AND qk.key = keys.k) AS served_at
+              FROM keys WHERE keys.k IS NOT NULL
+         ), pool AS (
+            SELECT p.id, p.priority, p.scheduled_at, g.started + p.rank AS turn, g.served_at
+              FROM room, keyed g CROSS JOIN LATERAL (
+                   SELECT t.id, t.priority, t.scheduled_at,
+                          row_number() OVER (ORDER BY t.priority, t.scheduled_at, t.id) AS rank
+                     FROM $schema.tasks t
+                    WHERE t.queue = $3 AND t.concurrency_key = g.k
+                      AND {fresh} {t_kinds}
+                    ORDER BY t.priority, t.scheduled_at, t.id
+                    LIMIT GREATEST(0, LEAST(room.slots, COALESCE(room.per_key - g.started, room.slots)))
+                   ) p
+            UNION ALL
+            SELECT p.id, p.priority, p.scheduled_at,
+                   (SELECT count(*) FROM $schema.tasks s
+                     WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key IS NULL) + p.rank,
+                   (SELECT served_at FROM $schema.queue_keys qk WHERE qk.queue = $3 AND qk.key = '')
+              FROM room CROSS JOIN LATERAL (
+                   SELECT t.id, t.priority, t.scheduled_at,
+                          row_number() OVER (ORDER BY t.priority, t.scheduled_at, t.id) AS rank
+                     FROM $schema.tasks t
+                    WHERE t.queue = $3 AND t.concurrency_key IS NULL
+                      AND {fresh} {t_kinds}
+                    ORDER BY t.priority, t.scheduled_at, t.id
+                    LIMIT GREATEST(0, room.slots)
+                   ) p
+         ), fresh AS (
+            SELECT t.id, false AS late, NULL::timestamptz AS last_seen
+              FROM pool JOIN $schema.tasks t ON t.id = pool.id
+             WHERE {fresh} AND t.queue = $3
+               AND NOT EXISTS (SELECT 1 FROM late)
+             ORDER BY pool.turn, pool.served_at NULLS FIRST, pool.priority, pool.scheduled_at, pool.id
+             LIMIT COALESCE((SELECT GREATEST(slots, 0) FROM room), 0)
+             FOR UPDATE OF t SKIP LOCKED
+         ), {take}, served AS (
+            INSERT INTO $schema.queue_keys AS qk (queue, key, served_at)
+            SELECT DISTINCT $3, coalesce(concurrency_key, ''), {clock} FROM claimed
+            ON CONFLICT (queue, key) DO UPDATE SET served_at = excluded.served_at
+         ), bucket AS (
+            UPDATE $schema.queues qs
+               SET rate_tokens = q.tokens - (SELECT count(*) FROM claimed), rate_at = {clock}
+              FROM q
+             WHERE qs.name = $3 AND q.tokens IS NOT NULL
          )
          SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed ORDER BY claim_order"
     )
 }
 
-/// The claims' test that queue `$3` is not paused (see
-/// [`crate::queue::queues`]): tasks of a paused queue, pending or late, are
-/// not claimed. The queue is the statement's parameter, not the row's
+/// [`claim`]'s test that queue `$3` is not paused (see
+/// [`crate::queue::queues`]) and has no limits: tasks of a paused queue,
+/// pending or late, are not claimed, and those of a limited queue are
+/// claimed only by [`limited_claim`] (which reads the pause itself). The queue is the statement's parameter, not the row's
 /// column, so PostgreSQL evaluates the test once per statement (a one-time
 /// filter above the index scan), not once per candidate row; the claim's
 /// plan stays the index scan it was (checked with `EXPLAIN` in a test).
@@ -111,7 +281,7 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
 /// take its tasks: that claim began before the pause, as a claim that
 /// finished a moment earlier would have.)
 pub const RUNNING: &str =
-    "AND NOT EXISTS (SELECT 1 FROM $schema.queues q WHERE q.name = $3 AND q.paused)";
+    "AND NOT EXISTS (SELECT 1 FROM $schema.queues q WHERE q.name = $3 AND (q.paused OR q.limited))";
 
 /// The test, in the statements that act on a batch of claims by id
 /// (completion, heartbeat, give-back), that the task row `t` is still
