@@ -30,7 +30,9 @@ pub use leases::{
     ForceReleaseLease, LeasesPage, force_release_lease, get_lease_detail, get_leases,
 };
 pub use overview::{OverviewPage, get_overview};
-pub use queues::{ControlQueue, QueuesPage, control_queue, get_queues};
+pub use queues::{
+    ControlQueue, QueuesPage, SetQueueLimits, control_queue, get_queues, set_queue_limits,
+};
 pub use schedules::{ControlSchedule, SchedulesPage, control_schedule, get_schedules};
 pub use tasks::{
     ControlTask, ControlTasks, GetTasks, TasksPage, control_task, control_tasks, get_task_detail,

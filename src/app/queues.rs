@@ -1,7 +1,8 @@
 //! The queues page: one row per queue with its figures (paused or not,
 //! pending, started, failed, the oldest due task's wait, completions in the
 //! last minute, workers on it), live; a depth and throughput chart per
-//! queue; pause and resume.
+//! queue; pause and resume; each queue's limits (shown with its busiest
+//! concurrency keys, live) and a form to change them.
 //!
 //! The charts draw what this page has seen since it opened: every refresh
 //! (each announced change, or the fallback poll) adds a point per queue,
@@ -54,6 +55,76 @@ pub async fn control_queue(name: String, action: String) -> Result<String, AppEr
     ))
 }
 
+/// Sets queue `name`'s limits from the form's fields (each empty to clear
+/// it); answers what was done. A bad value is refused naming its field,
+/// by the same check as `PUT /api/queues/{name}/limits`.
+#[server(prefix = "/sfn")]
+pub async fn set_queue_limits(
+    name: String,
+    max_started: String,
+    max_started_per_key: String,
+    rate_per_second: String,
+    rate_burst: String,
+) -> Result<String, AppError> {
+    use leasekeeper_core::queue::queue_limits::QueueLimits;
+    use leasekeeper_core::queue::queues;
+    queues::check(&name).map_err(|e| super::context::refused(AppError::from(e)))?;
+    // A field as JSON: empty is null, a number is a number, anything else
+    // stays text for the check to refuse by name.
+    let field = |text: &str| {
+        let text = text.trim();
+        if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            text.parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map(serde_json::Value::Number)
+                .unwrap_or_else(|| serde_json::Value::String(text.to_string()))
+        }
+    };
+    let body = serde_json::json!({
+        "max_started": field(&max_started),
+        "max_started_per_key": field(&max_started_per_key),
+        "rate_per_second": field(&rate_per_second),
+        "rate_burst": field(&rate_burst),
+    });
+    let limits = QueueLimits::from_json(&body)
+        .map_err(|e| super::context::refused(AppError::BadRequest(e.reason)))?;
+    let state = super::context::operator_state().await?;
+    let mut conn = state.pool.acquire().await?;
+    queues::set_limits(
+        &mut conn,
+        state.schema(),
+        &name,
+        &limits,
+        &state.instance_id,
+    )
+    .await
+    .map_err(|e| super::context::refused(AppError::from(e)))?;
+    Ok(format!("limits of {name}: {}", describe(&limits)))
+}
+
+/// A queue's limits in words: `at most 4 started, 2 per key, 50/s (burst
+/// 10)`, or `none`.
+pub fn describe(limits: &leasekeeper_core::queue::queue_limits::QueueLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = limits.max_started {
+        parts.push(format!("at most {n} started"));
+    }
+    if let Some(n) = limits.max_started_per_key {
+        parts.push(format!("{n} per key"));
+    }
+    if let Some(rate) = limits.rate_per_second {
+        parts.push(format!("{rate}/s (burst {})", limits.burst().unwrap_or(1)));
+    }
+    if parts.is_empty() {
+        "none".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// One point of a queue's chart: its pending tasks and its completions in
 /// the last minute, when the page last refreshed.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,17 +154,19 @@ fn record(history: &mut History, queues: &[QueueInfo]) {
 pub fn QueuesPage() -> impl IntoView {
     let tick = refresh_tick();
     let control = ServerAction::<ControlQueue>::new();
+    let limits = ServerAction::<SetQueueLimits>::new();
     let rows = Resource::new(
-        move || (tick.get(), control.version().get()),
+        move || (tick.get(), control.version().get(), limits.version().get()),
         |_| get_queues(),
     );
     let history = RwSignal::new(History::new());
     view! {
         <h1 class="text-xl font-semibold">"Queues"</h1>
         <p class="text-sm text-slate-600">
-            "A queue exists from its first task. A pause is effective at the next claim, in the database: no worker of any instance claims a task of a paused queue, while the tasks already started finish normally. A resume wakes idle workers at once. Pause and resume are operator actions, recorded in the audit."
+            "A queue exists from its first task. A pause is effective at the next claim, in the database: no worker of any instance claims a task of a paused queue, while the tasks already started finish normally. A resume wakes idle workers at once. Limits cap a queue's started tasks (in all, and per concurrency key) and its claims per second across every instance, exactly: the claim enforces them in the database, and a limited queue serves its keys fairly. Pause, resume and limits are operator actions, recorded in the audit."
         </p>
         <ActionOutcome last=Signal::derive(move || control.value().get()) prefix="queue"/>
+        <ActionOutcome last=Signal::derive(move || limits.value().get()) prefix="limits"/>
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading queues…"</p> }>
             {move || Suspend::new(async move {
                 match rows.await {
@@ -110,6 +183,7 @@ pub fn QueuesPage() -> impl IntoView {
                 }
             })}
         </Transition>
+        <LimitsForm action=limits/>
     }
 }
 
@@ -120,7 +194,7 @@ fn QueueTable(
     history: RwSignal<History>,
 ) -> impl IntoView {
     view! {
-        <DataTable testid="queues-table" headers=vec!["queue", "state", "pending", "started", "failed", "oldest due", "done / min", "workers", "depth and throughput", "controls"]>
+        <DataTable testid="queues-table" headers=vec!["queue", "state", "pending", "started", "failed", "oldest due", "done / min", "workers", "depth and throughput", "limits", "controls"]>
             {queues
                 .into_iter()
                 .map(|queue| view! { <QueueLine queue control history/> })
@@ -171,6 +245,7 @@ fn QueueLine(
             {cell("queue-completed", q.completed_last_minute)}
             {cell("queue-workers", q.workers)}
             <td class="px-3 py-2"><QueueChart points/></td>
+            <td class="px-3 py-2"><QueueLimitsCell queue=q.clone()/></td>
             <td class=controls_class("controls", "px-3 py-2 bg-white")>
                 <ActionForm action=control>
                     <input type="hidden" name="name" value=form_name/>
@@ -221,5 +296,57 @@ fn QueueChart(points: Vec<Point>) -> impl IntoView {
             <polyline points=depth fill="none" class="stroke-slate-500" stroke-width="1.5" data-testid="queue-chart-depth"/>
             <polyline points=done fill="none" class="stroke-emerald-500" stroke-width="1.5" data-testid="queue-chart-throughput"/>
         </svg>
+    }
+}
+
+/// A queue's limits and its busiest keys (started tasks per key, live).
+#[component]
+fn QueueLimitsCell(queue: QueueInfo) -> impl IntoView {
+    let keys = queue
+        .busiest_keys
+        .iter()
+        .map(|k| format!("{} {}", k.key, k.started))
+        .collect::<Vec<_>>()
+        .join(", ");
+    view! {
+        <div class="min-w-40 text-xs" data-testid="queue-limits" data-limited=queue.limits.any().to_string()>
+            <span data-testid="queue-limits-text">{describe(&queue.limits)}</span>
+            {(!keys.is_empty()).then(|| view! {
+                <div class="mt-1 text-slate-500">"busiest keys: "<span class="font-mono" data-testid="queue-busiest-keys">{keys}</span></div>
+            })}
+        </div>
+    }
+}
+
+/// The form that sets a queue's limits: outside the live table, so a
+/// refresh does not take what is being typed.
+#[component]
+fn LimitsForm(action: ServerAction<SetQueueLimits>) -> impl IntoView {
+    let input = |name: &'static str, label: &'static str, width: &'static str| {
+        view! {
+            <label class="flex flex-col text-xs text-slate-600">
+                {label}
+                <input type="text" name=name placeholder="none"
+                    class=format!("{width} rounded border border-slate-300 px-2 py-1 font-mono text-sm") data-testid=format!("limits-{name}")/>
+            </label>
+        }
+    };
+    view! {
+        <section class="mt-6 rounded border border-slate-200 bg-white p-4" data-testid="limits-form">
+            <h2 class="text-sm font-semibold">"Set a queue's limits"</h2>
+            <p class="mt-1 text-xs text-slate-600">
+                "Each field empty clears that limit. Max started and per key: 1 to 100,000; per second: above 0, up to 1,000,000; burst: 1 to 1,000,000 (one second's worth when empty). A new limit binds the next claim; tasks already started finish."
+            </p>
+            <ActionForm action>
+                <div class="mt-2 flex flex-wrap items-end gap-3">
+                    {input("name", "queue", "w-40")}
+                    {input("max_started", "max started", "w-24")}
+                    {input("max_started_per_key", "max started per key", "w-24")}
+                    {input("rate_per_second", "per second", "w-24")}
+                    {input("rate_burst", "burst", "w-24")}
+                    <button type="submit" class="rounded bg-slate-700 px-3 py-1 text-sm font-medium text-white hover:bg-slate-800" data-testid="limits-save">"Save limits"</button>
+                </div>
+            </ActionForm>
+        </section>
     }
 }

@@ -219,3 +219,123 @@ async fn metrics_show_each_queues_depth_and_oldest_pending_task() {
     .expect("the oldest pending gauge");
     assert!((0.0..60.0).contains(&oldest), "{oldest}");
 }
+
+#[tokio::test]
+async fn limits_are_set_checked_by_field_shown_audited_and_enforced_on_the_rest_claim() {
+    let api = Api::new().await;
+    // Keyed tasks through the REST enqueue.
+    for key in ["acme", "acme", "acme", "globex"] {
+        let (s, t) = api
+            .post(
+                "/api/tasks",
+                json!({"task_data": {}, "queue": "sync", "concurrency_key": key}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{t}");
+        assert_eq!(t["concurrency_key"], key);
+    }
+    let (s, e) = api
+        .post(
+            "/api/tasks",
+            json!({"task_data": {}, "concurrency_key": ""}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert!(error_of(&e).starts_with("concurrency_key"), "{e}");
+    // Every bad value: 400 naming the field, nothing written.
+    for (body, field) in [
+        (json!({"max_started": 0}), "max_started"),
+        (json!({"max_started": 100001}), "max_started"),
+        (json!({"max_started": 2.5}), "max_started"),
+        (json!({"max_started": "ten"}), "max_started"),
+        (
+            json!({"max_started_per_key": 5000000000u64}),
+            "max_started_per_key",
+        ),
+        (json!({"rate_per_second": 0}), "rate_per_second"),
+        (json!({"rate_per_second": 1000001}), "rate_per_second"),
+        (json!({"rate_per_second": true}), "rate_per_second"),
+        (json!({"rate_burst": 3}), "rate_burst"),
+        (json!({"rate_per_second": 1, "rate_burst": 0}), "rate_burst"),
+        (json!({"max_starts": 1}), "unknown field \"max_starts\""),
+        (json!([1]), "the body must be a JSON object"),
+    ] {
+        let (s, e) = api.put("/api/queues/sync/limits", body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {e}");
+        assert!(error_of(&e).starts_with(field), "{body}: {e} names {field}");
+    }
+    let (_, sync) = api.get("/api/queues/sync").await;
+    assert_eq!(
+        sync["limits"],
+        json!({"max_started": null, "max_started_per_key": null, "rate_per_second": null, "rate_burst": null})
+    );
+    let limits = json!({"max_started": 100000, "max_started_per_key": 2, "rate_per_second": 1000000, "rate_burst": null});
+    let (s, set) = api.put("/api/queues/sync/limits", limits.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{set}");
+    let mut expected = limits.clone();
+    expected["rate_per_second"] = json!(1000000.0);
+    assert_eq!(set["limits"], expected);
+    let (_, listed) = api.get("/api/queues").await;
+    assert_eq!(listed[0]["limits"], expected);
+    // The REST claim obeys them: two of acme, one of globex.
+    let mut claimed = Vec::new();
+    loop {
+        let (s, t) = api
+            .post(
+                "/api/tasks/next",
+                json!({"processor": "w-rest", "queue": "sync"}),
+            )
+            .await;
+        if s != StatusCode::ACCEPTED {
+            break;
+        }
+        claimed.push(t["concurrency_key"].as_str().unwrap().to_string());
+    }
+    claimed.sort();
+    assert_eq!(claimed, ["acme", "acme", "globex"]);
+    let (_, sync) = api.get("/api/queues/sync").await;
+    assert_eq!(
+        sync["busiest_keys"],
+        json!([{"key": "acme", "started": 2}, {"key": "globex", "started": 1}])
+    );
+    // Cleared with nulls (or an empty object): the last acme task is claimed.
+    let (s, cleared) = api.put("/api/queues/sync/limits", json!({})).await;
+    assert_eq!(s, StatusCode::OK, "{cleared}");
+    let (s, t) = api
+        .post(
+            "/api/tasks/next",
+            json!({"processor": "w-rest", "queue": "sync"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{t}");
+    let audited: Vec<String> = operator_actions(&api)
+        .await
+        .into_iter()
+        .filter(|(r, _, _)| r == "queue:sync")
+        .map(|(_, _, a)| a)
+        .collect();
+    assert_eq!(audited, ["queue_limits", "queue_limits"]);
+}
+
+#[tokio::test]
+async fn without_the_admin_token_limits_are_refused() {
+    const TOKEN: &str = "an-admin-token-for-limit-tests";
+    let api = Api::with_settings(|s| s.admin_token = Some(TOKEN.into())).await;
+    let (s, e) = api
+        .put("/api/queues/mail/limits", json!({"max_started": 1}))
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{e}");
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let path = <leasekeeper::app::SetQueueLimits as leptos::server_fn::ServerFn>::PATH;
+    let (s, e) = api
+        .send_with(
+            Method::POST,
+            path,
+            &form,
+            Body::from("name=mail&max_started=1&max_started_per_key=&rate_per_second=&rate_burst="),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{e}");
+    let (s, _) = api.get("/api/queues/mail").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "nothing was created");
+}

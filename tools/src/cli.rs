@@ -143,6 +143,18 @@ pub enum BenchWhat {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// What limits cost (issue 39): the runtime with its defaults
+    /// (`fleet_w16`), the same on a queue with `max_started_per_key` 1 over
+    /// 100 keys, every key busy (`fleet_w16_keyed`), and the same held to a
+    /// fleet-wide rate (`fleet_w16_rate`), in one race by its protocol.
+    Limits {
+        /// Shorter rounds.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results to this file as a flat JSON object.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Only the peers' phases of the queue suite, with the same keys:
     /// graphile-worker and Awa at concurrency 16 (defaults and best
     /// settings) and the bulk inserts (enqueue_many, graphile-worker's

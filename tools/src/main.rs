@@ -99,6 +99,10 @@ async fn main() -> ExitCode {
                 bench::queue::peers::floor(settings, bench::Options::without_charts(quick, json))
                     .await
             }
+            Some(BenchWhat::Limits { quick, json }) => {
+                bench::queue::peers::limits(settings, bench::Options::without_charts(quick, json))
+                    .await
+            }
             Some(BenchWhat::Fleet { quick, json }) => {
                 bench::queue::fleet_only(settings, bench::Options::without_charts(quick, json))
                     .await

@@ -80,6 +80,11 @@ BEGIN
                CASE WHEN c.status = 'processed' THEN c.processed_at
                     WHEN c.status = 'cancelled' THEN c.cancelled_at
                     WHEN c.status = 'failed'    THEN c.failed_at
+                    -- A takeover ends the old attempt when the new one
+                    -- begins: at the claim's own time, which for a claim
+                    -- of a limited queue is after its turn on the queue's
+                    -- lock, later than its transaction's start (now()).
+                    WHEN c.status = 'started'   THEN COALESCE(c.started_at, now())
                     ELSE now() END AS ended_at
           FROM changed c WHERE c.was = 'started' AND c.claim_changed
     ), closed AS (
@@ -98,8 +103,14 @@ BEGIN
          WHERE c.status = 'started' AND c.claim_changed
          ORDER BY c.id
     )
-    INSERT INTO lease_events (resource, holder, fencing_token, kind, previous_holder, expires_at)
-    SELECT 'task:' || c.id, e.holder, e.token, e.kind, e.previous_holder, e.expires_at
+    -- A claim's history is stamped with the claim's own time (the task's
+    -- started_at), as its attempt is: a claim of a limited queue runs
+    -- after waiting its turn on the queue's lock, and stamped with its
+    -- transaction's start it would show a takeover before the lease it
+    -- took over had ended (seen by the fault harness: 3.5 s early under
+    -- a frozen claim). Every other change is stamped now().
+    INSERT INTO lease_events (resource, holder, fencing_token, kind, previous_holder, expires_at, at)
+    SELECT 'task:' || c.id, e.holder, e.token, e.kind, e.previous_holder, e.expires_at, e.at
       FROM changed c
      CROSS JOIN LATERAL (SELECT
              CASE WHEN c.status = 'started' AND c.claim_changed
@@ -112,7 +123,9 @@ BEGIN
              CASE WHEN c.status = 'started' AND c.was = 'started' AND c.claim_changed
                   THEN c.old_processor END AS previous_holder,
              CASE WHEN c.status = 'started' THEN c.deadline
-                  ELSE date_trunc('milliseconds', now()) END AS expires_at) e
+                  ELSE date_trunc('milliseconds', now()) END AS expires_at,
+             CASE WHEN c.status = 'started' AND c.claim_changed
+                  THEN COALESCE(c.started_at, now()) ELSE now() END AS at) e
      WHERE e.kind IS NOT NULL
      ORDER BY c.id;
     RETURN NULL;

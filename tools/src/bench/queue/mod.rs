@@ -618,6 +618,22 @@ async fn add_tasks_of(pool: &PgPool, kind: &str, n: i64) -> Result<()> {
     Ok(())
 }
 
+/// [`add_tasks_of`] with a concurrency key each, dealt round-robin over
+/// `keys` keys (`key-0` to `key-<keys - 1>`).
+async fn add_keyed_tasks_of(pool: &PgPool, kind: &str, n: i64, keys: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO tasks (kind, task_data, concurrency_key)
+         SELECT $2, '{\"sleep_duration_seconds\": 0}'::jsonb, 'key-' || (g % $3)
+           FROM generate_series(1, $1::bigint) g",
+    )
+    .bind(n)
+    .bind(kind)
+    .bind(keys)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// The value of `key` in `results`; `NaN` when absent.
 fn value(results: &Results, key: &str) -> f64 {
     results

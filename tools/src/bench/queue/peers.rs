@@ -15,8 +15,14 @@
 //!   rows, two row writes a task as graphile-worker's), and graphile-worker
 //!   tuned (`graphile_best_w16`). An experiment, not a product setting: no
 //!   deployment can turn the trigger off (issue 41's note).
+//! - `bench limits [--quick] [--json PATH]`: what limits cost (issue 39):
+//!   the runtime with its defaults (`fleet_w16`), the same on a queue with
+//!   `max_started_per_key` 1 over 100 keys, every key busy
+//!   (`fleet_w16_keyed`; target at least 0.8 × `fleet_w16`), and the same
+//!   held to a fleet-wide rate (`fleet_w16_rate`; target within 2 % of the
+//!   rate).
 
-use super::race::{Contestant, Protocol, race};
+use super::race::{Contestant, Limited, Protocol, race};
 use super::{DB, bulk, contestants, tune};
 use crate::bench::{Details, Options, Progress, Results, fresh_database, ratio, report_with};
 use anyhow::Result;
@@ -56,9 +62,48 @@ pub async fn floor(settings: Settings, options: Options) -> Result<()> {
     partial(settings, options, chosen, false).await
 }
 
+/// `bench limits`' rate: about a third of what the runtime does unlimited
+/// on this machine, so the bucket, not the runtime, sets the pace.
+pub(super) const LIMITED_RATE: f64 = 4_000.0;
+
+/// `bench limits`: our runtime's defaults unlimited, keyed and held to a
+/// rate, in one race.
+pub async fn limits(settings: Settings, options: Options) -> Result<()> {
+    let ours = super::fleet::Settings::defaults();
+    let chosen = vec![
+        ("fleet_w16", Contestant::Ours(ours)),
+        (
+            "fleet_w16_keyed",
+            Contestant::OursLimited(
+                ours,
+                Limited::Keyed {
+                    keys: 100,
+                    per_key: 1,
+                },
+            ),
+        ),
+        (
+            "fleet_w16_rate",
+            Contestant::OursLimited(
+                ours,
+                Limited::Rate {
+                    per_second: LIMITED_RATE,
+                    burst: 50,
+                },
+            ),
+        ),
+    ];
+    partial(settings, options, chosen, false).await
+}
+
 /// The ratios reported when both their figures ran: (key, figure over,
 /// figure under).
-const RATIOS: [(&str, &str, &str); 3] = [
+const RATIOS: [(&str, &str, &str); 4] = [
+    (
+        "fleet_w16_keyed_vs_fleet_w16",
+        "fleet_w16_keyed",
+        "fleet_w16",
+    ),
     (
         "fleet_best_vs_graphile_best",
         "fleet_best_w16",
@@ -102,6 +147,9 @@ async fn partial(
                 if let (Some(a), Some(b)) = (figure(over), figure(under)) {
                     r.push((name, ratio(a, b)));
                 }
+            }
+            if let Some(rate) = figure("fleet_w16_rate") {
+                r.push(("fleet_w16_rate_vs_target", ratio(rate, LIMITED_RATE)));
             }
         }
         if inserting {

@@ -44,6 +44,7 @@
 use super::{BenchDb, awa, fleet, graphile, key, median, spread};
 use crate::bench::{Details, Progress, Results};
 use anyhow::{Context, Result, bail};
+use leasekeeper_core::queue::queue_limits::QueueLimits;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
@@ -146,8 +147,49 @@ pub(super) enum Contestant {
     /// measure of what they cost. Every other contestant of ours turns it
     /// back on in its preparation, and the race turns it on at its end.
     OursWithoutHistory(fleet::Settings),
+    /// The same on a queue with limits (issue 39; `bench limits`): set in
+    /// its preparation, cleared in every other contestant's of ours.
+    OursLimited(fleet::Settings, Limited),
     Graphile(graphile::Settings),
     Awa(awa::Settings),
+}
+
+/// The limits of a [`Contestant::OursLimited`] on the default queue.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Limited {
+    /// `max_started_per_key` `per_key`, the tasks dealt round-robin over
+    /// `keys` keys, so every key is busy.
+    Keyed { keys: i64, per_key: i32 },
+    /// A fleet-wide rate (`rate_per_second`, `rate_burst`).
+    Rate { per_second: f64, burst: i32 },
+}
+
+impl Limited {
+    /// The queue's limits.
+    fn limits(&self) -> QueueLimits {
+        match *self {
+            Limited::Keyed { per_key, .. } => QueueLimits {
+                max_started_per_key: Some(per_key),
+                ..QueueLimits::default()
+            },
+            Limited::Rate { per_second, burst } => QueueLimits {
+                rate_per_second: Some(per_second),
+                rate_burst: Some(burst),
+                ..QueueLimits::default()
+            },
+        }
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Limited::Keyed { keys, per_key } => {
+                format!("max_started_per_key {per_key} over {keys} keys")
+            }
+            Limited::Rate { per_second, burst } => {
+                format!("held to {per_second}/s (burst {burst})")
+            }
+        }
+    }
 }
 
 impl Contestant {
@@ -165,6 +207,7 @@ impl Contestant {
             Contestant::OursWithoutHistory(s) => {
                 format!("{} with the tasks trigger off", s.label())
             }
+            Contestant::OursLimited(s, limited) => format!("{}, {}", s.label(), limited.label()),
             Contestant::Graphile(s) => s.label(),
             Contestant::Awa(s) => s.label(),
         }
@@ -177,11 +220,18 @@ impl Contestant {
             Contestant::Awa(s) => serde_json::to_value(s),
             Contestant::Ours(s)
             | Contestant::OursOverHistory(s, _)
-            | Contestant::OursWithoutHistory(s) => serde_json::to_value(s),
+            | Contestant::OursWithoutHistory(s)
+            | Contestant::OursLimited(s, _) => serde_json::to_value(s),
         }
         .unwrap_or(Value::Null);
+        if let (Contestant::OursLimited(_, limited), Value::Object(map)) = (self, &mut v) {
+            map.insert("limits".into(), json!(limited.limits()));
+            if let Limited::Keyed { keys, .. } = limited {
+                map.insert("keys".into(), json!(keys));
+            }
+        }
         let who = match self {
-            Contestant::Ours(_) | Contestant::OursOverHistory(..) => {
+            Contestant::Ours(_) | Contestant::OursOverHistory(..) | Contestant::OursLimited(..) => {
                 "leasekeeper (this commit)".to_string()
             }
             Contestant::OursWithoutHistory(_) => {
@@ -227,7 +277,17 @@ impl Contestant {
                 if let Contestant::OursOverHistory(_, rows) = self {
                     fleet::seed_history(&own, *rows).await?;
                 }
-                super::add_tasks_of(&own, fleet::NOOP, depth).await?;
+                let limited = match self {
+                    Contestant::OursLimited(_, limited) => Some(*limited),
+                    _ => None,
+                };
+                set_limits(&own, limited.map(|l| l.limits()).unwrap_or_default()).await?;
+                match limited {
+                    Some(Limited::Keyed { keys, .. }) => {
+                        super::add_keyed_tasks_of(&own, fleet::NOOP, depth, keys).await?
+                    }
+                    _ => super::add_tasks_of(&own, fleet::NOOP, depth).await?,
+                }
                 own.close().await;
             }
         }
@@ -244,12 +304,28 @@ impl Contestant {
             Contestant::Awa(s) => Running::Awa(Box::new(awa::start(&db.conninfo, s).await?)),
             Contestant::Ours(s)
             | Contestant::OursOverHistory(s, _)
-            | Contestant::OursWithoutHistory(s) => Running::Processes {
+            | Contestant::OursWithoutHistory(s)
+            | Contestant::OursLimited(s, _) => Running::Processes {
                 children: vec![fleet::start_process(db, id, s).await?],
                 completed: "SELECT coalesce(sum(processed), 0)::int8 FROM task_counts".into(),
             },
         })
     }
+}
+
+/// Sets the default queue's limits to `limits` (none: cleared).
+async fn set_limits(pool: &PgPool, limits: QueueLimits) -> Result<()> {
+    let schema = leasekeeper_core::db::Schema::of(pool);
+    leasekeeper_core::queue::queues::set_limits(
+        &mut *pool.acquire().await?,
+        &schema,
+        leasekeeper_core::queue::DEFAULT_QUEUE,
+        &limits,
+        "bench",
+    )
+    .await
+    .context("setting the default queue's limits")?;
+    Ok(())
 }
 
 /// Turns the tasks trigger that writes the attempt and history rows on or
@@ -577,10 +653,16 @@ pub(super) async fn race(
     let ablated = contestants
         .iter()
         .any(|(_, c)| matches!(c, Contestant::OursWithoutHistory(_)));
+    let limited = contestants
+        .iter()
+        .any(|(_, c)| matches!(c, Contestant::OursLimited(..)));
     let raced = race_rounds(db, protocol, contestants, progress).await;
     if ablated {
         // Whatever happened: the schema as the code keeps it.
         history_trigger(&db.pool, true).await?;
+    }
+    if limited {
+        set_limits(&db.pool, QueueLimits::default()).await?;
     }
     raced
 }
