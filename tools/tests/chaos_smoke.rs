@@ -4,7 +4,8 @@
 //! barrier races. The harness itself fails (non-zero exit) when an
 //! invariant breaks; here we also read its JSON report: every fault kind
 //! was injected, no task lost or done twice, no stale write accepted, every
-//! refusal recorded, every tick fired once and in time, the races real.
+//! refusal recorded, every tick fired once and in time, the queue's limits
+//! held and reached, the races real.
 //! Its own test binary, so it runs alone.
 
 use leasekeeper_tools::testing;
@@ -58,6 +59,9 @@ fn a_quick_chaos_round_breaks_no_invariant() {
         "schedule_task_mismatches",
         "schedule_ticks_unexpected",
         "schedule_ticks_late",
+        "limits_over_max_started",
+        "limits_over_max_per_key",
+        "limits_over_bucket",
     ] {
         assert_eq!(totals[zero], 0, "{zero}:\n{stdout}");
     }
@@ -80,6 +84,24 @@ fn a_quick_chaos_round_breaks_no_invariant() {
     assert!(totals["processed"].as_u64().unwrap_or(0) >= 100, "{stdout}");
     assert!(totals["generated"].as_u64().unwrap_or(0) >= 10, "{stdout}");
     assert!(totals["takeovers"].as_u64().unwrap_or(0) >= 1, "{stdout}");
+    // The queue's limits bound: the fleet reached max_started and a key its
+    // max_started_per_key, and the bucket ran (all but) empty.
+    let set = &totals["limits_set"];
+    assert_eq!(
+        totals["limits_most_started"], set["max_started"],
+        "{stdout}"
+    );
+    assert_eq!(
+        totals["limits_most_started_per_key"], set["max_started_per_key"],
+        "{stdout}"
+    );
+    assert!(
+        totals["limits_claim_instants_at_bucket_edge"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{stdout}"
+    );
     let races = &report["barrier_races"];
     assert_eq!(races["rounds"], 500, "{stdout}");
     assert!(stdout.contains("all invariants hold"), "{stdout}");

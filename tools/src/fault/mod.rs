@@ -10,8 +10,11 @@
 //! two tasks ahead into its local queue), reach it through links a
 //! partition can cut (`cut.rs`); six
 //! `leasekeeper worker` processes reach the instances through
-//! [`proxy::Proxy`], while the harness enqueues a task every 150 ms and a
-//! schedule ticks every second (catch-up `all`, `schedule.rs`). Every
+//! [`proxy::Proxy`], while the harness enqueues a task every 150 ms (and
+//! every 6 s a burst of keyed ones) and a schedule ticks every second
+//! (catch-up `all`, `schedule.rs`). The queue they all serve is limited
+//! before any process starts (issue 39: at most so many started, per key,
+//! and claims a second, `limits.rs`). Every
 //! 5-10 s (3-5 s with `--quick`) it injects the next fault of a shuffled
 //! cycle of the chosen kinds:
 //!
@@ -43,8 +46,9 @@
 //! Then the round drains (faults stop, the schedule is paused once it has
 //! caught up, the generator is stopped, the queue runs empty), the
 //! processes stop, [`check::check`] compares the database with the
-//! workers' history ([`history`]), and the schedule's ticks are checked
-//! ([`check::schedule`]). Once per run, 500
+//! workers' history ([`history`]), the schedule's ticks are checked
+//! ([`check::schedule`]), and the queue's claims against its limits
+//! ([`check::limits`]). Once per run, 500
 //! barrier races ([`race`]) run on a database of their own. The report
 //! gives, per fault kind, faults injected, tasks affected and how they
 //! ended, stale writes refused and recovery times; the run fails when any
@@ -53,13 +57,15 @@
 //! One file per idea: `rig.rs` (the processes of a round), `inject.rs` (the
 //! faults), `report.rs` (recoveries and the report), `db.rs` (which
 //! database), `ha.rs` (the highly available one), `cut.rs` (the links),
-//! `schedule.rs` (the round's schedule); this one runs the rounds.
+//! `schedule.rs` (the round's schedule), `limits.rs` (the round's queue
+//! limits); this one runs the rounds.
 
 pub mod check;
 mod cut;
 mod db;
 mod ha;
 mod inject;
+mod limits;
 pub mod proxy;
 pub mod race;
 mod report;
@@ -363,6 +369,8 @@ async fn one_round(
 ) -> Result<RoundResult> {
     let name = format!("chaos_r{round}");
     let pool = fresh_database(cluster, &name, schema).await?;
+    // Before any process starts: every claim of the round is a limited one.
+    limits::set(&pool, schema).await?;
     let mut rig = Rig {
         dir: dir.to_path_buf(),
         database: name.clone(),
@@ -452,6 +460,7 @@ async fn one_round(
             .extend(enqueued.iter().filter(|id| !known.contains(id)));
         let faults = measure(&pool, faults, &history).await?;
         checks.schedule = schedule::check(&pool, declared, paused, &faults, &setup.timing).await?;
+        checks.limits = limits::check(&pool).await?;
         let late = late(&faults, &setup.timing);
         anyhow::Ok(RoundResult {
             faults,
@@ -522,8 +531,18 @@ async fn faults_phase(
         tokio::spawn(async move {
             let mut ids = Vec::new();
             let mut tick = tokio::time::interval(Duration::from_millis(150));
+            let mut n: u64 = 0;
             while !stop.is_cancelled() {
                 tick.tick().await;
+                n += 1;
+                // Every 6 s, a burst of keyed tasks: the queue's limit per
+                // key binds, and its fairness puts them before the keyless
+                // bulk (see `limits.rs`).
+                let burst = if n.is_multiple_of(limits::BURST_EVERY) {
+                    limits::burst(n / limits::BURST_EVERY, &mut rng)
+                } else {
+                    Vec::new()
+                };
                 // Mostly short work; one task in five long enough that a
                 // holder paused near its end is still being worked on by
                 // the worker that took it over when the paused one wakes.
@@ -554,6 +573,16 @@ async fn faults_phase(
                 .await;
                 if let Ok(task) = enqueued {
                     ids.push(task.id);
+                }
+                for task in &burst {
+                    let enqueued = async {
+                        let mut conn = pool.acquire().await?;
+                        anyhow::Ok(store::enqueue(&mut conn, &schema, task).await?)
+                    }
+                    .await;
+                    if let Ok(task) = enqueued {
+                        ids.push(task.id);
+                    }
                 }
             }
             ids

@@ -153,12 +153,17 @@ pub(super) async fn measure(
             FaultKind::CutLiveness => {
                 let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
                 let tasks = slowest_takeover(pool, &open, fault.db_at_ms()).await?;
-                let generator = match fault.holder {
-                    Some(_) => next_grant(pool, RESOURCE, fault.db_at_ms()).await?,
-                    None => None,
+                // The generator only when the instance held it: a cut
+                // instance without it leaves the generator nothing to
+                // recover (not a recovery that never came).
+                fault.recovery_ms = match fault.holder {
+                    Some(_) => {
+                        let generator = next_grant(pool, RESOURCE, fault.db_at_ms()).await?;
+                        fault.taken_over_ms = generator;
+                        slowest([tasks, generator])
+                    }
+                    None => tasks,
                 };
-                fault.taken_over_ms = generator;
-                fault.recovery_ms = slowest([tasks, generator]);
             }
             FaultKind::Partition => {
                 let open = left_for_takeover(pool, &fault.tasks, fault.db_at_ms()).await?;
@@ -414,6 +419,36 @@ pub(super) fn report(
         "schedule_lateness_bound_ms": timing.schedule_bound.as_millis() as u64,
         "schedule_holder_hits": results.iter().flat_map(|r| &r.faults).filter(|f| f.scheduler_holder.is_some()).count(),
     });
+    // The limited queue: its limits, what the fleet came to under them,
+    // and how close it came to each.
+    let most = |f: &dyn Fn(&check::limits::LimitChecks) -> usize| {
+        results.iter().map(|r| f(&r.checks.limits)).max()
+    };
+    let tightest = results
+        .iter()
+        .filter_map(|r| r.checks.limits.tightest_window.as_ref())
+        .max_by(|a, b| (a.claims as f64 - a.allowed).total_cmp(&(b.claims as f64 - b.allowed)));
+    let limits = json!({
+        "limits_queue": results.first().map(|r| r.checks.limits.queue.clone()),
+        "limits_set": results.first().map(|r| &r.checks.limits.limits),
+        "limits_claims": sum(&|c| c.limits.claims),
+        "limits_takeovers": sum(&|c| c.limits.takeovers),
+        "limits_keyed_tasks": sum(&|c| c.limits.keyed_tasks),
+        "limits_most_started": most(&|l| l.most_started),
+        "limits_most_started_per_key": most(&|l| l.most_started_per_key),
+        "limits_claim_instants_at_max_started": sum(&|c| c.limits.instants_at_max_started),
+        "limits_claim_instants_at_max_per_key": sum(&|c| c.limits.instants_at_max_per_key),
+        "limits_busiest_second_claims": most(&|l| l.busiest_second),
+        "limits_tightest_bucket_window": tightest.map(|w| json!({
+            "claims": w.claims,
+            "ms": (w.to - w.from).num_milliseconds(),
+            "allowed": (w.allowed * 1000.0).round() / 1000.0,
+        })),
+        "limits_claim_instants_at_bucket_edge": sum(&|c| c.limits.instants_at_bucket_edge),
+        "limits_over_max_started": sum(&|c| c.limits.over_max_started.len()),
+        "limits_over_max_per_key": sum(&|c| c.limits.over_max_per_key.len()),
+        "limits_over_bucket": sum(&|c| c.limits.over_bucket.len()),
+    });
     let mut report = json!({
         "seed": seed,
         "rounds": rounds,
@@ -460,8 +495,11 @@ pub(super) fn report(
         "faults": results.iter().flat_map(|r| r.faults.iter()).collect::<Vec<_>>(),
         "violations": violations,
     });
-    if let (Some(totals), Value::Object(schedule)) = (report["totals"].as_object_mut(), schedule) {
+    if let (Some(totals), Value::Object(schedule), Value::Object(limits)) =
+        (report["totals"].as_object_mut(), schedule, limits)
+    {
         totals.extend(schedule);
+        totals.extend(limits);
     }
     report
 }

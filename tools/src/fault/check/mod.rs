@@ -27,14 +27,20 @@
 //!   tick), fencing tokens never going backwards along the ticks, each
 //!   tick's task carrying its schedule and tick, and every gap a fault left
 //!   caught up within its allowance.
+//! - The queue's limits (issue 39): at every claim's instant, no more of
+//!   the limited queue's tasks started than its `max_started`, nor of the
+//!   claim's key than its `max_started_per_key`; in every window of claims
+//!   (takeovers included), no more than its bucket allows.
 //!
 //! `terms.rs` walks `lease_events` into terms and checks them; `clients.rs`
 //! checks what the workers themselves saw; `intruders.rs` the workers
 //! without the token; `schedule.rs` checks the schedule's ticks (the
-//! harness reads them, as only it knows the faults).
+//! harness reads them, as only it knows the faults); `limits.rs` the queue's
+//! limits against `attempts` (the harness reads them too).
 
 mod clients;
 pub mod intruders;
+pub mod limits;
 pub mod schedule;
 mod terms;
 
@@ -106,6 +112,8 @@ pub struct Checks {
     pub torn_history_lines: usize,
     /// The every-second schedule's ticks (filled in by the harness).
     pub schedule: schedule::ScheduleChecks,
+    /// The limited queue's limits (filled in by the harness).
+    pub limits: limits::LimitChecks,
 }
 
 impl Checks {
@@ -161,6 +169,7 @@ impl Checks {
             ));
         }
         out.extend(self.schedule.violations());
+        out.extend(self.limits.violations());
         out
     }
 }
