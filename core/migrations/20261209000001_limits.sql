@@ -44,10 +44,13 @@ ALTER TABLE queues
 
 -- The keys with pending tasks of a queue, one index probe each (the
 -- limited claim walks them in order, skipping from one key to the next),
--- and each key's pending tasks in claim order. Keyless tasks are not in it:
--- they add nothing to an unkeyed workload's writes.
+-- and each key's pending tasks in claim order; the keyless ones under
+-- NULL, so that a keyed queue's claim finds in one probe that it has none
+-- (without them, it read every pending task of the queue to find none:
+-- 5 ms of a 25 ms claim at 60,000 tasks). One more index entry per task
+-- enqueued, keyed or not.
 CREATE INDEX tasks_pending_key_idx ON tasks (queue, concurrency_key, priority, scheduled_at, id)
-    WHERE status = 'pending' AND concurrency_key IS NOT NULL;
+    WHERE status = 'pending';
 
 -- The started tasks of a queue and of each key (keyless ones under NULL),
 -- counted by the limited claim and by the Queues page's busiest keys.

@@ -97,6 +97,11 @@ pub struct Claimed {
     /// The tasks claimed, in claim order (late ones first, then by
     /// priority, due time and id).
     pub tasks: Vec<Task>,
+    /// The queue's limits held back some of what was asked while due
+    /// tasks waited ([`crate::queue::queue_limits`]): a slot or a token
+    /// may free any moment, so the caller may ask again soon rather than
+    /// at its next poll.
+    pub deferred: bool,
 }
 
 /// Claims up to one task for each entry of `holders` among the tasks
@@ -124,15 +129,13 @@ pub async fn claim_for(
             )));
         }
         let names: Vec<&str> = holders.iter().map(Holder::as_str).collect();
-        Ok(Claimed {
-            tasks: claim_up_to(conn, schema, &names, ttl, filter).await?,
-        })
+        let (tasks, deferred) = claim_deferring(conn, schema, &names, ttl, filter).await?;
+        Ok(Claimed { tasks, deferred })
     }
     .await)
 }
 
-/// Runs the claim statement ([`sql::claim`]) for `holders`: every way a
-/// task is claimed comes here.
+/// [`claim_deferring`] without telling whether limits held tasks back.
 async fn claim_up_to(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -140,10 +143,24 @@ async fn claim_up_to(
     ttl: Duration,
     filter: &ClaimFilter,
 ) -> Result<Vec<Task>, TaskError> {
+    Ok(claim_deferring(conn, schema, holders, ttl, filter).await?.0)
+}
+
+/// Runs the claim statement ([`sql::claim`], or [`sql::limited_claim`]
+/// for a limited queue) for `holders`: every way a task is claimed comes
+/// here. Answers the tasks, and whether the queue's limits held some back
+/// while due tasks waited.
+async fn claim_deferring(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    holders: &[&str],
+    ttl: Duration,
+    filter: &ClaimFilter,
+) -> Result<(Vec<Task>, bool), TaskError> {
     crate::db::atomically!(
         conn,
         schema,
-        Result<Vec<Task>, TaskError>,
+        Result<(Vec<Task>, bool), TaskError>,
         async {
             let ttl_ms = leases::ttl_ms(ttl)?;
             // Races prevented, all in one statement:
@@ -176,7 +193,7 @@ async fn claim_up_to(
                 )
                 .await?;
                 if !rows.is_empty() {
-                    return finish(&rows);
+                    return Ok((finish(&rows)?, false));
                 }
                 // Nothing: an idle queue, or a limited one, which that
                 // statement leaves alone (`sql::RUNNING`).
@@ -188,7 +205,7 @@ async fn claim_up_to(
                     .fetch_one(&mut *conn)
                     .await?;
                 if !limited {
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), false));
                 }
             }
             // A limited queue: its claims take turns on its row's lock (see
@@ -208,6 +225,7 @@ async fn claim_up_to(
             };
             let rows = run(&mut tx, schema, &statement, holders, ttl_ms, filter).await?;
             tx.commit().await?;
+            let mut deferred = false;
             if locked && rows.len() < holders.len() {
                 let short = (holders.len() - rows.len()) as i64;
                 let waiting: i64 = schema
@@ -221,10 +239,11 @@ async fn claim_up_to(
                     .fetch_one(&mut *conn)
                     .await?;
                 if waiting > 0 {
+                    deferred = true;
                     crate::metrics::deferred(&filter.queue, waiting as u64);
                 }
             }
-            finish(&rows)
+            Ok((finish(&rows)?, deferred))
         }
         .await
     )

@@ -244,13 +244,19 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
                     ORDER BY t.priority, t.scheduled_at, t.id
                     LIMIT GREATEST(0, room.slots)
                    ) p
+         ), ranked AS MATERIALIZED (
+            SELECT pool.id,
+                   row_number() OVER (ORDER BY pool.turn, pool.served_at NULLS FIRST,
+                                               pool.priority, pool.scheduled_at, pool.id) AS ord
+              FROM pool
+             WHERE NOT EXISTS (SELECT 1 FROM late)
+             ORDER BY ord
+             LIMIT COALESCE((SELECT GREATEST(slots, 0) FROM room), 0)
          ), fresh AS (
             SELECT t.id, false AS late, NULL::timestamptz AS last_seen
-              FROM pool JOIN $schema.tasks t ON t.id = pool.id
+              FROM ranked JOIN $schema.tasks t ON t.id = ranked.id
              WHERE {fresh} AND t.queue = $3
-               AND NOT EXISTS (SELECT 1 FROM late)
-             ORDER BY pool.turn, pool.served_at NULLS FIRST, pool.priority, pool.scheduled_at, pool.id
-             LIMIT COALESCE((SELECT GREATEST(slots, 0) FROM room), 0)
+             ORDER BY ranked.ord
              FOR UPDATE OF t SKIP LOCKED
          ), {take}, served AS (
             INSERT INTO $schema.queue_keys AS qk (queue, key, served_at)

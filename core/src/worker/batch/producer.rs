@@ -59,18 +59,21 @@ pub(super) async fn produce(
     // Workers that were answered "nothing to claim" and have not asked
     // since: what waits behind a busy worker's task may go to them.
     let mut idle: HashSet<Holder> = HashSet::new();
+    let mut deferred = Deferred::default();
     loop {
         let stuck_at = if prefetching && !idle.is_empty() {
             local.lock().next_stuck_at()
         } else {
             None
         };
+        let retry_at = deferred.retry_at();
         let first = tokio::select! {
             msg = held.next(&mut rx) => match msg {
                 Some(msg) => Some(msg),
                 None => break,
             },
             _ = tick.tick(), if prefetching => None,
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => None,
             // A claim waiting behind a busy worker becomes stuck while a
             // worker of this runtime is idle.
             _ = tokio::time::sleep_until(stuck_at.unwrap_or_else(Instant::now)), if stuck_at.is_some() => None,
@@ -82,7 +85,9 @@ pub(super) async fn produce(
                 Err(_) => break,
             }
         }
-        let mut wants = Vec::new();
+        // Workers whose claim the limits held back ask again now, or, held
+        // for as long as a poll, are answered with nothing.
+        let mut wants = deferred.due(&mut idle);
         let mut top_up: Vec<Holder> = Vec::new();
         let mut left: Vec<Left> = Vec::new();
         let mut closes = Vec::new();
@@ -103,6 +108,9 @@ pub(super) async fn produce(
                 }
                 ToProducer::Close(done) => {
                     left.extend(local.lock().close());
+                    for want in wants.drain(..).chain(deferred.drain()) {
+                        let _ = want.reply.send(Ok(None));
+                    }
                     closes.push(done);
                 }
             }
@@ -177,6 +185,7 @@ pub(super) async fn produce(
             ms = started.elapsed().as_secs_f64() * 1000.0,
             "claimed"
         );
+        deferred.hold(served.deferred, served.got);
         if prefetching {
             depth.claimed(served.asked, served.got);
             idle.extend(served.unserved);
@@ -187,6 +196,79 @@ pub(super) async fn produce(
     // still waits.
     let rest = local.lock().end();
     settle(&setup, &mut held, rest, &mut depth).await;
+}
+
+/// Wants whose claim a queue's limits held back while due tasks waited
+/// (a slot taken, the rate's bucket empty): not answered "nothing" at once,
+/// which would leave the worker idle until its next poll (250-500 ms) while
+/// a slot or a token frees in milliseconds, but asked for again after a
+/// short wait, doubling from [`Deferred::FIRST`] to [`Deferred::MOST`]
+/// while claims keep coming back empty, and back to the first once one
+/// gets a task. A want held for [`Deferred::HOLD`] is answered with
+/// nothing, and its worker polls as usual. So a runtime on a limited queue
+/// claims again at most every 2-50 ms while it is held back: a few
+/// statements a second, each of one claim's cost, never a busy loop.
+#[derive(Default)]
+struct Deferred {
+    /// The wants held, each with when it was first held.
+    held: Vec<(Want, Instant)>,
+    /// When they are asked for again.
+    at: Option<Instant>,
+    /// The wait before the next ask.
+    wait: Duration,
+}
+
+impl Deferred {
+    const FIRST: Duration = Duration::from_millis(2);
+    const MOST: Duration = Duration::from_millis(50);
+    /// The longest a want is held: the shortest poll of a worker.
+    const HOLD: Duration = Duration::from_millis(250);
+
+    fn retry_at(&self) -> Option<Instant> {
+        self.at
+    }
+
+    /// Holds `wants` (the limits held their claims back; `got` tasks came
+    /// of the statement) for another ask.
+    fn hold(&mut self, wants: Vec<Want>, got: usize) {
+        self.wait = if got > 0 || self.wait.is_zero() {
+            Self::FIRST
+        } else {
+            (self.wait * 2).min(Self::MOST)
+        };
+        if wants.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        self.held.extend(wants.into_iter().map(|w| (w, now)));
+        self.at = Some(now + self.wait);
+    }
+
+    /// The held wants, to ask for again, once their time came; those held
+    /// past [`Deferred::HOLD`] are answered with nothing (and join `idle`).
+    fn due(&mut self, idle: &mut HashSet<Holder>) -> Vec<Want> {
+        match self.at {
+            Some(at) if at <= Instant::now() => {}
+            _ => return Vec::new(),
+        }
+        self.at = None;
+        let mut again = Vec::new();
+        for (want, since) in self.held.drain(..) {
+            if since.elapsed() >= Self::HOLD {
+                idle.insert(want.worker.clone());
+                let _ = want.reply.send(Ok(None));
+            } else {
+                again.push(want);
+            }
+        }
+        again
+    }
+
+    /// Every held want, to answer now (a graceful stop).
+    fn drain(&mut self) -> Vec<Want> {
+        self.at = None;
+        self.held.drain(..).map(|(w, _)| w).collect()
+    }
 }
 
 /// Workers of this runtime found nothing to claim (`idle`) while others
@@ -225,6 +307,10 @@ struct Served {
     got: usize,
     /// Wanting workers answered with nothing to run.
     unserved: Vec<Holder>,
+    /// Wanting workers not answered yet: the queue's limits held back what
+    /// they asked for while due tasks waited, so they are asked for again
+    /// shortly (see [`Deferred`]).
+    deferred: Vec<Want>,
     /// Claims no worker will take (their worker's loop ended), to settle.
     left: Vec<Left>,
 }
@@ -264,6 +350,7 @@ async fn serve(
         asked,
         got: 0,
         unserved: Vec::new(),
+        deferred: Vec::new(),
         left: Vec::new(),
     };
     if asked == 0 {
@@ -288,6 +375,7 @@ async fn serve(
         }
     };
     served.got = claimed.tasks.len();
+    let deferred = claimed.deferred;
     let mut by_holder: HashMap<String, VecDeque<crate::queue::Task>> = HashMap::new();
     for task in claimed.tasks {
         by_holder
@@ -300,8 +388,12 @@ async fn serve(
         let mut mine = by_holder.remove(want.worker.as_str()).unwrap_or_default();
         let task = mine.pop_front();
         let Some(task) = task else {
-            served.unserved.push(want.worker.clone());
-            let _ = want.reply.send(Ok(None));
+            if deferred {
+                served.deferred.push(want);
+            } else {
+                served.unserved.push(want.worker.clone());
+                let _ = want.reply.send(Ok(None));
+            }
             continue;
         };
         // Queued before the reply, so that the worker's next claim finds them.
