@@ -623,8 +623,9 @@ async fn two_prefetching_runtimes_share_the_caps() {
         },
     )
     .await;
-    // Running handlers per key, and the most seen at once.
-    let running: Arc<Mutex<(HashMap<String, i64>, i64, i64)>> = Arc::default();
+    // Running handlers per key, the most of one key and the most in all.
+    type Running = (HashMap<String, i64>, i64, i64);
+    let running: Arc<Mutex<Running>> = Arc::default();
     let mut runtimes = Vec::new();
     for id in ["rt-a", "rt-b"] {
         let running = running.clone();

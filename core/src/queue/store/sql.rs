@@ -87,7 +87,7 @@ pub fn claim(limit: usize, by_kind: bool) -> String {
 /// passed by `clock`, an attempt left) may be taken over. The rescuer
 /// fails a late task whose attempts are used ([`crate::queue::rescuer`]).
 /// `t` is the table's alias with its dot (`"t."`), or empty.
-fn late_rule(t: &str, clock: &str) -> String {
+pub fn late_rule(t: &str, clock: &str) -> String {
     format!(
         "{t}status = 'started' AND {t}must_heartbeat_before <= {clock} \
          AND {t}attempts < {t}max_attempts"
@@ -96,7 +96,7 @@ fn late_rule(t: &str, clock: &str) -> String {
 
 /// **The claim rule's second half**: a pending task due by `clock` may be
 /// claimed. `t` as in [`late_rule`].
-fn fresh_rule(t: &str, clock: &str) -> String {
+pub fn fresh_rule(t: &str, clock: &str) -> String {
     format!("{t}status = 'pending' AND {t}scheduled_at <= {clock}")
 }
 
