@@ -255,7 +255,6 @@ async fn limits_are_set_checked_by_field_shown_audited_and_enforced_on_the_rest_
         (json!({"rate_per_second": 0}), "rate_per_second"),
         (json!({"rate_per_second": 1000001}), "rate_per_second"),
         (json!({"rate_per_second": true}), "rate_per_second"),
-        (json!({"rate_burst": 3}), "rate_burst"),
         (json!({"rate_per_second": 1, "rate_burst": 0}), "rate_burst"),
         (json!({"max_starts": 1}), "unknown field \"max_starts\""),
         (json!([1]), "the body must be a JSON object"),
@@ -269,6 +268,16 @@ async fn limits_are_set_checked_by_field_shown_audited_and_enforced_on_the_rest_
         sync["limits"],
         json!({"max_started": null, "max_started_per_key": null, "rate_per_second": null, "rate_burst": null})
     );
+    // A burst without a rate means nothing, and is ignored (the body's
+    // schema allows it): answered, and shown unset.
+    let (s, q) = api
+        .put(
+            "/api/queues/sync/limits",
+            json!({"rate_burst": 3, "rate_per_second": null}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{q}");
+    assert_eq!(q["limits"]["rate_burst"], Value::Null);
     let limits = json!({"max_started": 100000, "max_started_per_key": 2, "rate_per_second": 1000000, "rate_burst": null});
     let (s, set) = api.put("/api/queues/sync/limits", limits.clone()).await;
     assert_eq!(s, StatusCode::OK, "{set}");

@@ -78,7 +78,8 @@ pub struct QueueLimits {
     pub rate_per_second: Option<f64>,
     /// Claims the rate may take at once after a quiet spell (1 to
     /// 1,000,000; one second's worth, at least 1, when not set). Only with
-    /// `rate_per_second`.
+    /// `rate_per_second`: ignored without it over REST, refused by
+    /// [`QueueLimits::validate`] from code.
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000000))]
     #[serde(default)]
     pub rate_burst: Option<i32>,
@@ -146,7 +147,11 @@ impl QueueLimits {
     /// The limits a JSON body asks for (`PUT /api/queues/{name}/limits`),
     /// checked ([`QueueLimits::validate`]): an object whose fields are each
     /// absent, null or a number in range (the counts whole). Every refusal
-    /// names its field, a wrong type or an unknown field included.
+    /// names its field, a wrong type or an unknown field included. A
+    /// `rate_burst` without a `rate_per_second` is ignored (as the REST
+    /// API's other fields that only mean something beside another are), so
+    /// every body its schema allows is answered; the answer's `limits` show
+    /// it unset. [`QueueLimits::validate`] refuses it from code.
     ///
     /// ```
     /// use leasekeeper_core::queue::queue_limits::QueueLimits;
@@ -196,11 +201,13 @@ impl QueueLimits {
                 }),
             }
         };
+        let rate_per_second = number("rate_per_second")?;
+        let rate_burst = count("rate_burst", MAX_BURST)?.filter(|_| rate_per_second.is_some());
         let limits = QueueLimits {
             max_started: count("max_started", MAX_STARTED)?,
             max_started_per_key: count("max_started_per_key", MAX_STARTED)?,
-            rate_per_second: number("rate_per_second")?,
-            rate_burst: count("rate_burst", MAX_BURST)?,
+            rate_per_second,
+            rate_burst,
         };
         limits.validate()?;
         Ok(limits)
