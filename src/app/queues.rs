@@ -335,7 +335,7 @@ fn LimitsForm(action: ServerAction<SetQueueLimits>) -> impl IntoView {
         <section class="mt-6 rounded border border-slate-200 bg-white p-4" data-testid="limits-form">
             <h2 class="text-sm font-semibold">"Set a queue's limits"</h2>
             <p class="mt-1 text-xs text-slate-600">
-                "Each field empty clears that limit. Max started and per key: 1 to 100,000; per second: above 0, up to 1,000,000; burst: 1 to 1,000,000 (one second's worth when empty). A new limit binds the next claim; tasks already started finish."
+                "Each field empty clears that limit. Max started and per key: 1 to 100,000; per second: 0.000001 to 1,000,000; burst: 1 to 1,000,000 (one second's worth when empty). A new limit binds the next claim; tasks already started finish."
             </p>
             <ActionForm action>
                 <div class="mt-2 flex flex-wrap items-end gap-3">

@@ -254,6 +254,7 @@ async fn limits_are_set_checked_by_field_shown_audited_and_enforced_on_the_rest_
         ),
         (json!({"rate_per_second": 0}), "rate_per_second"),
         (json!({"rate_per_second": 1000001}), "rate_per_second"),
+        (json!({"rate_per_second": 5e-324}), "rate_per_second"),
         (json!({"rate_per_second": true}), "rate_per_second"),
         (json!({"rate_per_second": 1, "rate_burst": 0}), "rate_burst"),
         (json!({"max_starts": 1}), "unknown field \"max_starts\""),
@@ -347,4 +348,28 @@ async fn without_the_admin_token_limits_are_refused() {
     assert_eq!(s, StatusCode::UNAUTHORIZED, "{e}");
     let (s, _) = api.get("/api/queues/mail").await;
     assert_eq!(s, StatusCode::NOT_FOUND, "nothing was created");
+}
+
+/// The slowest rate allowed works end to end: its bucket's refill is a
+/// product of two small numbers, which must not underflow (a rate near the
+/// smallest float did, and every claim of its queue answered 500).
+#[tokio::test]
+async fn the_slowest_rate_claims_its_burst_and_then_nothing() {
+    let api = Api::new().await;
+    enqueue(&api, "slow", 3).await;
+    let (s, q) = api
+        .put(
+            "/api/queues/slow/limits",
+            json!({"rate_per_second": 0.000001}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{q}");
+    let claim = json!({"processor": "w-rest", "queue": "slow"});
+    let (s, t) = api.post("/api/tasks/next", claim.clone()).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "the burst of one: {t}");
+    for _ in 0..3 {
+        let (s, none) = api.post("/api/tasks/next", claim.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{none}");
+        assert_eq!(none["message"], "no task available");
+    }
 }

@@ -50,6 +50,11 @@ use serde::{Deserialize, Serialize};
 
 /// The most `max_started` and `max_started_per_key` may be.
 pub const MAX_STARTED: i32 = 100_000;
+/// The lowest `rate_per_second`: one claim in about 11.6 days. Not any
+/// number above 0: the bucket's refill (rate × seconds) of a rate near the
+/// smallest float underflows, which PostgreSQL refuses as an error (the
+/// API fuzzer sent one, and every claim of the queue failed).
+pub const MIN_RATE: f64 = 0.000_001;
 /// The highest `rate_per_second`.
 pub const MAX_RATE: f64 = 1_000_000.0;
 /// The largest `rate_burst`.
@@ -72,8 +77,8 @@ pub struct QueueLimits {
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100000))]
     #[serde(default)]
     pub max_started_per_key: Option<i32>,
-    /// Claims a second across the fleet (above 0, up to 1,000,000).
-    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0, maximum = 1000000))]
+    /// Claims a second across the fleet (0.000001 to 1,000,000).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.000001, maximum = 1000000))]
     #[serde(default)]
     pub rate_per_second: Option<f64>,
     /// Claims the rate may take at once after a quiet spell (1 to
@@ -125,12 +130,12 @@ impl QueueLimits {
         count("max_started", self.max_started, MAX_STARTED)?;
         count("max_started_per_key", self.max_started_per_key, MAX_STARTED)?;
         if let Some(rate) = self.rate_per_second
-            && !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE)
+            && !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate))
         {
             return Err(InvalidLimit {
                 field: "rate_per_second",
                 reason: format!(
-                    "rate_per_second must be above 0 and at most {MAX_RATE}, got {rate}"
+                    "rate_per_second must be between {MIN_RATE} and {MAX_RATE}, got {rate}"
                 ),
             });
         }
