@@ -187,7 +187,11 @@ pub(super) async fn produce(
         );
         deferred.hold(served.deferred, served.got);
         if prefetching {
-            depth.claimed(served.asked, served.got);
+            // A claim the limits held back says nothing of how much the
+            // queue holds (due tasks waited): the depth stays.
+            if !served.held_back {
+                depth.claimed(served.asked, served.got);
+            }
             idle.extend(served.unserved);
             steal_for_idle(&setup, &mut held, &local, &mut idle, &mut depth).await;
         }
@@ -313,6 +317,9 @@ struct Served {
     deferred: Vec<Want>,
     /// Claims no worker will take (their worker's loop ended), to settle.
     left: Vec<Left>,
+    /// The queue's limits held back some of what was asked while due
+    /// tasks waited.
+    held_back: bool,
 }
 
 /// One claim statement for `wants` (one task each, to hand over now) and
@@ -352,6 +359,7 @@ async fn serve(
         unserved: Vec::new(),
         deferred: Vec::new(),
         left: Vec::new(),
+        held_back: false,
     };
     if asked == 0 {
         return served;
@@ -376,6 +384,7 @@ async fn serve(
     };
     served.got = claimed.tasks.len();
     let deferred = claimed.deferred;
+    served.held_back = deferred;
     let mut by_holder: HashMap<String, VecDeque<crate::queue::Task>> = HashMap::new();
     for task in claimed.tasks {
         by_holder

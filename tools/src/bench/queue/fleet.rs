@@ -138,7 +138,12 @@ pub(super) async fn start_process(
         .args(["--seconds", "3600"])
         .args(["--id", id])
         .args(settings.args())
-        .env("RUST_LOG", "error")
+        // Quiet, unless `LEASEKEEPER_BENCH_RUNTIME_LOG` asks for more (the
+        // producer's `claimed` trace says what each claim asked and got).
+        .env(
+            "RUST_LOG",
+            std::env::var("LEASEKEEPER_BENCH_RUNTIME_LOG").unwrap_or_else(|_| "error".into()),
+        )
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()

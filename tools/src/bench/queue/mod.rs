@@ -76,6 +76,7 @@ mod baselines;
 mod bulk;
 mod ceilings;
 mod failover;
+mod fairness;
 pub(crate) mod fleet;
 pub use peers::fleet_only;
 mod graphile;

@@ -20,7 +20,9 @@
 //!   `max_started_per_key` 5 over 100 keys, every key busy
 //!   (`fleet_w16_keyed`; target at least 0.8 × `fleet_w16`) and with 1 a
 //!   key (`fleet_w16_keyed_one`), and the same held to a fleet-wide rate
-//!   (`fleet_w16_rate`; target within 2 % of the rate).
+//!   (`fleet_w16_rate`; target within 2 % of the rate); then fairness: a
+//!   fresh key's task behind two keys' backlog (`fair_wait_*`, see
+//!   `fairness.rs`).
 
 use super::race::{Contestant, Limited, Protocol, race};
 use super::{DB, bulk, contestants, tune};
@@ -32,7 +34,7 @@ use leasekeeper::settings::Settings;
 /// bulk inserts alone).
 pub async fn suite(settings: Settings, options: Options, bulk_only: bool) -> Result<()> {
     let racing = if bulk_only { Vec::new() } else { contestants() };
-    partial(settings, options, racing, true).await
+    partial(settings, options, racing, Extra::Inserts).await
 }
 
 /// `bench fleet`: our runtime's contestants only.
@@ -41,7 +43,7 @@ pub async fn fleet_only(settings: Settings, options: Options) -> Result<()> {
         .into_iter()
         .filter(|(key, _)| key.starts_with("fleet"))
         .collect();
-    partial(settings, options, ours, false).await
+    partial(settings, options, ours, Extra::None).await
 }
 
 /// `bench floor`: our best with and without the tasks trigger, and
@@ -59,7 +61,31 @@ pub async fn floor(settings: Settings, options: Options) -> Result<()> {
             Contestant::Graphile(tune::graphile_best()),
         ),
     ];
-    partial(settings, options, chosen, false).await
+    partial(settings, options, chosen, Extra::None).await
+}
+
+/// What a [`partial`] suite measures beside its race.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    None,
+    /// Bulk inserts against the peers'.
+    Inserts,
+    /// Fairness between keys ([`super::fairness`]).
+    Fairness,
+}
+
+/// `racing` cut to the keys named in `LEASEKEEPER_BENCH_ONLY` (comma
+/// separated), when set: for looking into one contestant without waiting
+/// for the others; figures of such a run are not the suite's.
+fn only(racing: Vec<(&'static str, Contestant)>) -> Vec<(&'static str, Contestant)> {
+    let Ok(keys) = std::env::var("LEASEKEEPER_BENCH_ONLY") else {
+        return racing;
+    };
+    let keys: Vec<&str> = keys.split(',').map(str::trim).collect();
+    racing
+        .into_iter()
+        .filter(|(key, _)| keys.contains(key))
+        .collect()
 }
 
 /// `bench limits`' rate: about a third of what the runtime does unlimited
@@ -107,7 +133,7 @@ pub async fn limits(settings: Settings, options: Options) -> Result<()> {
             ),
         ),
     ];
-    partial(settings, options, chosen, false).await
+    partial(settings, options, chosen, Extra::Fairness).await
 }
 
 /// The ratios reported when both their figures ran: (key, figure over,
@@ -146,11 +172,16 @@ async fn partial(
     settings: Settings,
     options: Options,
     racing: Vec<(&'static str, Contestant)>,
-    inserting: bool,
+    extra: Extra,
 ) -> Result<()> {
+    let inserting = extra == Extra::Inserts;
+    let fairness = extra == Extra::Fairness;
+    let racing = only(racing);
     let protocol = Protocol::new(options.quick);
     let db = fresh_database(&settings, DB, 40).await?;
-    let progress = Progress::new(u64::from(!racing.is_empty()) + u64::from(inserting));
+    let progress = Progress::new(
+        u64::from(!racing.is_empty()) + u64::from(inserting) + u64::from(fairness),
+    );
     let mut r = Results::new();
     let mut details = Details::new();
     let result = async {
@@ -179,6 +210,11 @@ async fn partial(
                 "enqueue_many_vs_fastest_peer",
                 ratio(bulk.ours, bulk.graphile.max(bulk.awa)),
             ));
+        }
+        if fairness {
+            progress.phase("fairness: a fresh key's task behind two keys' backlog, 4 slots");
+            let n = if options.quick { 10 } else { 40 };
+            super::fairness::fair_waits(&db, n, &mut r).await?;
         }
         anyhow::Ok(())
     }
