@@ -48,9 +48,15 @@ pub(super) async fn fair_waits(db: &BenchDb, n: usize, r: &mut Results) -> Resul
         ..QueueLimits::default()
     };
     let mut conn = db.pool.acquire().await?;
-    leasekeeper_core::queue::queues::set_limits(&mut conn, &schema, DEFAULT_QUEUE, &limits, "bench")
-        .await
-        .context("limiting the default queue")?;
+    leasekeeper_core::queue::queues::set_limits(
+        &mut conn,
+        &schema,
+        DEFAULT_QUEUE,
+        &limits,
+        "bench",
+    )
+    .await
+    .context("limiting the default queue")?;
     sqlx::query(
         "INSERT INTO tasks (kind, task_data, concurrency_key)
          SELECT $1, '{}'::jsonb, 'backlog-' || (g % 2) FROM generate_series(1, $2::bigint) g",
@@ -104,7 +110,11 @@ pub(super) async fn fair_waits(db: &BenchDb, n: usize, r: &mut Results) -> Resul
                 .await
                 .context("a fresh key's task did not start within 30 s behind the backlog")?
                 .context("the runtime's handler is gone")?;
-            ensure!(id == task.id, "the handler started task {id}, not {}", task.id);
+            ensure!(
+                id == task.id,
+                "the handler started task {id}, not {}",
+                task.id
+            );
             waits.push(at.saturating_duration_since(committed).as_secs_f64() * 1000.0);
             fifo.push(ahead as f64 * TASK_MS as f64 / f64::from(SLOTS));
             // The next one lands at another point of the slots' cycle.

@@ -179,9 +179,8 @@ async fn partial(
     let racing = only(racing);
     let protocol = Protocol::new(options.quick);
     let db = fresh_database(&settings, DB, 40).await?;
-    let progress = Progress::new(
-        u64::from(!racing.is_empty()) + u64::from(inserting) + u64::from(fairness),
-    );
+    let progress =
+        Progress::new(u64::from(!racing.is_empty()) + u64::from(inserting) + u64::from(fairness));
     let mut r = Results::new();
     let mut details = Details::new();
     let result = async {
