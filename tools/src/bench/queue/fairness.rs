@@ -18,6 +18,7 @@
 //! `TASK_MS / SLOTS`.
 
 use super::fleet::CONCURRENCY;
+use super::pickup::Starts;
 use super::{BenchDb, Samples};
 use crate::bench::Results;
 use anyhow::{Context, Result, ensure};
@@ -25,7 +26,6 @@ use leasekeeper_core::queue::queue_limits::QueueLimits;
 use leasekeeper_core::queue::{DEFAULT_QUEUE, NewTask};
 use leasekeeper_core::{Done, HandlerResult, Job, Runtime, TaskContext};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 
 /// The queue's `max_started`.
 const SLOTS: i32 = 4;
@@ -66,7 +66,7 @@ pub(super) async fn fair_waits(db: &BenchDb, n: usize, r: &mut Results) -> Resul
     .execute(&mut *conn)
     .await?;
     let service_pool = db.service_pool().await?;
-    let (started, mut starts) = mpsc::unbounded_channel::<(i64, Instant)>();
+    let mut starts = Starts::new();
     let runtime = Runtime::builder(service_pool.clone())
         .id("bench-fairness")
         .queue(DEFAULT_QUEUE, CONCURRENCY)
@@ -74,14 +74,7 @@ pub(super) async fn fair_waits(db: &BenchDb, n: usize, r: &mut Results) -> Resul
             tokio::time::sleep(Duration::from_millis(TASK_MS)).await;
             HandlerResult::Ok(Done::empty())
         })
-        .handler(PROBE, move |job: Job, _ctx: TaskContext| {
-            let at = Instant::now();
-            let started = started.clone();
-            async move {
-                let _ = started.send((job.id, at));
-                HandlerResult::Ok(Done::empty())
-            }
-        })
+        .handler(PROBE, starts.handler())
         .start()
         .await?;
     let result = async {
@@ -106,16 +99,11 @@ pub(super) async fn fair_waits(db: &BenchDb, n: usize, r: &mut Results) -> Resul
             )
             .await?;
             let committed = Instant::now();
-            let (id, at) = tokio::time::timeout(Duration::from_secs(30), starts.recv())
+            let waited = starts
+                .of(task.id, committed, Duration::from_secs(30))
                 .await
-                .context("a fresh key's task did not start within 30 s behind the backlog")?
-                .context("the runtime's handler is gone")?;
-            ensure!(
-                id == task.id,
-                "the handler started task {id}, not {}",
-                task.id
-            );
-            waits.push(at.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+                .context("a fresh key's task behind the backlog")?;
+            waits.push(waited);
             fifo.push(ahead as f64 * TASK_MS as f64 / f64::from(SLOTS));
             // The next one lands at another point of the slots' cycle.
             tokio::time::sleep(Duration::from_millis(TASK_MS * 3 / 2)).await;

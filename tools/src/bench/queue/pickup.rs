@@ -30,19 +30,11 @@ const PICKUP: &str = "pickup";
 pub(super) async fn pickups(db: &BenchDb, n: usize) -> Result<Samples> {
     let schema = leasekeeper_core::db::Schema::of(&db.pool);
     let service_pool = db.service_pool().await?;
-    let (started, mut starts) = mpsc::unbounded_channel::<(i64, Instant)>();
+    let mut starts = Starts::new();
     let runtime = Runtime::builder(service_pool.clone())
         .id("bench-pickup")
         .queue(DEFAULT_QUEUE, CONCURRENCY)
-        .handler(PICKUP, move |job: Job, _ctx: TaskContext| {
-            // Read before anything else the handler would do.
-            let at = Instant::now();
-            let started = started.clone();
-            async move {
-                let _ = started.send((job.id, at));
-                HandlerResult::Ok(Done::empty())
-            }
-        })
+        .handler(PICKUP, starts.handler())
         .start()
         .await?;
     let mut conn = db.pool.acquire().await?;
@@ -60,22 +52,62 @@ pub(super) async fn pickups(db: &BenchDb, n: usize) -> Result<Samples> {
         )
         .await?;
         let committed = Instant::now();
-        let (id, at) = tokio::time::timeout(Duration::from_secs(10), starts.recv())
+        let waited = starts
+            .of(task.id, committed, Duration::from_secs(10))
             .await
-            .context("no handler started within 10 s of an enqueue on an idle runtime")?
-            .context("the runtime's handler is gone")?;
-        ensure!(
-            id == task.id,
-            "the handler started task {id}, not {}",
-            task.id
-        );
-        // A start before the enqueue call returned (the claim raced the
-        // commit's reply) counts as no wait at all.
+            .context("on an idle runtime")?;
         if i > 0 {
-            samples.push(at.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+            samples.push(waited);
         }
     }
     runtime.shutdown().await;
     service_pool.close().await;
     Ok(Samples(samples))
+}
+
+/// The instants handlers began, each reported by its task: what a pickup
+/// or a wait for a slot is timed to.
+pub(super) struct Starts {
+    tx: mpsc::UnboundedSender<(i64, Instant)>,
+    rx: mpsc::UnboundedReceiver<(i64, Instant)>,
+}
+
+impl Starts {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Starts { tx, rx }
+    }
+
+    /// A handler that reports its task's id and the instant it began
+    /// (read before anything else it does), and completes.
+    pub(super) fn handler(
+        &self,
+    ) -> impl Fn(Job, TaskContext) -> std::future::Ready<HandlerResult> + Send + Sync + 'static
+    {
+        let tx = self.tx.clone();
+        move |job: Job, _ctx: TaskContext| {
+            let _ = tx.send((job.id, Instant::now()));
+            std::future::ready(HandlerResult::Ok(Done::empty()))
+        }
+    }
+
+    /// How long (ms) after `committed` the next reported task, which must
+    /// be task `id`, began; an error when none began `within`. A start
+    /// before `committed` (the claim raced the enqueue's reply) is no wait.
+    pub(super) async fn of(
+        &mut self,
+        id: i64,
+        committed: Instant,
+        within: Duration,
+    ) -> Result<f64> {
+        let (started, at) = tokio::time::timeout(within, self.rx.recv())
+            .await
+            .with_context(|| format!("task {id}'s handler did not start within {within:?}"))?
+            .context("the runtime's handler is gone")?;
+        ensure!(
+            started == id,
+            "the handler started task {started}, not {id}"
+        );
+        Ok(at.saturating_duration_since(committed).as_secs_f64() * 1000.0)
+    }
 }
