@@ -13,7 +13,7 @@
 //! `TASK_MS / SLOTS` ms on average, so about that, and at most one task's
 //! duration plus a claim. Served first in, first out (by priority and due
 //! time, as an unlimited queue is), it would start after every task queued
-//! before it: `fair_fifo_wait_ms` is that wait, the tasks of the two keys
+//! before it: `fair_fifo_wait_p50_ms` is that wait, the tasks of the two keys
 //! pending ahead of it at each enqueue (counted in the same run) times
 //! `TASK_MS / SLOTS`.
 
