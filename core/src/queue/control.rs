@@ -367,17 +367,22 @@ pub async fn apply_matching(
         applies = action.applies_sql(),
         free_key = match action {
             Action::Cancel | Action::Release => "",
-            // A retried task whose unique key (scope active) another
-            // pending or started task holds would break the key: left as it
-            // is. Of several matching tasks sharing a key, the oldest only.
-            // (One enqueued between this look and the update makes the
-            // batch fail with a conflict, and nothing of it is changed.)
+            // A retried task whose unique key (scope active) another task
+            // holds would break the key: left as it is. Another task holds
+            // it when `tasks_unique_idx` has it: pending or started, or of
+            // any status under scope `always` (one enqueued after an
+            // active-scoped task failed and released the key; found by
+            // Schemathesis, seed 1). Of several matching tasks sharing a
+            // key, the oldest only. (One enqueued between this look and
+            // the update makes the batch fail with a conflict, 409, and
+            // nothing of that batch is changed.)
             Action::Retry => {
                 "AND (unique_scope IS DISTINCT FROM 'active' OR NOT EXISTS (
                         SELECT 1 FROM $schema.tasks o
                          WHERE o.kind = tasks.kind AND o.unique_slot = tasks.unique_slot
                            AND o.id <> tasks.id
-                           AND (o.status IN ('pending', 'started')
+                           AND (o.unique_scope <> 'active'
+                                OR o.status IN ('pending', 'started')
                                 OR (o.status = tasks.status AND o.id < tasks.id))))"
             }
         },

@@ -704,3 +704,55 @@ async fn two_prefetching_runtimes_share_the_caps() {
         "started at once: {queue} in the queue, {key} of a key"
     );
 }
+
+/// The limited claim writes its candidates into their rows by looking each
+/// up by its key, however many tasks the table holds: the planner is told
+/// the claim's size (a constant `LIMIT`). With the room's bound as a
+/// computed `LIMIT` it guessed a thousand candidates and joined them by
+/// reading the table from its first id (a sequential scan, or a merge join
+/// over the whole primary key), a cost that grew with the table.
+#[tokio::test]
+async fn the_limited_claim_looks_its_candidates_up_by_key() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO tasks (kind, queue, task_data, concurrency_key)
+         SELECT 'note', 'lq', '{}', 'k' || (g % 100) FROM generate_series(1, 60000) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    limit(
+        &db,
+        "lq",
+        QueueLimits {
+            max_started_per_key: Some(5),
+            ..Default::default()
+        },
+    )
+    .await;
+    for table in ["tasks", "queues", "queue_keys"] {
+        sqlx::query(&format!("ANALYZE {table}"))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let sql = schema().sql(&store::sql::limited_claim(256, false));
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN {}",
+        sql.replace("$1", "array_fill('w'::text, ARRAY[256])")
+            .replace("$2", "30000")
+            .replace("$3", "'lq'")
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        !plan.contains("Seq Scan on tasks") && !plan.contains("Merge Join"),
+        "no read of the tasks table from its first id:\n{plan}"
+    );
+    assert!(
+        plan.contains("Index Scan using tasks_pkey"),
+        "each candidate by its key:\n{plan}"
+    );
+}

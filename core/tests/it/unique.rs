@@ -441,3 +441,54 @@ async fn a_batch_the_database_refuses_adds_nothing_and_the_connection_goes_on() 
             .unwrap();
     }
 }
+
+/// A bulk retry skips a task whose key a task of scope `always` holds, in
+/// whatever status that one is: the unique index keeps an `always` key
+/// for good, so retrying the active-scoped task beside it would break the
+/// key (the batch failed with a conflict, 409, until Schemathesis found
+/// it: an active-scoped task cancelled, then the same key taken for good).
+#[tokio::test]
+async fn a_bulk_retry_skips_a_task_whose_key_an_always_task_holds() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let active = store::enqueue_outcome(&mut conn, &schema, &sync(3))
+        .await
+        .unwrap();
+    control::cancel(&mut conn, &schema, active.task().id, "test")
+        .await
+        .unwrap();
+    let always = NewTask::new("sync", json!({ "customer": 3 })).unique_always("customer-3");
+    let held = store::enqueue_outcome(&mut conn, &schema, &always)
+        .await
+        .unwrap();
+    assert!(held.is_new(), "the cancelled task released its active key");
+    control::cancel(&mut conn, &schema, held.task().id, "test")
+        .await
+        .unwrap();
+    // Both cancelled; the `always` one still holds the key.
+    let filter = control::TaskFilter {
+        status: TaskStatus::Cancelled,
+        kind: Some("sync".into()),
+        queue: None,
+        data: None,
+    };
+    assert_eq!(
+        control::retry_matching(&db.pool, &schema, &filter, "test")
+            .await
+            .unwrap(),
+        1,
+        "the `always` task is retried (its key is its own), the active one skipped"
+    );
+    let statuses: Vec<(i64, String)> = sqlx::query_as("SELECT id, status FROM tasks ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            (active.task().id, "cancelled".into()),
+            (held.task().id, "pending".into())
+        ]
+    );
+}

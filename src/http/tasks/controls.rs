@@ -275,6 +275,7 @@ pub(super) async fn cancel_matching(
     responses(
         (status = 200, description = "How many tasks changed", body = Count),
         (status = 400, description = "Bad JSON, or a status the action does not apply to", body = ErrorBody),
+        (status = 409, description = "A task was enqueued meanwhile with the unique key of a task of a batch: that batch is left unchanged (the batches before it stay retried); tasks whose key another task already holds are skipped, not refused", body = ErrorBody),
         Unauthorized,
         TooLarge,
         NotJson,
