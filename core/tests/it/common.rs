@@ -42,3 +42,20 @@ pub async fn connection_on_old_shard_of(pool: &sqlx::PgPool, pid: i32) -> sqlx::
     }
     panic!("no connection on the old shard of pid {pid} in 500 tries");
 }
+
+/// The text of `EXPLAIN` (no `ANALYZE`) of the store's `statement` with
+/// its `$schema` resolved and each `(placeholder, value)` of `args`
+/// written in: what the planner would do, without running it.
+pub async fn explain(pool: &sqlx::PgPool, statement: &str, args: &[(&str, &str)]) -> String {
+    let mut sql = leasekeeper_core::db::Schema::default()
+        .sql(statement)
+        .to_string();
+    for (placeholder, value) in args {
+        sql = sql.replace(placeholder, value);
+    }
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}"))
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    plan.join("\n")
+}

@@ -736,17 +736,16 @@ async fn the_limited_claim_looks_its_candidates_up_by_key() {
             .await
             .unwrap();
     }
-    let sql = schema().sql(&store::sql::limited_claim(256, false));
-    let plan: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN {}",
-        sql.replace("$1", "array_fill('w'::text, ARRAY[256])")
-            .replace("$2", "30000")
-            .replace("$3", "'lq'")
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    let plan = plan.join("\n");
+    let plan = crate::common::explain(
+        &db.pool,
+        &store::sql::limited_claim(256, false),
+        &[
+            ("$1", "array_fill('w'::text, ARRAY[256])"),
+            ("$2", "30000"),
+            ("$3", "'lq'"),
+        ],
+    )
+    .await;
     assert!(
         !plan.contains("Seq Scan on tasks") && !plan.contains("Merge Join"),
         "no read of the tasks table from its first id:\n{plan}"

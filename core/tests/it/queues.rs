@@ -336,20 +336,14 @@ async fn the_claim_plan_stays_an_index_scan() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let schema: leasekeeper_core::db::Schema = Default::default();
     use leasekeeper_core::queue::store::sql;
     for (what, statement) in [("claim", sql::claim(1, false))] {
-        let sql = schema.sql(&statement);
-        let plan: Vec<String> = sqlx::query_scalar(&format!(
-            "EXPLAIN {}",
-            sql.replace("$1", "ARRAY['w']")
-                .replace("$2", "30000")
-                .replace("$3", "'q3'")
-        ))
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
-        let plan = plan.join("\n");
+        let plan = crate::common::explain(
+            &db.pool,
+            &statement,
+            &[("$1", "ARRAY['w']"), ("$2", "30000"), ("$3", "'q3'")],
+        )
+        .await;
         assert!(
             plan.contains("Index Scan using tasks_pending_idx"),
             "{what}: the pending tasks by index:\n{plan}"

@@ -12,6 +12,16 @@ use serde_json::json;
 use sqlx::Connection;
 use std::time::Duration;
 
+/// The bulk filter of every cancelled `sync` task.
+fn cancelled_syncs() -> control::TaskFilter {
+    control::TaskFilter {
+        status: TaskStatus::Cancelled,
+        kind: Some("sync".into()),
+        queue: None,
+        data: None,
+    }
+}
+
 fn sync(customer: i64) -> NewTask {
     NewTask::new("sync", json!({ "customer": customer })).unique(format!("customer-{customer}"))
 }
@@ -128,12 +138,7 @@ async fn an_active_key_is_free_again_once_its_task_finishes() {
         .unwrap();
     assert_eq!(status, "cancelled", "the refused retry changed nothing");
     // The bulk retry leaves it too, and retries what it can.
-    let filter = control::TaskFilter {
-        status: TaskStatus::Cancelled,
-        kind: Some("sync".into()),
-        queue: None,
-        data: None,
-    };
+    let filter = cancelled_syncs();
     assert_eq!(
         control::retry_matching(&db.pool, &schema, &filter, "test")
             .await
@@ -467,12 +472,7 @@ async fn a_bulk_retry_skips_a_task_whose_key_an_always_task_holds() {
         .await
         .unwrap();
     // Both cancelled; the `always` one still holds the key.
-    let filter = control::TaskFilter {
-        status: TaskStatus::Cancelled,
-        kind: Some("sync".into()),
-        queue: None,
-        data: None,
-    };
+    let filter = cancelled_syncs();
     assert_eq!(
         control::retry_matching(&db.pool, &schema, &filter, "test")
             .await
