@@ -141,8 +141,8 @@ fn take(clock: &str) -> String {
 /// 145 expressions took 67 ms of a 97 ms claim that runs in 4 ms without
 /// (measured with `EXPLAIN ANALYZE` at 60,000 keyed tasks); the claims of a
 /// limited queue take turns, so every claim of the fleet paid it.
-///
-pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true) FROM $schema.queues WHERE name = $1 AND limited FOR UPDATE";
+pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
+       FROM $schema.queues WHERE name = $1 AND limited FOR UPDATE";
 
 /// The claim of a queue with limits (issue 39): [`claim`]'s rule, with its
 /// holders `$1`, lease `$2` ms, queue `$3` and kinds `$4`, and the queue's
