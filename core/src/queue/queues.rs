@@ -144,7 +144,8 @@ mod db {
 
     /// The figures of every queue (`$1` null) or of queue `$1`, by name.
     /// Reads the pending and failed tasks (`tasks_status_id_idx`), the
-    /// started ones (`tasks_started_idx`: the status index does not hold
+    /// started ones (`tasks_started_idx` or `tasks_started_key_idx`, both
+    /// partial on them: the status index does not hold
     /// them, see migration `20261202000002`; hence two reads, not one `IN`
     /// of three statuses, which no index could serve) and the tasks
     /// finished in the last minute (`tasks_finished_idx`), never the
