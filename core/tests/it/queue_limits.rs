@@ -343,6 +343,52 @@ async fn a_key_with_one_task_starts_at_the_next_free_slot_whatever_the_backlog()
     );
 }
 
+/// Of keys with as many tasks started, the claim goes round-robin from
+/// the queue's cursor (the key it last took), keyless tasks as one more
+/// key: three slots freed at once over four groups serve each group three
+/// times in four claims. Ordered by key alone, `c` would never run; by
+/// age alone (it was enqueued first), only `c` and the next two would.
+#[tokio::test]
+async fn keys_of_equal_turn_take_free_slots_round_robin() {
+    let db = TestDb::new().await;
+    for key in [Some("c"), Some("b"), Some("a"), None] {
+        enqueue_keyed(&db, "rr", key, 10).await;
+    }
+    limit(
+        &db,
+        "rr",
+        QueueLimits {
+            max_started: Some(3),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut served = Vec::new();
+    for _ in 0..4 {
+        let got = claim_up_to(&db, "rr", "w", 3).await;
+        served.push(keys(&got));
+        for task in &got {
+            finish(&db, task).await;
+        }
+    }
+    assert_eq!(
+        served,
+        [
+            vec!["", "a", "b"],
+            vec!["", "a", "c"],
+            vec!["", "b", "c"],
+            vec!["a", "b", "c"]
+        ],
+        "claims of three slots over four groups of equal turn"
+    );
+    let cursor: Option<String> =
+        sqlx::query_scalar("SELECT served_key FROM queues WHERE name = 'rr'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(cursor.as_deref(), Some("c"), "the last key served");
+}
+
 #[tokio::test]
 async fn the_rate_is_shared_by_every_claimer_and_refills_with_time() {
     let db = TestDb::new().await;
@@ -730,7 +776,7 @@ async fn the_limited_claim_looks_its_candidates_up_by_key() {
         },
     )
     .await;
-    for table in ["tasks", "queues", "queue_keys"] {
+    for table in ["tasks", "queues"] {
         sqlx::query(&format!("ANALYZE {table}"))
             .execute(&db.pool)
             .await

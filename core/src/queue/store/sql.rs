@@ -154,13 +154,20 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
 /// its rank within the key (by priority, due time, id), and the lowest
 /// turns go first, so a key with one task waiting and none running goes
 /// before the next task of a key with many running, whatever the backlog;
-/// of equal turns, the key served longer ago (`queue_keys`, written here)
-/// goes first; within a key, priority orders as in every queue. Keyless tasks are one
-/// group for fairness and have no per-key cap. The claim takes its time
-/// from `statement_timestamp()`, the moment its turn began, not the
-/// transaction's start. Each key's started count and last service are
-/// read once (`keyed` is materialized: inlined, they were read again for
-/// every candidate of the key).
+/// of equal turns, keys go round-robin: those after the queue's cursor
+/// (`served_key`, the key of the last task the claim before took fresh,
+/// written here) first, then the rest from the first key on, so keys
+/// that free slots in turn cannot take every slot from a third; within a
+/// key, priority orders as in every queue. Keyless tasks are one group
+/// (key `''`, which no key can be) for fairness and have no per-key cap.
+/// The claim takes its time from `statement_timestamp()`, the moment its
+/// turn began, not the transaction's start. Each key's started count is
+/// read once (`keyed` is materialized: inlined, it was read again for
+/// every candidate of the key). The bucket and the cursor are written in
+/// one update of the queue's row (`queue`), which [`LOCK_LIMITED`]
+/// already holds; none when the claim took nothing fresh and the queue
+/// has no rate (one row written a claim, where a row a key served was,
+/// before migration `20261210000001`).
 ///
 /// `ranked` ends with a constant `LIMIT` (the claim's size) and the room's
 /// bound as a filter, not as a computed `LIMIT`: the planner cannot
@@ -184,9 +191,10 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
 ///   releasing the lock). Tasks that end meanwhile only free slots. A
 ///   limit is never exceeded by claims made after it was set; tasks
 ///   started before a limit was lowered run on and finish.
-/// - **Two claimers each spending the bucket's last token**: the bucket is
-///   read and written (`bucket`) under the same lock, in the statement that
-///   claims.
+/// - **Two claimers each spending the bucket's last token**, or each
+///   reading the same cursor and serving the same key first: the bucket
+///   and the cursor are read and written (`queue`) under the same lock, in
+///   the statement that claims.
 /// - **A claim that does not know the queue is limited**: [`claim`] claims
 ///   nothing of a limited queue ([`RUNNING`]), and its caller then takes
 ///   this way.
@@ -202,7 +210,7 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
     let take = take(clock);
     format!(
         "WITH RECURSIVE q AS (
-            SELECT max_started, max_started_per_key,
+            SELECT max_started, max_started_per_key, served_key,
                    CASE WHEN rate_per_second IS NOT NULL THEN
                         LEAST(COALESCE(rate_burst, GREATEST(1, ceil(rate_per_second)))::float8,
                               rate_tokens + rate_per_second
@@ -236,12 +244,10 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
          ), keyed AS MATERIALIZED (
             SELECT keys.k,
                    (SELECT count(*) FROM $schema.tasks s
-                     WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key = keys.k) AS started,
-                   (SELECT served_at FROM $schema.queue_keys qk
-                     WHERE qk.queue = $3 AND qk.key = keys.k) AS served_at
+                     WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key = keys.k) AS started
               FROM keys WHERE keys.k IS NOT NULL
          ), pool AS (
-            SELECT p.id, p.priority, p.scheduled_at, g.started + p.rank AS turn, g.served_at
+            SELECT p.id, p.priority, p.scheduled_at, g.started + p.rank AS turn, g.k AS key
               FROM room, keyed g CROSS JOIN LATERAL (
                    SELECT t.id, t.priority, t.scheduled_at,
                           row_number() OVER (ORDER BY t.priority, t.scheduled_at, t.id) AS rank
@@ -255,7 +261,7 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
             SELECT p.id, p.priority, p.scheduled_at,
                    (SELECT count(*) FROM $schema.tasks s
                      WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key IS NULL) + p.rank,
-                   (SELECT served_at FROM $schema.queue_keys qk WHERE qk.queue = $3 AND qk.key = '')
+                   ''
               FROM room CROSS JOIN LATERAL (
                    SELECT t.id, t.priority, t.scheduled_at,
                           row_number() OVER (ORDER BY t.priority, t.scheduled_at, t.id) AS rank
@@ -268,8 +274,10 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
          ), ranked AS MATERIALIZED (
             SELECT r.id, r.ord
               FROM (SELECT pool.id,
-                           row_number() OVER (ORDER BY pool.turn, pool.served_at NULLS FIRST,
-                                                       pool.priority, pool.scheduled_at, pool.id) AS ord
+                           row_number() OVER (ORDER BY pool.turn,
+                                                       pool.key <= (SELECT served_key FROM q),
+                                                       pool.key, pool.priority, pool.scheduled_at,
+                                                       pool.id) AS ord
                       FROM pool
                      WHERE NOT EXISTS (SELECT 1 FROM late)) r
              WHERE r.ord <= (SELECT slots FROM room)
@@ -282,14 +290,19 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
              ORDER BY ranked.ord
              FOR UPDATE OF t SKIP LOCKED
          ), {take}, served AS (
-            INSERT INTO $schema.queue_keys AS qk (queue, key, served_at)
-            SELECT DISTINCT $3, coalesce(concurrency_key, ''), {clock} FROM claimed
-            ON CONFLICT (queue, key) DO UPDATE SET served_at = excluded.served_at
-         ), bucket AS (
+            SELECT coalesce(c.concurrency_key, '') AS key FROM claimed c
+             WHERE NOT c.took_over
+             ORDER BY c.claim_order DESC
+             LIMIT 1
+         ), queue AS (
             UPDATE $schema.queues qs
-               SET rate_tokens = q.tokens - (SELECT count(*) FROM claimed), rate_at = {clock}
+               SET rate_tokens = CASE WHEN q.tokens IS NOT NULL
+                                      THEN q.tokens - (SELECT count(*) FROM claimed)
+                                      ELSE qs.rate_tokens END,
+                   rate_at = CASE WHEN q.tokens IS NOT NULL THEN {clock} ELSE qs.rate_at END,
+                   served_key = coalesce((SELECT key FROM served), qs.served_key)
               FROM q
-             WHERE qs.name = $3 AND q.tokens IS NOT NULL
+             WHERE qs.name = $3 AND (q.tokens IS NOT NULL OR EXISTS (SELECT 1 FROM served))
          )
          SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed ORDER BY claim_order"
     )
