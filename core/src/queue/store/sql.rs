@@ -163,7 +163,9 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
 /// The claim takes its time from `statement_timestamp()`, the moment its
 /// turn began, not the transaction's start. Each key's started count is
 /// read once (`keyed` is materialized: inlined, it was read again for
-/// every candidate of the key). The bucket and the cursor are written in
+/// every candidate of the key); the queue's are counted only when it has
+/// a `max_started` (behind a `CASE`: as an operand of `-` beside a NULL,
+/// the count ran anyway, 0.4 ms of a keyed claim with 130 started). The bucket and the cursor are written in
 /// one update of the queue's row (`queue`), which [`LOCK_LIMITED`]
 /// already holds; none when the claim took nothing fresh and the queue
 /// has no rate (one row written a claim, where a row a key served was,
@@ -219,9 +221,10 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
               FROM $schema.queues WHERE name = $3 AND limited AND NOT paused
          ), room AS (
             SELECT LEAST({limit}::bigint,
-                         COALESCE(q.max_started - (SELECT count(*) FROM $schema.tasks s
-                                                    WHERE s.queue = $3 AND s.status = 'started'),
-                                  {limit}),
+                         CASE WHEN q.max_started IS NOT NULL
+                              THEN q.max_started - (SELECT count(*) FROM $schema.tasks s
+                                                     WHERE s.queue = $3 AND s.status = 'started')
+                              ELSE {limit} END,
                          COALESCE(floor(q.tokens)::bigint, {limit})) AS slots,
                    LEAST({limit}::bigint, COALESCE(floor(q.tokens)::bigint, {limit})) AS tokens,
                    q.max_started_per_key AS per_key
