@@ -389,6 +389,61 @@ async fn keys_of_equal_turn_take_free_slots_round_robin() {
     assert_eq!(cursor.as_deref(), Some("c"), "the last key served");
 }
 
+/// A claim the limits cut short says it was held back (and its runtime
+/// asks again within milliseconds) only when due tasks of the kinds it
+/// claims wait: a claimer of another kind is answered "nothing" and polls.
+#[tokio::test]
+async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
+    let db = TestDb::new().await;
+    let tasks = [
+        NewTask::new("a", json!({})).queue("kq"),
+        NewTask::new("a", json!({})).queue("kq"),
+    ];
+    store::enqueue_many(&mut db.pool.acquire().await.unwrap(), &schema(), &tasks)
+        .await
+        .unwrap();
+    limit(
+        &db,
+        "kq",
+        QueueLimits {
+            max_started: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(claim_up_to(&db, "kq", "w", 1).await.len(), 1);
+    let claim = |kinds: Option<Vec<String>>| {
+        let pool = db.pool.clone();
+        async move {
+            store::claim_for(
+                &mut pool.acquire().await.unwrap(),
+                &schema(),
+                &[holder("x")],
+                TTL,
+                &ClaimFilter {
+                    queue: "kq".into(),
+                    kinds,
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let of_a = claim(Some(vec!["a".into()])).await;
+    assert!(
+        of_a.tasks.is_empty() && of_a.deferred,
+        "a due `a` waits: held back"
+    );
+    let any = claim(None).await;
+    assert!(
+        any.tasks.is_empty() && any.deferred,
+        "a due task waits: held back"
+    );
+    let of_b = claim(Some(vec!["b".into()])).await;
+    assert!(of_b.tasks.is_empty());
+    assert!(!of_b.deferred, "no `b` waits: nothing held back");
+}
+
 #[tokio::test]
 async fn the_rate_is_shared_by_every_claimer_and_refills_with_time() {
     let db = TestDb::new().await;

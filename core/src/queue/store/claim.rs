@@ -227,15 +227,20 @@ async fn claim_deferring(
             tx.commit().await?;
             let mut deferred = false;
             if locked && rows.len() < holders.len() {
+                // Due tasks this claimer would have taken: of its kinds
+                // only, or a claimer of one kind is held back (and asks
+                // again for as long as a poll) by the tasks of another.
                 let short = (holders.len() - rows.len()) as i64;
                 let waiting: i64 = schema
                     .query_scalar(
                         "SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
                           WHERE queue = $1 AND status = 'pending' AND scheduled_at <= now()
+                            AND ($3::text[] IS NULL OR kind = ANY($3))
                           LIMIT $2) due",
                     )
                     .bind(&filter.queue)
                     .bind(short)
+                    .bind(filter.kinds.as_deref())
                     .fetch_one(&mut *conn)
                     .await?;
                 if waiting > 0 {
