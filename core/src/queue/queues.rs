@@ -142,7 +142,8 @@ mod db {
         crate::queue::check_name("queue", name).map_err(QueueError::BadInput)
     }
 
-    /// The figures of every queue (`$1` null) or of queue `$1`, by name.
+    /// The figures of every queue (`$1` null) or of queue `$1`, by name,
+    /// after the name `$2`, at most `$3`, each with its `$4` busiest keys.
     /// Reads the pending and failed tasks (`tasks_status_id_idx`), the
     /// started ones (`tasks_started_idx` or `tasks_started_key_idx`, both
     /// partial on them: the status index does not hold
@@ -192,7 +193,7 @@ mod db {
                                     AND s.concurrency_key IS NOT NULL
                                   GROUP BY s.concurrency_key
                                   ORDER BY count(*) DESC, s.concurrency_key
-                                  LIMIT 5) k), '[]') AS busiest_keys
+                                  LIMIT $4) k), '[]') AS busiest_keys
           FROM $schema.queues q
           LEFT JOIN live ON live.queue = q.name
           LEFT JOIN recent ON recent.queue = q.name
@@ -216,6 +217,7 @@ mod db {
                     .bind(None::<&str>)
                     .bind(None::<&str>)
                     .bind(None::<i64>)
+                    .bind(crate::queue::queue_limits::BUSIEST_KEYS)
                     .fetch_all(&mut *conn)
                     .await?)
             }
@@ -251,6 +253,7 @@ mod db {
                     .bind(None::<&str>)
                     .bind(after)
                     .bind(limit + 1)
+                    .bind(crate::queue::queue_limits::BUSIEST_KEYS)
                     .fetch_all(&mut *conn)
                     .await?;
                 let more = items.len() as i64 > limit;
@@ -289,6 +292,7 @@ mod db {
                     .bind(name)
                     .bind(None::<&str>)
                     .bind(None::<i64>)
+                    .bind(crate::queue::queue_limits::BUSIEST_KEYS)
                     .fetch_optional(&mut *conn)
                     .await?)
             }
@@ -386,6 +390,7 @@ mod db {
                     .bind(name)
                     .bind(None::<&str>)
                     .bind(None::<i64>)
+                    .bind(crate::queue::queue_limits::BUSIEST_KEYS)
                     .fetch_optional(&mut *tx)
                     .await?;
                 tx.commit().await?;

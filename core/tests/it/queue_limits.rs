@@ -693,6 +693,27 @@ async fn limits_are_checked_audited_once_and_shown_with_the_busiest_keys() {
         .unwrap();
     assert_eq!(q.busiest_keys.len(), 2);
     assert!(q.busiest_keys.iter().all(|k| k.started == 1));
+    // Seven keys started (one each, the cap): by name, at most
+    // BUSIEST_KEYS shown.
+    for key in ["c", "d", "e", "f", "g"] {
+        enqueue_keyed(&db, "x", Some(key), 1).await;
+    }
+    claim_up_to(&db, "x", "w", 10).await;
+    let q = queues::get(&mut db.pool.acquire().await.unwrap(), &schema(), "x")
+        .await
+        .unwrap()
+        .unwrap();
+    let shown: Vec<(&str, i64)> = q
+        .busiest_keys
+        .iter()
+        .map(|k| (k.key.as_str(), k.started))
+        .collect();
+    assert_eq!(
+        shown,
+        [("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1)],
+        "{} of the seven keys started",
+        leasekeeper_core::queue::queue_limits::BUSIEST_KEYS
+    );
     // Limits keep a queue's row from the retention's prune.
     let listed = queues::list(&mut db.pool.acquire().await.unwrap(), &schema())
         .await
