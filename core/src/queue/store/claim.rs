@@ -231,29 +231,18 @@ async fn claim_deferring(
                 // only, or a claimer of one kind is held back (and asks
                 // again for as long as a poll) by the tasks of another.
                 let short = (holders.len() - rows.len()) as i64;
-                let waiting: i64 = match rows.first() {
-                    // Counted by the claim itself (`sql::limited_claim`'s
-                    // `due_left`), in its round trip.
-                    Some(row) => {
-                        use sqlx::Row;
-                        row.try_get::<i64, _>("due_left")?.min(short)
-                    }
-                    // It took nothing, so no row tells: ask.
-                    None => {
-                        schema
-                            .query_scalar(
-                                "SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
-                                  WHERE queue = $1 AND status = 'pending' AND scheduled_at <= now()
-                                    AND ($3::text[] IS NULL OR kind = ANY($3))
-                                  LIMIT $2) due",
-                            )
-                            .bind(&filter.queue)
-                            .bind(short)
-                            .bind(filter.kinds.as_deref())
-                            .fetch_one(&mut *conn)
-                            .await?
-                    }
-                };
+                let waiting: i64 = schema
+                    .query_scalar(
+                        "SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
+                          WHERE queue = $1 AND status = 'pending' AND scheduled_at <= now()
+                            AND ($3::text[] IS NULL OR kind = ANY($3))
+                          LIMIT $2) due",
+                    )
+                    .bind(&filter.queue)
+                    .bind(short)
+                    .bind(filter.kinds.as_deref())
+                    .fetch_one(&mut *conn)
+                    .await?;
                 if waiting > 0 {
                     deferred = true;
                     crate::metrics::deferred(&filter.queue, waiting as u64);

@@ -183,14 +183,6 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
 /// the claim's size, it looks each candidate up by its key, as [`claim`]
 /// does.
 ///
-/// Each row carries `due_left`: when the claim took fewer than it was
-/// asked, the due tasks of its kinds it left (up to `limit`: those due in
-/// its snapshot, where the ones it took are still pending, less those it
-/// took); else 0. So a caller learns whether the limits held tasks back
-/// in the claim's own round trip (a `CASE`, so the count runs only then;
-/// in the pending index's order, so it reads that index, never the table
-/// from its first row); only a claim that took nothing must ask apart.
-///
 /// It runs after [`LOCK_LIMITED`] in the same transaction and nothing else
 /// does: that is what makes the limits exact. Races prevented:
 /// - **Two claimers each seeing the last free slot** (of the queue or of a
@@ -217,7 +209,6 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
     let clock = "statement_timestamp()";
     let late = late_rule("", clock);
     let fresh = fresh_rule("t.", clock);
-    let due = fresh_rule("", clock);
     let take = take(clock);
     format!(
         "WITH RECURSIVE q AS (
@@ -316,15 +307,7 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
               FROM q
              WHERE qs.name = $3 AND (q.tokens IS NOT NULL OR EXISTS (SELECT 1 FROM served))
          )
-         SELECT {TASK_COLUMNS}, took_over, silent_ms,
-                CASE WHEN (SELECT count(*) FROM claimed) < {limit}
-                     THEN (SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
-                                                 WHERE queue = $3 AND {due} {kinds}
-                                                 ORDER BY priority, scheduled_at, id
-                                                 LIMIT {limit} * 2) d)
-                          - (SELECT count(*) FROM fresh)
-                     ELSE 0 END AS due_left
-           FROM claimed ORDER BY claim_order"
+         SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed ORDER BY claim_order"
     )
 }
 
