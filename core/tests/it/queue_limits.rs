@@ -412,13 +412,13 @@ async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
     )
     .await;
     assert_eq!(claim_up_to(&db, "kq", "w", 1).await.len(), 1);
-    let claim = |kinds: Option<Vec<String>>| {
+    let claim_n = |kinds: Option<Vec<String>>, n: usize| {
         let pool = db.pool.clone();
         async move {
             store::claim_for(
                 &mut pool.acquire().await.unwrap(),
                 &schema(),
-                &[holder("x")],
+                &vec![holder("x"); n],
                 TTL,
                 &ClaimFilter {
                     queue: "kq".into(),
@@ -429,6 +429,7 @@ async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
             .unwrap()
         }
     };
+    let claim = |kinds| claim_n(kinds, 1);
     let of_a = claim(Some(vec!["a".into()])).await;
     assert!(
         of_a.tasks.is_empty() && of_a.deferred,
@@ -442,6 +443,26 @@ async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
     let of_b = claim(Some(vec!["b".into()])).await;
     assert!(of_b.tasks.is_empty());
     assert!(!of_b.deferred, "no `b` waits: nothing held back");
+    // A claim that took some and was cut short tells from its own count.
+    store::enqueue_many(&mut db.pool.acquire().await.unwrap(), &schema(), &tasks)
+        .await
+        .unwrap();
+    let two = QueueLimits {
+        max_started: Some(2),
+        ..Default::default()
+    };
+    limit(&db, "kq", two).await;
+    let some = claim_n(Some(vec!["a".into()]), 3).await;
+    assert_eq!(some.tasks.len(), 1, "one slot free");
+    assert!(some.deferred, "two `a` left due: held back");
+    let ten = QueueLimits {
+        max_started: Some(10),
+        ..Default::default()
+    };
+    limit(&db, "kq", ten).await;
+    let rest = claim_n(Some(vec!["a".into()]), 5).await;
+    assert_eq!(rest.tasks.len(), 2, "the rest");
+    assert!(!rest.deferred, "none left: nothing held back");
 }
 
 #[tokio::test]
