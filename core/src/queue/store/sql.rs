@@ -165,11 +165,12 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
 /// read once (`keyed` is materialized: inlined, it was read again for
 /// every candidate of the key); the queue's are counted only when it has
 /// a `max_started` (behind a `CASE`: as an operand of `-` beside a NULL,
-/// the count ran anyway, 0.4 ms of a keyed claim with 130 started). The bucket and the cursor are written in
-/// one update of the queue's row (`queue`), which [`LOCK_LIMITED`]
-/// already holds; none when the claim took nothing fresh and the queue
-/// has no rate (one row written a claim, where a row a key served was,
-/// before migration `20261210000001`).
+/// the count ran anyway, 0.4 ms of a keyed claim with 130 started).
+///
+/// The bucket and the cursor are written in one update of the queue's row
+/// (`queue`), which [`LOCK_LIMITED`] already holds; none when the claim
+/// took nothing fresh and the queue has no rate (one row written a claim,
+/// where a row a key served was, before migration `20261210000001`).
 ///
 /// `ranked` ends with a constant `LIMIT` (the claim's size) and the room's
 /// bound as a filter, not as a computed `LIMIT`: the planner cannot
