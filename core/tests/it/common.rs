@@ -59,3 +59,36 @@ pub async fn explain(pool: &sqlx::PgPool, statement: &str, args: &[(&str, &str)]
         .unwrap();
     plan.join("\n")
 }
+
+/// The text of `EXPLAIN EXECUTE` of the store's `statement` prepared with
+/// parameters of `types`, under `plan_cache_mode = force_generic_plan`,
+/// executed with `args`: the plan made once for every value of them, as
+/// a statement that sets that mode runs it (on a connection of its own,
+/// closed after).
+pub async fn explain_generic(
+    pool: &sqlx::PgPool,
+    statement: &str,
+    types: &[&str],
+    args: &[&str],
+) -> String {
+    use sqlx::Connection;
+    let sql = leasekeeper_core::db::Schema::default()
+        .sql(statement)
+        .to_string();
+    let mut conn = pool.acquire().await.unwrap().detach();
+    for setup in [
+        "SET plan_cache_mode = force_generic_plan".to_string(),
+        format!("PREPARE generic_plan ({}) AS {sql}", types.join(", ")),
+    ] {
+        sqlx::raw_sql(&setup).execute(&mut conn).await.unwrap();
+    }
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN EXECUTE generic_plan ({})",
+        args.join(", ")
+    ))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    plan.join("\n")
+}

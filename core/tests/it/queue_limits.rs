@@ -465,6 +465,97 @@ async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
     assert!(!rest.deferred, "none left: nothing held back");
 }
 
+/// A keyed claim tells from its own statement whether a key's cap held a
+/// due task back: a key cut short by its cap, or at its cap, with a due
+/// task waiting is held back; one whose only task left is not due yet is
+/// not, whether the key has a free slot or none.
+#[tokio::test]
+async fn a_keyed_claim_is_held_back_only_by_due_tasks_of_keys_at_their_cap() {
+    let db = TestDb::new().await;
+    let hour = std::time::Duration::from_secs(3600);
+    let keyed = |key: &str| {
+        NewTask::new("note", json!({}))
+            .queue("hk")
+            .concurrency_key(key)
+    };
+    let tasks = [
+        keyed("a"),
+        keyed("a"),
+        keyed("b"),
+        keyed("c"),
+        keyed("c").delay(hour),
+    ];
+    store::enqueue_many(&mut db.pool.acquire().await.unwrap(), &schema(), &tasks)
+        .await
+        .unwrap();
+    limit(
+        &db,
+        "hk",
+        QueueLimits {
+            max_started_per_key: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let claim = || {
+        let pool = db.pool.clone();
+        async move {
+            store::claim_for(
+                &mut pool.acquire().await.unwrap(),
+                &schema(),
+                &vec![holder("x"); 5],
+                TTL,
+                &ClaimFilter {
+                    queue: "hk".into(),
+                    kinds: None,
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let first = claim().await;
+    let mut keys: Vec<_> = first
+        .tasks
+        .iter()
+        .map(|t| t.concurrency_key.clone().unwrap_or_default())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["a", "b", "c"], "one of each key");
+    assert!(
+        first.deferred,
+        "a's second task is due: held back by a's cap"
+    );
+    let second = claim().await;
+    assert!(second.tasks.is_empty(), "every key at its cap");
+    assert!(second.deferred, "a's second task still waits");
+    // Key `a` done: what is left is c's task of an hour from now.
+    let a = first
+        .tasks
+        .iter()
+        .find(|t| t.concurrency_key.as_deref() == Some("a"))
+        .unwrap();
+    store::complete(
+        &mut db.pool.acquire().await.unwrap(),
+        &schema(),
+        a.id,
+        &holder("x"),
+        a.fencing_token.unwrap(),
+        None,
+    )
+    .await
+    .unwrap();
+    let third = claim().await;
+    assert_eq!(third.tasks.len(), 1, "a's second task");
+    assert!(
+        !third.deferred,
+        "c is at its cap, but its task left is not due: nothing held back"
+    );
+    let fourth = claim().await;
+    assert!(fourth.tasks.is_empty());
+    assert!(!fourth.deferred, "nothing due anywhere");
+}
+
 #[tokio::test]
 async fn the_rate_is_shared_by_every_claimer_and_refills_with_time() {
     let db = TestDb::new().await;
@@ -896,5 +987,23 @@ async fn the_limited_claim_looks_its_candidates_up_by_key() {
     assert!(
         plan.contains("Index Scan using tasks_pkey"),
         "each candidate by its key:\n{plan}"
+    );
+    // The plan the claim runs: made once for any queue and any size up to
+    // the planned one (`sql::LOCK_LIMITED` asks for the generic plan).
+    let generic = crate::common::explain_generic(
+        &db.pool,
+        &store::sql::limited_claim(200, false),
+        &["text[]", "bigint", "text"],
+        &["array_fill('w'::text, ARRAY[200])", "30000", "'lq'"],
+    )
+    .await;
+    assert!(
+        !generic.contains("Seq Scan on tasks") && !generic.contains("Merge Join"),
+        "the generic plan reads no table from its first row either:\n{generic}"
+    );
+    assert!(
+        generic.contains("Index Scan using tasks_pkey")
+            && generic.contains("tasks_pending_key_idx"),
+        "each key's candidates by the key's index, each candidate by its key:\n{generic}"
     );
 }

@@ -7,7 +7,7 @@ use crate::db::Schema;
 use crate::lease::Holder;
 use crate::lease::store as leases;
 use crate::queue::{ClaimFilter, Task};
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, Row};
 use std::time::Duration;
 
 /// Claims the oldest claimable task for `processor`, taking its lease for
@@ -223,30 +223,23 @@ async fn claim_deferring(
             } else {
                 sql::claim(limit, by_kind)
             };
-            let rows = run(&mut tx, schema, &statement, holders, ttl_ms, filter).await?;
+            let mut rows = run(&mut tx, schema, &statement, holders, ttl_ms, filter).await?;
             tx.commit().await?;
-            let mut deferred = false;
-            if locked && rows.len() < holders.len() {
-                // Due tasks this claimer would have taken: of its kinds
-                // only, or a claimer of one kind is held back (and asks
-                // again for as long as a poll) by the tasks of another.
-                let short = (holders.len() - rows.len()) as i64;
-                let waiting: i64 = schema
-                    .query_scalar(
-                        "SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
-                          WHERE queue = $1 AND status = 'pending' AND scheduled_at <= now()
-                            AND ($3::text[] IS NULL OR kind = ANY($3))
-                          LIMIT $2) due",
-                    )
-                    .bind(&filter.queue)
-                    .bind(short)
-                    .bind(filter.kinds.as_deref())
-                    .fetch_one(&mut *conn)
-                    .await?;
-                if waiting > 0 {
-                    deferred = true;
-                    crate::metrics::deferred(&filter.queue, waiting as u64);
-                }
+            if !locked {
+                return Ok((finish(&rows)?, false));
+            }
+            // The limited claim answers at least one row: with nothing
+            // claimed, one of NULL task columns, for `held_back`, the due
+            // tasks of this claimer's kinds it saw and did not take.
+            let held: i64 = match rows.first() {
+                Some(row) => row.try_get("held_back")?,
+                None => 0,
+            };
+            rows.retain(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(Some(_))));
+            let short = holders.len().saturating_sub(rows.len()) as i64;
+            let deferred = short > 0 && held > 0;
+            if deferred {
+                crate::metrics::deferred(&filter.queue, short.min(held) as u64);
             }
             Ok((finish(&rows)?, deferred))
         }
@@ -276,7 +269,6 @@ async fn run(
 
 /// The tasks of a claim statement's rows, counted in the metrics.
 fn finish(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<Task>, TaskError> {
-    use sqlx::Row;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         claimed.push(<Task as sqlx::FromRow<_>>::from_row(row)?);

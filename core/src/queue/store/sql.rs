@@ -141,7 +141,16 @@ fn take(clock: &str) -> String {
 /// 145 expressions took 67 ms of a 97 ms claim that runs in 4 ms without
 /// (measured with `EXPLAIN ANALYZE` at 60,000 keyed tasks); the claims of a
 /// limited queue take turns, so every claim of the fleet paid it.
-pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
+///
+/// And it makes the claim run its prepared statement's generic plan,
+/// planned once, not planned afresh for its parameters at every claim:
+/// planning the limited claim took 1.4 ms of a 10 ms claim (the median
+/// `bind` in the server's log of a `bench limits` run), on the queue's
+/// lock, where every claim of the fleet waits for it. Its plan does not
+/// turn on its parameters' values: every scan is an index probe by queue
+/// and key (checked with `EXPLAIN` of the generic plan in a test).
+pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true),
+              set_config('plan_cache_mode', 'force_generic_plan', true)
        FROM $schema.queues WHERE name = $1 AND limited FOR UPDATE";
 
 /// The claim of a queue with limits (issue 39): [`claim`]'s rule, with its
@@ -167,12 +176,31 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true)
 /// a `max_started` (behind a `CASE`: as an operand of `-` beside a NULL,
 /// the count ran anyway, 0.4 ms of a keyed claim with 130 started).
 ///
+/// The walk over the keys (`keys`, one index probe a key, skipping from
+/// one key to the next) answers each key's first pending task, and the
+/// key's scan for candidates starts at that task (a row comparison on
+/// `tasks_pending_key_idx`), not at the key's first index entry: the
+/// entries of the tasks claimed since the last vacuum lie dead at the
+/// front of every key, and both probes walked past them.
+///
+/// **Whether the limits held due tasks back** is answered by the claim
+/// itself, in the `held_back` column (the same in every row; with nothing
+/// claimed, the statement answers one row of NULL task columns for it):
+/// each key's scan takes one candidate more than the key may start
+/// (`spare`), and `held_back` is the candidates not claimed: a key cut
+/// short by its cap, or at its cap (it may start none, and its scan
+/// takes the one), with a due task of the claimer's kinds counts it, and
+/// so do candidates past the queue's room or its tokens. A key whose
+/// tasks left are not due counts nothing. Before, a count of the queue's
+/// due tasks ran after every short claim: a walk of the pending index
+/// from its front, past the dead entries, and a round trip of its own.
+///
 /// The bucket and the cursor are written in one update of the queue's row
 /// (`queue`), which [`LOCK_LIMITED`] already holds; none when the claim
 /// took nothing fresh and the queue has no rate (one row written a claim,
 /// where a row a key served was, before migration `20261210000001`).
 ///
-/// `ranked` ends with a constant `LIMIT` (the claim's size) and the room's
+/// `ranked` ends with a constant `LIMIT` (the claim's [planned size](planned_size)) and the room's
 /// bound as a filter, not as a computed `LIMIT`: the planner cannot
 /// estimate a computed one and took a tenth of its input (a thousand
 /// rows), and for that many candidates it wrote them into their rows by a
@@ -211,6 +239,7 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
     let late = late_rule("", clock);
     let fresh = fresh_rule("t.", clock);
     let take = take(clock);
+    let planned = planned_size(limit);
     format!(
         "WITH RECURSIVE q AS (
             SELECT max_started, max_started_per_key, served_key,
@@ -221,13 +250,13 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
                    END AS tokens
               FROM $schema.queues WHERE name = $3 AND limited AND NOT paused
          ), room AS (
-            SELECT LEAST({limit}::bigint,
+            SELECT LEAST(cardinality($1::text[])::bigint,
                          CASE WHEN q.max_started IS NOT NULL
                               THEN q.max_started - (SELECT count(*) FROM $schema.tasks s
                                                      WHERE s.queue = $3 AND s.status = 'started')
-                              ELSE {limit} END,
-                         COALESCE(floor(q.tokens)::bigint, {limit})) AS slots,
-                   LEAST({limit}::bigint, COALESCE(floor(q.tokens)::bigint, {limit})) AS tokens,
+                              END,
+                         floor(q.tokens)::bigint) AS slots,
+                   LEAST(cardinality($1::text[])::bigint, floor(q.tokens)::bigint) AS tokens,
                    q.max_started_per_key AS per_key
               FROM q
          ), late AS (
@@ -237,35 +266,44 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
              LIMIT COALESCE((SELECT GREATEST(tokens, 0) FROM room), 0)
              FOR UPDATE SKIP LOCKED
          ), keys AS (
-            (SELECT t.concurrency_key AS k FROM $schema.tasks t
+            (SELECT t.concurrency_key AS k, t.priority AS p, t.scheduled_at AS s, t.id AS i
+               FROM $schema.tasks t
               WHERE t.queue = $3 AND t.status = 'pending' AND t.concurrency_key IS NOT NULL
-              ORDER BY t.concurrency_key LIMIT 1)
+              ORDER BY t.concurrency_key, t.priority, t.scheduled_at, t.id LIMIT 1)
             UNION ALL
-            SELECT (SELECT t.concurrency_key FROM $schema.tasks t
-                     WHERE t.queue = $3 AND t.status = 'pending' AND t.concurrency_key > keys.k
-                     ORDER BY t.concurrency_key LIMIT 1)
-              FROM keys WHERE keys.k IS NOT NULL
+            SELECT n.k, n.p, n.s, n.i FROM keys CROSS JOIN LATERAL (
+                   SELECT t.concurrency_key AS k, t.priority AS p, t.scheduled_at AS s, t.id AS i
+                     FROM $schema.tasks t
+                    WHERE t.queue = $3 AND t.status = 'pending' AND t.concurrency_key > keys.k
+                    ORDER BY t.concurrency_key, t.priority, t.scheduled_at, t.id LIMIT 1
+                   ) n
          ), keyed AS MATERIALIZED (
-            SELECT keys.k,
-                   (SELECT count(*) FROM $schema.tasks s
-                     WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key = keys.k) AS started
-              FROM keys WHERE keys.k IS NOT NULL
+            SELECT c.*,
+                   GREATEST(0, LEAST(room.slots, COALESCE(room.per_key - c.started, room.slots)))
+                     AS allowance
+              FROM room, (SELECT keys.*,
+                                 (SELECT count(*) FROM $schema.tasks s
+                                   WHERE s.queue = $3 AND s.status = 'started'
+                                     AND s.concurrency_key = keys.k) AS started
+                            FROM keys) c
          ), pool AS (
-            SELECT p.id, p.priority, p.scheduled_at, g.started + p.rank AS turn, g.k AS key
-              FROM room, keyed g CROSS JOIN LATERAL (
+            SELECT p.id, p.priority, p.scheduled_at, g.started + p.rank AS turn, g.k AS key,
+                   p.rank > g.allowance AS spare
+              FROM keyed g CROSS JOIN LATERAL (
                    SELECT t.id, t.priority, t.scheduled_at,
                           row_number() OVER (ORDER BY t.priority, t.scheduled_at, t.id) AS rank
                      FROM $schema.tasks t
                     WHERE t.queue = $3 AND t.concurrency_key = g.k
+                      AND (t.priority, t.scheduled_at, t.id) >= (g.p, g.s, g.i)
                       AND {fresh} {t_kinds}
                     ORDER BY t.priority, t.scheduled_at, t.id
-                    LIMIT GREATEST(0, LEAST(room.slots, COALESCE(room.per_key - g.started, room.slots)))
+                    LIMIT g.allowance + 1
                    ) p
             UNION ALL
             SELECT p.id, p.priority, p.scheduled_at,
                    (SELECT count(*) FROM $schema.tasks s
                      WHERE s.queue = $3 AND s.status = 'started' AND s.concurrency_key IS NULL) + p.rank,
-                   ''
+                   '', p.rank > GREATEST(0, room.slots)
               FROM room CROSS JOIN LATERAL (
                    SELECT t.id, t.priority, t.scheduled_at,
                           row_number() OVER (ORDER BY t.priority, t.scheduled_at, t.id) AS rank
@@ -273,7 +311,7 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
                     WHERE t.queue = $3 AND t.concurrency_key IS NULL
                       AND {fresh} {t_kinds}
                     ORDER BY t.priority, t.scheduled_at, t.id
-                    LIMIT GREATEST(0, room.slots)
+                    LIMIT GREATEST(0, room.slots) + 1
                    ) p
          ), ranked AS MATERIALIZED (
             SELECT r.id, r.ord
@@ -283,10 +321,10 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
                                                        pool.key, pool.priority, pool.scheduled_at,
                                                        pool.id) AS ord
                       FROM pool
-                     WHERE NOT EXISTS (SELECT 1 FROM late)) r
+                     WHERE NOT pool.spare AND NOT EXISTS (SELECT 1 FROM late)) r
              WHERE r.ord <= (SELECT slots FROM room)
              ORDER BY r.ord
-             LIMIT {limit}
+             LIMIT {planned}
          ), fresh AS (
             SELECT t.id, false AS late, NULL::timestamptz AS last_seen
               FROM ranked JOIN $schema.tasks t ON t.id = ranked.id
@@ -307,9 +345,22 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
                    served_key = coalesce((SELECT key FROM served), qs.served_key)
               FROM q
              WHERE qs.name = $3 AND (q.tokens IS NOT NULL OR EXISTS (SELECT 1 FROM served))
+         ), held AS (
+            SELECT (SELECT count(*) FROM pool)
+                   - (SELECT count(*) FROM claimed WHERE NOT took_over) AS held_back
          )
-         SELECT {TASK_COLUMNS}, took_over, silent_ms FROM claimed ORDER BY claim_order"
+         SELECT {TASK_COLUMNS}, took_over, silent_ms, held_back
+           FROM held LEFT JOIN claimed ON true ORDER BY claim_order"
     )
+}
+
+/// The size a limited claim of `limit` tasks is planned for: the next power
+/// of two (at most [`MAX_BATCH`](super::MAX_BATCH)), so that a runtime's
+/// claims, of every size up to its workers' room, share ten statements,
+/// each prepared once and planned once ([`LOCK_LIMITED`]). The claim takes
+/// at most as many as it has holders (`$1`) whatever it was planned for.
+pub fn planned_size(limit: usize) -> usize {
+    limit.max(1).next_power_of_two().min(super::MAX_BATCH)
 }
 
 /// [`claim`]'s test that queue `$3` is not paused (see
