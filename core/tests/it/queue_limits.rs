@@ -51,17 +51,29 @@ async fn enqueue_keyed(db: &TestDb, queue: &str, key: Option<&str>, n: usize) ->
 }
 
 async fn claim_up_to(db: &TestDb, queue: &str, who: &str, n: usize) -> Vec<Task> {
-    let holders = vec![holder(who); n];
+    claimed(db, queue, who, n, None).await.tasks
+}
+
+/// A claim of `n` tasks of `queue` (of `kinds`, or any) for `who`.
+async fn claimed(
+    db: &TestDb,
+    queue: &str,
+    who: &str,
+    n: usize,
+    kinds: Option<Vec<String>>,
+) -> store::Claimed {
     store::claim_for(
         &mut db.pool.acquire().await.unwrap(),
         &schema(),
-        &holders,
+        &vec![holder(who); n],
         TTL,
-        &ClaimFilter::queue(queue),
+        &ClaimFilter {
+            queue: queue.into(),
+            kinds,
+        },
     )
     .await
     .unwrap()
-    .tasks
 }
 
 async fn finish(db: &TestDb, task: &Task) {
@@ -412,23 +424,7 @@ async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
     )
     .await;
     assert_eq!(claim_up_to(&db, "kq", "w", 1).await.len(), 1);
-    let claim_n = |kinds: Option<Vec<String>>, n: usize| {
-        let pool = db.pool.clone();
-        async move {
-            store::claim_for(
-                &mut pool.acquire().await.unwrap(),
-                &schema(),
-                &vec![holder("x"); n],
-                TTL,
-                &ClaimFilter {
-                    queue: "kq".into(),
-                    kinds,
-                },
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let claim_n = |kinds: Option<Vec<String>>, n: usize| claimed(&db, "kq", "x", n, kinds);
     let claim = |kinds| claim_n(kinds, 1);
     let of_a = claim(Some(vec!["a".into()])).await;
     assert!(
@@ -497,23 +493,7 @@ async fn a_keyed_claim_is_held_back_only_by_due_tasks_of_keys_at_their_cap() {
         },
     )
     .await;
-    let claim = || {
-        let pool = db.pool.clone();
-        async move {
-            store::claim_for(
-                &mut pool.acquire().await.unwrap(),
-                &schema(),
-                &vec![holder("x"); 5],
-                TTL,
-                &ClaimFilter {
-                    queue: "hk".into(),
-                    kinds: None,
-                },
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let claim = || claimed(&db, "hk", "x", 5, None);
     let first = claim().await;
     let mut keys: Vec<_> = first
         .tasks
@@ -535,16 +515,7 @@ async fn a_keyed_claim_is_held_back_only_by_due_tasks_of_keys_at_their_cap() {
         .iter()
         .find(|t| t.concurrency_key.as_deref() == Some("a"))
         .unwrap();
-    store::complete(
-        &mut db.pool.acquire().await.unwrap(),
-        &schema(),
-        a.id,
-        &holder("x"),
-        a.fencing_token.unwrap(),
-        None,
-    )
-    .await
-    .unwrap();
+    finish(&db, a).await;
     let third = claim().await;
     assert_eq!(third.tasks.len(), 1, "a's second task");
     assert!(
