@@ -174,9 +174,9 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true),
 /// read once (`keyed` is materialized: inlined, it was read again for
 /// every candidate of the key; and a `LATERAL` count: as a subquery in
 /// the select list beside the allowance that uses it, it ran twice); the
-/// queue's are counted only when it has
-/// a `max_started` (behind a `CASE`: as an operand of `-` beside a NULL,
-/// the count ran anyway, 0.4 ms of a keyed claim with 130 started).
+/// queue's are counted only when it has a `max_started` (behind a `CASE`:
+/// as an operand of `-` beside a NULL, the count ran anyway, 0.4 ms of a
+/// keyed claim with 130 started).
 ///
 /// The walk over the keys (`keys`, one index probe a key, skipping from
 /// one key to the next) answers each key's first pending task, and the
@@ -202,17 +202,17 @@ pub const LOCK_LIMITED: &str = "SELECT set_config('jit', 'off', true),
 /// took nothing fresh and the queue has no rate (one row written a claim,
 /// where a row a key served was, before migration `20261210000001`).
 ///
-/// `ranked` ends with a constant `LIMIT` (the claim's [planned size](planned_size)) and the room's
-/// bound as a filter, not as a computed `LIMIT`: the planner cannot
-/// estimate a computed one and took a tenth of its input (a thousand
-/// rows), and for that many candidates it wrote them into their rows by a
-/// join that reads the tasks table from its first id: a hash join over a
-/// sequential scan (19 ms of a 38 ms claim at 60,000 tasks) or, with
-/// sequential scans off, a merge join over the whole primary key (10 ms
-/// of a 26 ms claim of 250, and growing with the table: `EXPLAIN ANALYZE`
-/// of the claim replayed, 60 claims, the later ones slower). Estimated at
-/// the claim's size, it looks each candidate up by its key, as [`claim`]
-/// does.
+/// `ranked` ends with a constant `LIMIT` (the claim's [planned
+/// size](planned_size)) and the room's bound as a filter, not as a computed
+/// `LIMIT`: the planner cannot estimate a computed one and took a tenth of
+/// its input (a thousand rows), and for that many candidates it wrote them
+/// into their rows by a join that reads the tasks table from its first id:
+/// a hash join over a sequential scan (19 ms of a 38 ms claim at 60,000
+/// tasks) or, with sequential scans off, a merge join over the whole
+/// primary key (10 ms of a 26 ms claim of 250, and growing with the table:
+/// `EXPLAIN ANALYZE` of the claim replayed, 60 claims, the later ones
+/// slower). Estimated at the claim's size, it looks each candidate up by
+/// its key, as [`claim`] does.
 ///
 /// It runs after [`LOCK_LIMITED`] in the same transaction and nothing else
 /// does: that is what makes the limits exact. Races prevented:
@@ -357,8 +357,9 @@ pub fn limited_claim(limit: usize, by_kind: bool) -> String {
 
 /// The size a limited claim of `limit` tasks is planned for: the next power
 /// of two (at most [`MAX_BATCH`](super::MAX_BATCH)), so that a runtime's
-/// claims, of every size up to its workers' room, share ten statements,
-/// each prepared once and planned once ([`LOCK_LIMITED`]). The claim takes
+/// claims, of every size up to its workers' room, share at most eleven
+/// statements (for each way of filtering kinds), each prepared once and
+/// planned once ([`LOCK_LIMITED`]). The claim takes
 /// at most as many as it has holders (`$1`) whatever it was planned for.
 pub fn planned_size(limit: usize) -> usize {
     limit.max(1).next_power_of_two().min(super::MAX_BATCH)
