@@ -439,7 +439,7 @@ async fn a_claim_is_held_back_only_by_due_tasks_of_its_kinds() {
     let of_b = claim(Some(vec!["b".into()])).await;
     assert!(of_b.tasks.is_empty());
     assert!(!of_b.deferred, "no `b` waits: nothing held back");
-    // A claim that took some and was cut short tells from its own count.
+    // A claim that took some and was cut short tells from its own scans.
     store::enqueue_many(&mut db.pool.acquire().await.unwrap(), &schema(), &tasks)
         .await
         .unwrap();
