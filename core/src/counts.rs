@@ -29,8 +29,11 @@ pub struct Counts {
     pub tasks_processed: i64,
     /// Tasks given up after their last attempt.
     pub tasks_failed: i64,
-    /// Tasks an operator cancelled.
+    /// Tasks an operator cancelled (or a workflow parent's failure did).
     pub tasks_cancelled: i64,
+    /// Tasks waiting for their workflow parents or for a signal.
+    #[serde(default)]
+    pub tasks_waiting: i64,
     /// Leases not released and not expired.
     pub leases_active: i64,
 }
@@ -43,6 +46,7 @@ impl Counts {
             + self.tasks_processed
             + self.tasks_failed
             + self.tasks_cancelled
+            + self.tasks_waiting
     }
 }
 
@@ -60,6 +64,7 @@ pub async fn counts(conn: &mut PgConnection, schema: &Schema) -> sqlx::Result<Co
                     coalesce(sum(processed), 0)::bigint AS tasks_processed,
                     coalesce(sum(failed), 0)::bigint    AS tasks_failed,
                     coalesce(sum(cancelled), 0)::bigint AS tasks_cancelled,
+                    coalesce(sum(waiting), 0)::bigint   AS tasks_waiting,
                     (SELECT count(*) FROM (SELECT 1 FROM $schema.tasks
                                             WHERE status = 'started' AND must_heartbeat_before <= now()
                                             LIMIT $1) late) AS tasks_late,

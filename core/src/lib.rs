@@ -98,6 +98,7 @@ pub mod paging;
 pub mod queue;
 pub mod schedule;
 pub mod worker;
+pub mod workflow;
 
 mod text;
 

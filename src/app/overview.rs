@@ -73,6 +73,7 @@ fn OverviewBody(overview: Overview) -> impl IntoView {
             <CountCard label="processed" href="/tasks?status=processed" testid="count-processed" value=c.tasks_processed.to_string()/>
             <CountCard label="failed" href="/tasks?status=failed" testid="count-failed" value=c.tasks_failed.to_string() tone=warn(c.tasks_failed)/>
             <CountCard label="cancelled" href="/tasks?status=cancelled" testid="count-cancelled" value=c.tasks_cancelled.to_string()/>
+            <CountCard label="waiting" href="/tasks?status=waiting" testid="count-waiting" value=c.tasks_waiting.to_string()/>
             <CountCard label="leases active" href="/leases?state=active" testid="count-leases-active" value=c.leases_active.to_string()/>
             <CountCard label="workers alive" href="/workers" testid="count-workers-alive" value=overview.workers_alive.to_string()>
                 <span class="text-xs text-slate-500" data-testid="count-workers-busy" data-value=overview.workers_busy>{workers_line}</span>

@@ -238,12 +238,14 @@ fn status_badge(status: TaskStatus) -> &'static str {
         TaskStatus::Processed => "bg-emerald-100 text-emerald-800",
         TaskStatus::Failed => "bg-red-100 text-red-800",
         TaskStatus::Cancelled => "bg-amber-100 text-amber-800",
+        TaskStatus::Waiting => "bg-violet-100 text-violet-800",
     }
 }
 
-const FILTERS: [&str; 6] = [
+const FILTERS: [&str; 7] = [
     "all",
     "pending",
+    "waiting",
     "started",
     "processed",
     "failed",

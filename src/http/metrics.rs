@@ -132,6 +132,7 @@ async fn render(State(s): State<AppState>) -> Response {
                 ("processed", c.tasks_processed),
                 ("failed", c.tasks_failed),
                 ("cancelled", c.tasks_cancelled),
+                ("waiting", c.tasks_waiting),
             ] {
                 metrics::gauge!(TASKS, "status" => status).set(n as f64);
             }

@@ -5,7 +5,8 @@
 -- million. A new status is a new argument here (so a versioned migration
 -- drops the old signature) and a column of task_counts.
 CREATE OR REPLACE FUNCTION task_counts_add(sign int, pending bigint, started bigint,
-                                           processed bigint, failed bigint, cancelled bigint)
+                                           processed bigint, failed bigint, cancelled bigint,
+                                           waiting bigint)
 RETURNS void
 LANGUAGE sql SET search_path FROM CURRENT AS $$
     UPDATE task_counts c
@@ -13,6 +14,7 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
            started   = c.started   + sign * task_counts_add.started,
            processed = c.processed + sign * task_counts_add.processed,
            failed    = c.failed    + sign * task_counts_add.failed,
-           cancelled = c.cancelled + sign * task_counts_add.cancelled
+           cancelled = c.cancelled + sign * task_counts_add.cancelled,
+           waiting   = c.waiting   + sign * task_counts_add.waiting
      WHERE c.shard = task_counts_shard();
 $$;

@@ -21,23 +21,27 @@ BEGIN
            coalesce(sum(s.started), 0)   AS started,
            coalesce(sum(s.processed), 0) AS processed,
            coalesce(sum(s.failed), 0)    AS failed,
-           coalesce(sum(s.cancelled), 0) AS cancelled
+           coalesce(sum(s.cancelled), 0) AS cancelled,
+           coalesce(sum(s.waiting), 0)   AS waiting
       INTO d
       FROM (SELECT (n.status = 'pending')::int   AS pending,
                    (n.status = 'started')::int   AS started,
                    (n.status = 'processed')::int AS processed,
                    (n.status = 'failed')::int    AS failed,
-                   (n.status = 'cancelled')::int AS cancelled
+                   (n.status = 'cancelled')::int AS cancelled,
+                   (n.status = 'waiting')::int   AS waiting
               FROM new_rows n
             UNION ALL
             SELECT -(o.status = 'pending')::int,
                    -(o.status = 'started')::int,
                    -(o.status = 'processed')::int,
                    -(o.status = 'failed')::int,
-                   -(o.status = 'cancelled')::int
+                   -(o.status = 'cancelled')::int,
+                   -(o.status = 'waiting')::int
               FROM old_rows o) s;
-    IF (d.pending, d.started, d.processed, d.failed, d.cancelled) <> (0, 0, 0, 0, 0) THEN
-        PERFORM task_counts_add(1, d.pending, d.started, d.processed, d.failed, d.cancelled);
+    IF (d.pending, d.started, d.processed, d.failed, d.cancelled, d.waiting) <> (0, 0, 0, 0, 0, 0) THEN
+        PERFORM task_counts_add(1, d.pending, d.started, d.processed, d.failed, d.cancelled,
+                                d.waiting);
     END IF;
     RETURN NULL;
 END;

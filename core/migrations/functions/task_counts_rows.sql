@@ -14,7 +14,7 @@ BEGIN
         PERFORM task_counts_add(1,
             count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'started'),
             count(*) FILTER (WHERE status = 'processed'), count(*) FILTER (WHERE status = 'failed'),
-            count(*) FILTER (WHERE status = 'cancelled'))
+            count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'waiting'))
            FROM new_rows;
     ELSIF pruning() THEN
         UPDATE task_counts c
@@ -23,20 +23,22 @@ BEGIN
                processed        = c.processed - d.processed,
                failed           = c.failed    - d.failed,
                cancelled        = c.cancelled - d.cancelled,
+               waiting          = c.waiting   - d.waiting,
                pruned_processed = c.pruned_processed + d.processed,
                pruned_failed    = c.pruned_failed + d.failed
           FROM (SELECT count(*) FILTER (WHERE status = 'pending')   AS pending,
                        count(*) FILTER (WHERE status = 'started')   AS started,
                        count(*) FILTER (WHERE status = 'processed') AS processed,
                        count(*) FILTER (WHERE status = 'failed')    AS failed,
-                       count(*) FILTER (WHERE status = 'cancelled') AS cancelled
+                       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+                       count(*) FILTER (WHERE status = 'waiting')   AS waiting
                   FROM old_rows) d
          WHERE c.shard = 16;
     ELSE
         PERFORM task_counts_add(-1,
             count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'started'),
             count(*) FILTER (WHERE status = 'processed'), count(*) FILTER (WHERE status = 'failed'),
-            count(*) FILTER (WHERE status = 'cancelled'))
+            count(*) FILTER (WHERE status = 'cancelled'), count(*) FILTER (WHERE status = 'waiting'))
            FROM old_rows;
     END IF;
     RETURN NULL;

@@ -10,7 +10,8 @@
 --   gets a new fencing token) opens an attempt ('running'), and the claim
 --   it ends closes the previous one: started -> started (a takeover)
 --   'taken_over', -> processed 'completed', -> cancelled 'cancelled', ->
---   pending with one attempt less (a snooze) 'snoozed', otherwise 'failed'
+--   pending with one attempt less (a snooze) 'snoozed', -> waiting with
+--   one attempt less (a durable wait) 'waited', otherwise 'failed'
 --   ('timed_out' and 'given_back' are named by the store afterwards, in the
 --   same transaction);
 -- * the term's history in lease_events, under the resource `task:<id>`, as
@@ -76,6 +77,7 @@ BEGIN
                     WHEN c.status = 'processed' THEN 'completed'
                     WHEN c.status = 'cancelled' THEN 'cancelled'
                     WHEN c.status = 'pending' AND c.gave_back_attempt THEN 'snoozed'
+                    WHEN c.status = 'waiting' AND c.gave_back_attempt THEN 'waited'
                     ELSE 'failed' END AS outcome,
                CASE WHEN c.status = 'processed' THEN c.processed_at
                     WHEN c.status = 'cancelled' THEN c.cancelled_at

@@ -72,6 +72,7 @@ pub static FUNCTIONS: &[FunctionFile] = function_files![
     "task_counts_rows",
     "task_counts_truncate",
     "tasks_delete_attempts",
+    "tasks_parents_ended",
     "tasks_record_attempts",
     "tasks_truncate_attempts",
 ];

@@ -2,7 +2,7 @@
 //! every task matching a filter; release of a task's claim; and
 //! force-release of a lease.
 //!
-//! - **Cancel** takes a pending or started task out of the queue (status
+//! - **Cancel** takes a pending, waiting or started task out of the queue (status
 //!   `cancelled`). A started task's claim ends with it (the task row is its
 //!   lease), and its processor's later heartbeats,
 //!   completion or failure report are refused and recorded as stale writes
@@ -67,8 +67,12 @@ impl Action {
                 "status = 'cancelled', cancelled_at = now(), must_heartbeat_before = NULL"
             }
             Action::Retry => {
-                "status = 'pending', attempts = 0, scheduled_at = now(), failed_at = NULL, \
-                 cancelled_at = NULL, must_heartbeat_before = NULL"
+                // A workflow task with a parent still unfinished waits for
+                // it again: a retry never makes a child claimable early.
+                "status = CASE WHEN parents_left > 0 THEN 'waiting' ELSE 'pending' END, \
+                 attempts = 0, scheduled_at = now(), failed_at = NULL, \
+                 cancelled_at = NULL, must_heartbeat_before = NULL, \
+                 wait_signal = NULL, wait_until = NULL"
             }
             // Late now, never later than it was (a deadline moved on would
             // be a renewal).
@@ -268,8 +272,9 @@ async fn apply_to(
         let ended_a_claim = action != Action::Retry && changed.was == TaskStatus::Started.as_str();
         finish(&mut tx, schema, action, &[changed], by, false).await?;
         tx.commit().await?;
-        if action != Action::Cancel {
-            // Claimable now: wake idle workers, as an enqueue does.
+        if action != Action::Cancel || task.workflow_id.is_some() {
+            // Claimable now (a retried task, or a workflow child that runs
+            // on its parent's cancel): wake idle workers, as an enqueue does.
             live::announce(Topics::WORK);
         }
         if ended_a_claim {
@@ -278,6 +283,70 @@ async fn apply_to(
             live::announce(Topics::CANCELS);
         }
         Ok(task)
+    }
+    .await)
+}
+
+/// Cancels every unfinished task (pending, waiting or started) of workflow
+/// `workflow`, each with its `operator` audit row naming `by` (marked
+/// bulk), in one transaction: what `POST /api/workflows/{id}/cancel` does.
+/// A started task's claim ends with it and its process hears it
+/// ([`Topics::CANCELS`]), as with [`cancel`]. Answers how many tasks it
+/// cancelled, or [`TaskError::NotFound`] when there is no such workflow.
+pub async fn cancel_workflow(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    workflow: i64,
+    by: &str,
+) -> Result<u64, TaskError> {
+    crate::db::atomically!(conn, schema, Result<u64, TaskError>, async {
+        let _announced = live::announce_on_return(Topics::TASKS | Topics::LEASES);
+        let mut tx = conn.begin().await?;
+        let exists: Option<i64> = schema
+            .query_scalar("SELECT id FROM $schema.workflows WHERE id = $1")
+            .bind(workflow)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_none() {
+            return Err(TaskError::NotFound(workflow));
+        }
+        // Race prevented: the cancel against claims, completions and the
+        // parents' ends of the same tasks. The rows are locked in id order
+        // (the order the parents' trigger locks children in, so the two
+        // cannot deadlock), and the status test is re-checked on each
+        // newest version: a task completed first stays processed; one
+        // claimed first is cancelled with its claim; one that a parent's
+        // end made pending meanwhile is cancelled as pending.
+        let rows = schema
+            .query(&format!(
+                "UPDATE $schema.tasks SET {set}
+                   FROM (SELECT id AS pick_id, status AS was FROM $schema.tasks
+                          WHERE workflow_id = $1 AND {applies}
+                          ORDER BY id FOR UPDATE) pick
+                  WHERE id = pick.pick_id AND {applies}
+                 RETURNING id, fencing_token, processor, pick.was",
+                set = Action::Cancel.set_clause(),
+                applies = Action::Cancel.applies_sql(),
+            ))
+            .bind(workflow)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            changed.push(Changed {
+                id: row.try_get("id")?,
+                token: row.try_get("fencing_token")?,
+                processor: row.try_get("processor")?,
+                was: row.try_get("was")?,
+            });
+        }
+        let ended_a_claim = changed.iter().any(|c| c.was == TaskStatus::Started.as_str());
+        finish(&mut tx, schema, Action::Cancel, &changed, by, true).await?;
+        tx.commit().await?;
+        if ended_a_claim {
+            live::announce(Topics::CANCELS);
+        }
+        Ok(changed.len() as u64)
     }
     .await)
 }
@@ -382,7 +451,7 @@ pub async fn apply_matching(
                          WHERE o.kind = tasks.kind AND o.unique_slot = tasks.unique_slot
                            AND o.id <> tasks.id
                            AND (o.unique_scope <> 'active'
-                                OR o.status IN ('pending', 'started')
+                                OR o.status IN ('pending', 'started', 'waiting')
                                 OR (o.status = tasks.status AND o.id < tasks.id))))"
             }
         },

@@ -47,8 +47,13 @@ text_enum! {
         Processed = "processed",
         /// Gave up after `max_attempts`.
         Failed = "failed",
-        /// Taken out of the queue by an operator (a retry puts it back).
+        /// Taken out of the queue by an operator (a retry puts it back), or
+        /// by its parent's failure in a workflow.
         Cancelled = "cancelled",
+        /// Not claimable until something else happens: its parents in a
+        /// workflow end (`parents_left`), or the signal it waits for comes
+        /// (`wait_signal`, until `wait_until`). Then pending.
+        Waiting = "waiting",
     }
 }
 
@@ -57,7 +62,7 @@ text_enum! {
 /// that applies to a task's status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskAction {
-    /// Pending or started → cancelled.
+    /// Pending, waiting or started → cancelled.
     Cancel,
     /// Failed or cancelled → pending, attempts reset.
     Retry,
@@ -72,7 +77,11 @@ impl TaskAction {
     /// The statuses a task may be in for this action to apply to it.
     pub fn applies_to(self) -> &'static [TaskStatus] {
         match self {
-            TaskAction::Cancel => &[TaskStatus::Pending, TaskStatus::Started],
+            TaskAction::Cancel => &[
+                TaskStatus::Pending,
+                TaskStatus::Waiting,
+                TaskStatus::Started,
+            ],
             TaskAction::Retry => &[TaskStatus::Failed, TaskStatus::Cancelled],
             TaskAction::Release => &[TaskStatus::Started],
         }
@@ -180,6 +189,34 @@ pub struct Task {
     /// The key its queue's limits count it under, if it has one
     /// ([`NewTask::concurrency_key`]).
     pub concurrency_key: Option<String>,
+    /// The workflow it belongs to, if any ([`crate::workflow`]).
+    #[serde(default)]
+    pub workflow_id: Option<i64>,
+    /// Its ref in its workflow (unique there).
+    #[serde(default)]
+    pub workflow_ref: Option<String>,
+    /// Its parents in the workflow that have not ended yet; it is waiting
+    /// while this is above 0.
+    #[serde(default)]
+    pub parents_left: i32,
+    /// What a parent's failure or cancel does to it: `cancel` or `run`
+    /// (null: it has no parents).
+    #[serde(default)]
+    pub on_parent_failure: Option<String>,
+    /// Its processed parents' outputs, by their refs (null: it has no
+    /// processed parent).
+    #[serde(default)]
+    pub parent_outputs: Option<serde_json::Value>,
+    /// The signal it waits for, when its handler asked to wait for one
+    /// ([`crate::worker::handler::Done::wait_for`]).
+    #[serde(default)]
+    pub wait_signal: Option<String>,
+    /// When its wait ends without the signal (it is pending again then).
+    #[serde(default)]
+    pub wait_until: Option<DateTime<Utc>>,
+    /// The signals it got, by name, with their payloads.
+    #[serde(default)]
+    pub signals: Option<serde_json::Value>,
 }
 
 impl Task {

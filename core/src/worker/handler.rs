@@ -60,6 +60,13 @@ pub struct Job {
     pub attempt: i32,
     /// The claim's fencing token: every write of this attempt carries it.
     pub fencing_token: i64,
+    /// In a workflow ([`crate::workflow`]): the outputs of its parents
+    /// that were processed, by their refs (empty otherwise).
+    pub parent_outputs: serde_json::Map<String, Value>,
+    /// The signals it got while it waited ([`Done::wait_for`]), by name,
+    /// with their payloads (empty when none came: its wait timed out, or it
+    /// never waited).
+    pub signals: serde_json::Map<String, Value>,
 }
 
 impl Job {

@@ -366,19 +366,12 @@ impl Transport for Http {
                 let task: Task = serde_json::from_value(body).map_err(|e| {
                     TransportError::Transient(format!("unreadable claimed task: {e}"))
                 })?;
-                let token = task.fencing_token.ok_or_else(|| {
-                    TransportError::Transient("claimed task has no fencing_token".into())
-                })?;
-                Ok(Some(Claim {
-                    task_id: task.id,
-                    token,
-                    kind: task.kind,
-                    queue: task.queue,
-                    attempt: task.attempts,
-                    remaining: ms(task.heartbeat_in_ms),
-                    timeout: ms(task.timeout_ms.map(i64::from)),
-                    task_data: task.task_data,
-                }))
+                if task.fencing_token.is_none() {
+                    return Err(TransportError::Transient(
+                        "claimed task has no fencing_token".into(),
+                    ));
+                }
+                Ok(Some(Claim::of(task)))
             }
             reqwest::StatusCode::OK => Ok(None),
             other => Err(match Self::refusal(other, &body) {

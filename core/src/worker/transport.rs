@@ -60,6 +60,10 @@ pub struct Claim {
     pub remaining: Option<Duration>,
     /// The task's own time limit per attempt, if it has one.
     pub timeout: Option<Duration>,
+    /// Its workflow parents' outputs, by ref (empty outside a workflow).
+    pub parent_outputs: serde_json::Map<String, Value>,
+    /// The signals it got while waiting, by name (empty when none).
+    pub signals: serde_json::Map<String, Value>,
 }
 
 /// The claim a write to a claimed task presents: whose it is, and which
@@ -172,6 +176,14 @@ pub trait Transport: Send + Sync + 'static {
     }
 }
 
+/// A JSON object's entries; none for anything else (null: no parents).
+fn object(value: Option<Value>) -> serde_json::Map<String, Value> {
+    match value {
+        Some(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
 impl Claim {
     /// This claim, as `worker` presents it in a write.
     pub fn by<'a>(&'a self, worker: &'a Holder) -> ClaimRef<'a> {
@@ -192,6 +204,8 @@ impl Claim {
             data: self.task_data.clone(),
             attempt: self.attempt,
             fencing_token: self.token,
+            parent_outputs: self.parent_outputs.clone(),
+            signals: self.signals.clone(),
         }
     }
 
@@ -206,6 +220,8 @@ impl Claim {
             remaining: ms(task.heartbeat_in_ms),
             task_data: task.task_data,
             timeout: ms(task.timeout_ms.map(i64::from)),
+            parent_outputs: object(task.parent_outputs),
+            signals: object(task.signals),
         }
     }
 }

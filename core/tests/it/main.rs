@@ -33,3 +33,4 @@ mod singleton;
 mod task_limits;
 mod task_store;
 mod unique;
+mod workflows;

@@ -26,6 +26,7 @@ async fn real_counts(pool: &PgPool) -> Counts {
                 count(*) FILTER (WHERE status = 'processed') AS tasks_processed,
                 count(*) FILTER (WHERE status = 'failed')    AS tasks_failed,
                 count(*) FILTER (WHERE status = 'cancelled') AS tasks_cancelled,
+                count(*) FILTER (WHERE status = 'waiting')   AS tasks_waiting,
                 count(*) FILTER (WHERE status = 'started' AND must_heartbeat_before <= now()) AS tasks_late,
                 (SELECT count(*) FROM leases WHERE released_at IS NULL AND expires_at > now()) AS leases_active
            FROM tasks",

@@ -238,6 +238,60 @@ async fn insert_plain(
         .collect())
 }
 
+/// The tasks of workflow `workflow` (checked by its caller, none with a
+/// unique key): `tasks[i]` under `refs[i]`, waiting for `parents[i]`
+/// parents (pending when none) with `on_failure[i]` (null when none).
+/// Answers the ids in the input's order. Decides no ownership: a new task
+/// has no claim; a waiting one is not claimable until its parents end
+/// (`tasks_parents_ended`).
+pub(crate) async fn insert_workflow_tasks(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    workflow: i64,
+    tasks: &[NewTask],
+    refs: &[String],
+    parents: &[i32],
+    on_failure: &[Option<&'static str>],
+) -> Result<Vec<i64>, TaskError> {
+    let c = Columns::of(tasks);
+    // Ids in the input's order, as in insert_plain.
+    let mut ids: Vec<i64> = schema
+        .query_scalar(
+            "INSERT INTO $schema.tasks (id, task_data, max_attempts, scheduled_at, kind, queue,
+                                        priority, timeout_ms, concurrency_key, status,
+                                        workflow_id, workflow_ref, parents_left, on_parent_failure)
+             SELECT nextval('$schema.tasks_id_seq'), i.task_data, i.max_attempts,
+                    date_trunc('milliseconds', now() + make_interval(secs => i.delay_ms / 1000)),
+                    i.kind, i.queue, i.priority, i.timeout_ms, i.concurrency_key,
+                    CASE WHEN i.parents > 0 THEN 'waiting' ELSE 'pending' END,
+                    $11, i.ref, i.parents, i.on_failure
+               FROM unnest($1::jsonb[], $2::int4[], $3::float8[], $4::text[], $5::text[],
+                           $6::int2[], $7::int4[], $8::text[], $9::text[], $10::int4[],
+                           $12::text[])
+                    WITH ORDINALITY
+                    AS i(task_data, max_attempts, delay_ms, kind, queue, priority, timeout_ms,
+                         concurrency_key, ref, parents, on_failure, n)
+              ORDER BY i.n
+             RETURNING id",
+        )
+        .bind(&c.data)
+        .bind(&c.max_attempts)
+        .bind(&c.delay_ms)
+        .bind(&c.kind)
+        .bind(&c.queue)
+        .bind(&c.priority)
+        .bind(&c.timeout_ms)
+        .bind(&c.concurrency_key)
+        .bind(refs)
+        .bind(parents)
+        .bind(workflow)
+        .bind(on_failure)
+        .fetch_all(&mut *conn)
+        .await?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
 /// `t` as stored without a unique key under `id`, before anything claimed it.
 fn new_task(t: &NewTask, id: i64, scheduled_at: DateTime<Utc>, created_at: DateTime<Utc>) -> Task {
     Task {
@@ -268,6 +322,14 @@ fn new_task(t: &NewTask, id: i64, scheduled_at: DateTime<Utc>, created_at: DateT
         tick_at: t.scheduled_by.as_ref().and_then(|(_, at)| *at),
         timeout_ms: timeout_ms(t),
         concurrency_key: t.concurrency_key.clone(),
+        workflow_id: None,
+        workflow_ref: None,
+        parents_left: 0,
+        on_parent_failure: None,
+        parent_outputs: None,
+        wait_signal: None,
+        wait_until: None,
+        signals: None,
     }
 }
 
@@ -455,7 +517,7 @@ async fn insert_all(
                       FROM input ORDER BY n
                     ON CONFLICT (kind, unique_slot)
                        WHERE unique_slot IS NOT NULL
-                         AND (unique_scope <> 'active' OR status IN ('pending', 'started'))
+                         AND (unique_scope <> 'active' OR status IN ('pending', 'started', 'waiting'))
                        DO NOTHING
                     RETURNING {TASK_COLUMNS}
                  )
@@ -502,7 +564,7 @@ async fn insert_all(
                    JOIN LATERAL (
                         SELECT {TASK_COLUMNS} FROM $schema.tasks
                          WHERE kind = w.kind AND unique_slot = w.slot
-                           AND (unique_scope <> 'active' OR status IN ('pending', 'started'))
+                           AND (unique_scope <> 'active' OR status IN ('pending', 'started', 'waiting'))
                    ) t ON true"
             ))
             .bind(&kinds)

@@ -77,6 +77,7 @@ pub mod sql;
 pub use attempts::attempts;
 pub use claim::{Claimed, claim_batch, claim_for, claim_next, claim_next_in};
 pub use complete::{Completion, complete, complete_all_of, complete_each};
+pub(crate) use enqueue::insert_workflow_tasks;
 pub use enqueue::{
     Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, UNIQUE_PERIODS, enqueue, enqueue_many,
     enqueue_outcome,
@@ -97,7 +98,9 @@ pub(crate) const TASK_COLUMNS: &str = "id, kind, queue, priority, task_data, sch
     fencing_token, last_error, failed_at, cancelled_at, created_at, \
     CASE WHEN status = 'started' \
          THEN (EXTRACT(EPOCH FROM (must_heartbeat_before - now())) * 1000)::bigint END AS heartbeat_in_ms, \
-    unique_key, unique_scope, schedule, tick_at, timeout_ms, concurrency_key";
+    unique_key, unique_scope, schedule, tick_at, timeout_ms, concurrency_key, \
+    workflow_id, workflow_ref, parents_left, on_parent_failure, parent_outputs, \
+    wait_signal, wait_until, signals";
 
 /// Why a task operation did not happen.
 #[derive(Debug, thiserror::Error)]

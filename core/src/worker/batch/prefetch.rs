@@ -623,6 +623,8 @@ mod tests {
             task_data: serde_json::Value::Null,
             remaining: Some(lease),
             timeout: None,
+            parent_outputs: Default::default(),
+            signals: Default::default(),
         };
         Waiting::claimed(claim, Instant::now(), Duration::from_secs(30))
     }

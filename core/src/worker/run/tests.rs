@@ -189,6 +189,8 @@ fn claim(task_id: i64, token: i64, data: Value, remaining: Duration) -> Claim {
         task_data: data,
         remaining: Some(remaining),
         timeout: None,
+        parent_outputs: Default::default(),
+        signals: Default::default(),
     }
 }
 

@@ -1,0 +1,522 @@
+//! Workflows (issue 40): children wait for every parent, get their
+//! outputs, are cancelled by a parent's failure (or run anyway), and the
+//! race of two parents ending at once on two connections makes the child
+//! claimable exactly once, after both.
+
+use crate::common::{TestDb, holder};
+use leasekeeper_core::db::Schema;
+use leasekeeper_core::queue::control;
+use leasekeeper_core::queue::store::{self, RetryPolicy, TaskError};
+use leasekeeper_core::queue::{NewTask, Task, TaskStatus};
+use leasekeeper_core::workflow::store as flows;
+use leasekeeper_core::workflow::{NewWorkflow, Workflow, WorkflowStatus, WorkflowTask};
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn step(r: &str) -> WorkflowTask {
+    WorkflowTask::new(
+        r,
+        NewTask::new("step", json!({ "step": r })).max_attempts(1),
+    )
+}
+
+fn diamond() -> NewWorkflow {
+    NewWorkflow::new("diamond")
+        .task(step("a"))
+        .task(step("b").after(["a"]))
+        .task(step("c").after(["a"]))
+        .task(step("d").after(["b", "c"]))
+}
+
+async fn enqueue(db: &TestDb, flow: &NewWorkflow) -> Workflow {
+    flows::enqueue_workflow(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        flow,
+    )
+    .await
+    .unwrap()
+}
+
+fn ids(flow: &Workflow) -> HashMap<String, i64> {
+    flow.tasks.iter().map(|t| (t.r#ref.clone(), t.id)).collect()
+}
+
+/// Everything claimable now, claimed by `w` (one batch).
+async fn claim_all(db: &TestDb, w: &str) -> Vec<Task> {
+    store::claim_batch(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        &holder(w),
+        TTL,
+        100,
+    )
+    .await
+    .unwrap()
+}
+
+async fn complete(db: &TestDb, task: &Task, w: &str, output: serde_json::Value) {
+    store::complete(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        task.id,
+        &holder(w),
+        task.fencing_token.unwrap(),
+        Some(&output),
+    )
+    .await
+    .unwrap();
+}
+
+async fn get(db: &TestDb, id: i64) -> Task {
+    store::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        id,
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+fn refs(tasks: &[Task]) -> Vec<String> {
+    let mut r: Vec<String> = tasks
+        .iter()
+        .map(|t| t.workflow_ref.clone().unwrap())
+        .collect();
+    r.sort();
+    r
+}
+
+#[tokio::test]
+async fn a_diamond_runs_in_order_and_hands_its_outputs_on() {
+    let db = TestDb::new().await;
+    let flow = enqueue(&db, &diamond()).await;
+    assert_eq!(flow.status, WorkflowStatus::Running);
+    let statuses: Vec<_> = flow
+        .tasks
+        .iter()
+        .map(|t| (t.r#ref.as_str(), t.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("a", TaskStatus::Pending),
+            ("b", TaskStatus::Waiting),
+            ("c", TaskStatus::Waiting),
+            ("d", TaskStatus::Waiting)
+        ]
+    );
+    assert_eq!(flow.tasks[3].depends_on, ["b", "c"]);
+
+    let first = claim_all(&db, "w").await;
+    assert_eq!(refs(&first), ["a"], "only the root is claimable");
+    complete(&db, &first[0], "w", json!({"got": "a"})).await;
+
+    let second = claim_all(&db, "w").await;
+    assert_eq!(refs(&second), ["b", "c"]);
+    for t in &second {
+        assert_eq!(t.parent_outputs, Some(json!({"a": {"got": "a"}})), "{t:?}");
+    }
+    let b = second
+        .iter()
+        .find(|t| t.workflow_ref.as_deref() == Some("b"))
+        .unwrap();
+    let c = second
+        .iter()
+        .find(|t| t.workflow_ref.as_deref() == Some("c"))
+        .unwrap();
+    complete(&db, b, "w", json!(2)).await;
+    assert!(claim_all(&db, "w").await.is_empty(), "d waits for c too");
+    let d = get(&db, ids(&flow)["d"]).await;
+    assert_eq!((d.status, d.parents_left), (TaskStatus::Waiting, 1));
+    complete(&db, c, "w", json!(3)).await;
+
+    let last = claim_all(&db, "w").await;
+    assert_eq!(refs(&last), ["d"]);
+    assert_eq!(last[0].parent_outputs, Some(json!({"b": 2, "c": 3})));
+    complete(&db, &last[0], "w", json!(null)).await;
+    let done = flows::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        flow.id,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(done.status, WorkflowStatus::Completed);
+}
+
+#[tokio::test]
+async fn a_bad_workflow_is_refused_whole() {
+    let db = TestDb::new().await;
+    let bad = [
+        NewWorkflow::new("empty"),
+        NewWorkflow::new("unknown").task(step("a").after(["zz"])),
+        NewWorkflow::new("twice").task(step("a")).task(step("a")),
+        NewWorkflow::new("cycle")
+            .task(step("a").after(["b"]))
+            .task(step("b").after(["a"])),
+        NewWorkflow::new("bad task").task(WorkflowTask::new("a", NewTask::new("", json!({})))),
+        NewWorkflow::new("unique").task(WorkflowTask::new(
+            "a",
+            NewTask::new("k", json!({})).unique("u"),
+        )),
+    ];
+    for flow in &bad {
+        let got = flows::enqueue_workflow(
+            &mut db.pool.acquire().await.unwrap(),
+            &Schema::default(),
+            flow,
+        )
+        .await;
+        assert!(
+            matches!(got, Err(TaskError::BadInput(_))),
+            "{}: {got:?}",
+            flow.name
+        );
+    }
+    let (tasks, flows_n, edges): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM workflows),
+                (SELECT count(*) FROM task_parents)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((tasks, flows_n, edges), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_workflow_enqueued_in_a_transaction_that_rolls_back_leaves_nothing() {
+    let db = TestDb::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    flows::enqueue_workflow(&mut tx, &Schema::default(), &diamond())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+}
+
+#[tokio::test]
+async fn a_failed_parent_cancels_its_descendants_and_cleanup_runs() {
+    // a -> b -> c (cancel on failure), a -> tidy (runs anyway), and
+    // x -> y where x succeeds: y is untouched by a's failure.
+    let db = TestDb::new().await;
+    let flow = enqueue(
+        &db,
+        &NewWorkflow::new("fails")
+            .task(step("a"))
+            .task(step("b").after(["a"]))
+            .task(step("c").after(["b"]))
+            .task(step("tidy").after(["a", "x"]).run_on_parent_failure())
+            .task(step("x"))
+            .task(step("y").after(["x"])),
+    )
+    .await;
+    let id = ids(&flow);
+    let roots = claim_all(&db, "w").await;
+    assert_eq!(refs(&roots), ["a", "x"]);
+    let a = roots
+        .iter()
+        .find(|t| t.workflow_ref.as_deref() == Some("a"))
+        .unwrap();
+    let x = roots
+        .iter()
+        .find(|t| t.workflow_ref.as_deref() == Some("x"))
+        .unwrap();
+    store::fail(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        a.id,
+        &holder("w"),
+        a.fencing_token.unwrap(),
+        "disk full",
+        RetryPolicy::default(),
+    )
+    .await
+    .unwrap();
+    for r in ["b", "c"] {
+        let t = get(&db, id[r]).await;
+        assert_eq!(t.status, TaskStatus::Cancelled, "{r}");
+        assert!(t.cancelled_at.is_some());
+    }
+    assert_eq!(
+        get(&db, id["b"]).await.last_error.unwrap(),
+        format!("cancelled: parent a (task {}) failed", id["a"])
+    );
+    assert_eq!(
+        get(&db, id["c"]).await.last_error.unwrap(),
+        format!("cancelled: parent b (task {}) was cancelled", id["b"])
+    );
+    // tidy still waits for x; then runs, with x's output only.
+    assert_eq!(get(&db, id["tidy"]).await.status, TaskStatus::Waiting);
+    complete(&db, x, "w", json!("x done")).await;
+    let next = claim_all(&db, "w").await;
+    assert_eq!(refs(&next), ["tidy", "y"]);
+    let tidy = next
+        .iter()
+        .find(|t| t.workflow_ref.as_deref() == Some("tidy"))
+        .unwrap();
+    assert_eq!(tidy.parent_outputs, Some(json!({"x": "x done"})));
+    for t in &next {
+        complete(&db, t, "w", json!(null)).await;
+    }
+    let end = flows::get(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        flow.id,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(end.status, WorkflowStatus::Failed);
+}
+
+#[tokio::test]
+async fn a_cancel_cascades_down_a_chain_of_a_thousand() {
+    // The cascade runs as deep as the workflow: each level's cancel fires
+    // the trigger for the next. A thousand levels is the most a workflow
+    // can have.
+    let db = TestDb::new().await;
+    let mut flow = NewWorkflow::new("chain").task(step("t0"));
+    for i in 1..999 {
+        flow = flow.task(step(&format!("t{i}")).after([format!("t{}", i - 1)]));
+    }
+    // At the bottom, a cleanup below a task the cascade cancels: it runs.
+    flow = flow.task(step("tidy").after(["t998"]).run_on_parent_failure());
+    let flow = enqueue(&db, &flow).await;
+    control::cancel(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        ids(&flow)["t0"],
+        "ops",
+    )
+    .await
+    .unwrap();
+    let cancelled: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'cancelled'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(cancelled, 999);
+    let id = ids(&flow);
+    assert_eq!(
+        get(&db, id["t998"]).await.last_error.unwrap(),
+        format!("cancelled: parent t997 (task {}) was cancelled", id["t997"])
+    );
+    let tidy = get(&db, id["tidy"]).await;
+    assert_eq!((tidy.status, tidy.parents_left), (TaskStatus::Pending, 0));
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM task_parents WHERE outcome IS NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 0, "every edge closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_parents_ending_at_once_on_two_connections_release_the_child_once() {
+    // Each round: p and q complete in two transactions on two connections,
+    // both statements run before either commits (the second waits for the
+    // child's row lock the first holds), then both commit. The child must
+    // be waiting while either is uncommitted, pending after both, with
+    // both outputs and no parent left, whichever order they commit in.
+    let db = TestDb::new().await;
+    for round in 0..20 {
+        let flow = enqueue(
+            &db,
+            &NewWorkflow::new("join")
+                .task(step("p"))
+                .task(step("q"))
+                .task(step("child").after(["p", "q"])),
+        )
+        .await;
+        let id = ids(&flow);
+        let claimed = claim_all(&db, "w").await;
+        assert_eq!(refs(&claimed), ["p", "q"]);
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+        let mut handles = Vec::new();
+        for t in claimed {
+            let pool = db.pool.clone();
+            let barrier = barrier.clone();
+            let first_commits = (round % 2 == 0) == (t.workflow_ref.as_deref() == Some("p"));
+            handles.push(tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                barrier.wait().await;
+                if !first_commits {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let done = store::complete(
+                    &mut tx,
+                    &Schema::default(),
+                    t.id,
+                    &holder("w"),
+                    t.fencing_token.unwrap(),
+                    Some(&json!(t.workflow_ref)),
+                )
+                .await
+                .unwrap();
+                tx.commit().await.unwrap();
+                done.status
+            }));
+        }
+        for h in handles {
+            assert_eq!(h.await.unwrap(), TaskStatus::Processed);
+        }
+        let child = get(&db, id["child"]).await;
+        assert_eq!(
+            (child.status, child.parents_left),
+            (TaskStatus::Pending, 0),
+            "round {round}"
+        );
+        assert_eq!(child.parent_outputs, Some(json!({"p": "p", "q": "q"})));
+        let next = claim_all(&db, "w").await;
+        assert_eq!(refs(&next), ["child"]);
+        complete(&db, &next[0], "w", json!(null)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_child_is_not_claimable_while_one_parent_is_uncommitted() {
+    let db = TestDb::new().await;
+    let flow = enqueue(
+        &db,
+        &NewWorkflow::new("join")
+            .task(step("p"))
+            .task(step("q"))
+            .task(step("child").after(["p", "q"])),
+    )
+    .await;
+    let claimed = claim_all(&db, "w").await;
+    let mut tx = db.pool.begin().await.unwrap();
+    for t in &claimed {
+        store::complete(
+            &mut tx,
+            &Schema::default(),
+            t.id,
+            &holder("w"),
+            t.fencing_token.unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    // Both parents ended in the open transaction: not yet for anyone else.
+    assert!(claim_all(&db, "other").await.is_empty());
+    tx.commit().await.unwrap();
+    let next = claim_all(&db, "other").await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].id, ids(&flow)["child"]);
+}
+
+#[tokio::test]
+async fn a_workflow_cancel_ends_every_unfinished_task_audited() {
+    let db = TestDb::new().await;
+    let flow = enqueue(&db, &diamond()).await;
+    let a = claim_all(&db, "w").await.remove(0);
+    let cancelled = flows::cancel(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        flow.id,
+        "ops@example",
+    )
+    .await
+    .unwrap();
+    assert_eq!(cancelled.status, WorkflowStatus::Cancelled);
+    assert!(
+        cancelled
+            .tasks
+            .iter()
+            .all(|t| t.status == TaskStatus::Cancelled)
+    );
+    // The running task's claim ended: its completion is refused.
+    let late = store::complete(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        a.id,
+        &holder("w"),
+        a.fencing_token.unwrap(),
+        None,
+    )
+    .await;
+    assert!(matches!(late, Err(TaskError::Stale { .. })), "{late:?}");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM lease_events WHERE kind = 'operator'
+            AND detail->>'action' = 'cancel_task' AND detail->>'by' = 'ops@example'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 4);
+    let missing = flows::cancel(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        flow.id + 1000,
+        "ops",
+    )
+    .await;
+    assert!(matches!(missing, Err(TaskError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn a_retried_child_waits_again_for_an_unfinished_parent() {
+    // An operator cancels a waiting child and retries it while its parent
+    // still runs: it goes back to waiting, not to pending.
+    let db = TestDb::new().await;
+    let flow = enqueue(&db, &diamond()).await;
+    let id = ids(&flow);
+    let schema = Schema::default();
+    let mut conn = db.pool.acquire().await.unwrap();
+    control::cancel(&mut conn, &schema, id["b"], "ops")
+        .await
+        .unwrap();
+    let retried = control::retry(&mut conn, &schema, id["b"], "ops")
+        .await
+        .unwrap();
+    assert_eq!(
+        (retried.status, retried.parents_left),
+        (TaskStatus::Waiting, 1)
+    );
+    let a = claim_all(&db, "w").await;
+    assert_eq!(refs(&a), ["a"]);
+    complete(&db, &a[0], "w", json!(1)).await;
+    assert_eq!(refs(&claim_all(&db, "w").await), ["b", "c"]);
+}
+
+#[tokio::test]
+async fn the_links_name_parents_and_children() {
+    let db = TestDb::new().await;
+    let flow = enqueue(&db, &diamond()).await;
+    let id = ids(&flow);
+    let links = flows::links(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        id["b"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(links.parents.len(), 1);
+    assert_eq!(
+        (links.parents[0].id, links.parents[0].r#ref.as_str()),
+        (id["a"], "a")
+    );
+    assert_eq!(links.children.len(), 1);
+    assert_eq!(links.children[0].id, id["d"]);
+    assert_eq!(links.children[0].status, Some(TaskStatus::Waiting));
+    let listed = flows::list(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        None,
+        10,
+    )
+    .await
+    .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].tasks, listed[0].processed), (4, 0));
+}
