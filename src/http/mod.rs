@@ -22,6 +22,7 @@ pub mod schedules;
 pub mod server_fns;
 pub mod tasks;
 pub mod workers;
+pub mod workflows;
 
 use crate::error::AppError;
 use crate::state::AppState;
@@ -49,6 +50,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(generator::routes())
         .merge(schedules::routes())
         .merge(queues::routes())
+        .merge(workflows::routes())
         .merge(instances::routes())
         .merge(overview::routes())
         .merge(audit::routes())

@@ -10,7 +10,7 @@
 
 use super::{
     audit, events, generator, health, instances, leases, metrics, overview, queues, schedules,
-    tasks, workers,
+    tasks, workers, workflows,
 };
 use crate::error::ErrorBody;
 use axum::Router;
@@ -135,6 +135,10 @@ library's own leases and audit trails.";
         queues::pause,
         queues::resume,
         queues::set_limits,
+        workflows::enqueue,
+        workflows::list,
+        workflows::get_one,
+        workflows::cancel,
         schedules::list,
         schedules::get_one,
         schedules::declare,
@@ -161,6 +165,7 @@ library's own leases and audit trails.";
         (name = "workers", description = "Simulated workers and worker processes"),
         (name = "generator", description = "The lease-guarded task generator"),
         (name = "queues", description = "Queues: their depth and throughput, the operator's pause, and their limits"),
+        (name = "workflows", description = "Tasks that wait for tasks: one call enqueues them all; outputs handed on; a parent's failure cascades"),
         (name = "schedules", description = "Cron-declared periodic tasks, each tick fired once under the scheduler's fenced lease"),
         (name = "instances", description = "The leasekeeper processes sharing the database"),
         (name = "overview", description = "Counts, throughput, the split-brain check"),

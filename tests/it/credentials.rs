@@ -118,6 +118,11 @@ fn worker_routes(id: i64, token: i64) -> Vec<(Method, String, Value)> {
             json!({"processor": "stranger"}),
         ),
         (
+            Method::POST,
+            "/api/workflows".into(),
+            json!({"name": "w", "tasks": [{"ref": "a", "task_data": {}}]}),
+        ),
+        (
             Method::PUT,
             format!("/api/tasks/{id}/heartbeat"),
             claim.clone(),
@@ -396,6 +401,7 @@ async fn the_worker_token_never_opens_a_control() {
         (Method::POST, "/api/generator/start".into(), Value::Null),
         (Method::POST, "/api/workers".into(), Value::Null),
         (Method::POST, format!("/api/tasks/{id}/cancel"), Value::Null),
+        (Method::POST, "/api/workflows/1/cancel".into(), Value::Null),
         (
             Method::POST,
             "/api/queues/default/pause".into(),

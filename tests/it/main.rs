@@ -27,6 +27,7 @@ mod rest_schedules;
 mod rest_search;
 mod rest_tasks;
 mod rest_workers;
+mod rest_workflows;
 mod runtime;
 mod schema;
 mod sfn_bad_input;

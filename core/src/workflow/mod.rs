@@ -42,7 +42,7 @@
 #[cfg(feature = "postgres")]
 pub mod store;
 
-use crate::queue::{NewTask, TaskName, TaskStatus};
+use crate::queue::{EnqueueBody, NewTask, TaskName, TaskStatus};
 use crate::text::text_enum;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -261,6 +261,78 @@ impl NewWorkflow {
                     .map(|i| self.tasks[i].r#ref.as_str())
             })
             .flatten()
+    }
+}
+
+/// The body of `POST /api/workflows`: a name and the tasks, each an
+/// enqueue's body ([`EnqueueBody`]) with its `ref`, its parents and what
+/// their failure does. [`WorkflowBody::workflow`] reads it, checked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WorkflowBody {
+    /// What it is (1 to 128 characters).
+    #[cfg_attr(feature = "openapi", schema(value_type = TaskName))]
+    pub name: String,
+    /// Its tasks (1 to 1,000), in any order.
+    pub tasks: Vec<WorkflowTaskBody>,
+}
+
+/// One task of [`WorkflowBody`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WorkflowTaskBody {
+    /// Its name in the workflow, unique there (1 to 128 characters).
+    #[cfg_attr(feature = "openapi", schema(value_type = TaskName))]
+    pub r#ref: String,
+    /// The refs of the tasks it waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// `cancel` (the default: a parent that fails for good or is cancelled
+    /// cancels it) or `run` (it runs anyway once every parent ended).
+    #[cfg_attr(feature = "openapi", schema(pattern = "^(cancel|run)$"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_parent_failure: Option<String>,
+    /// The task, as `POST /api/tasks` takes it (no `unique_key`).
+    #[serde(flatten)]
+    pub task: EnqueueBody,
+}
+
+impl WorkflowBody {
+    /// The workflow this body asks for, checked ([`NewWorkflow::validate`]),
+    /// with `default_kind` and `default_max_attempts` where a task names
+    /// none; else what is wrong, naming the task (`tasks[2].…`).
+    pub fn workflow(
+        self,
+        default_kind: &str,
+        default_max_attempts: i32,
+    ) -> Result<NewWorkflow, String> {
+        if self.tasks.len() > MAX_WORKFLOW_TASKS {
+            return Err(format!(
+                "tasks: a workflow has at most {MAX_WORKFLOW_TASKS} tasks, not {}",
+                self.tasks.len()
+            ));
+        }
+        let mut flow = NewWorkflow::new(self.name);
+        for (i, t) in self.tasks.into_iter().enumerate() {
+            let on_parent_failure = match t.on_parent_failure.as_deref() {
+                None => OnParentFailure::Cancel,
+                Some(name) => OnParentFailure::parse(name).ok_or_else(|| {
+                    format!("tasks[{i}].on_parent_failure must be cancel or run, not {name:?}")
+                })?,
+            };
+            let task = t
+                .task
+                .task(default_kind, default_max_attempts)
+                .map_err(|e| format!("tasks[{i}].{e}"))?;
+            flow.tasks.push(WorkflowTask {
+                r#ref: t.r#ref,
+                task,
+                depends_on: t.depends_on,
+                on_parent_failure,
+            });
+        }
+        flow.validate()?;
+        Ok(flow)
     }
 }
 

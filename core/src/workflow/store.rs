@@ -6,6 +6,7 @@ use super::{
 };
 use crate::db::Schema;
 use crate::live::{self, Topics};
+use crate::paging::{Cursor, Paged};
 use crate::queue::TaskStatus;
 use crate::queue::store::TaskError;
 use chrono::{DateTime, Utc};
@@ -146,18 +147,17 @@ async fn read(
     }))
 }
 
-/// Up to `limit` workflows, newest first, with ids below `before` when
-/// given: each with its status and how many of its tasks are processed.
+/// A page of workflows, newest first (`cursor`): each with its status and
+/// how many of its tasks are processed.
 pub async fn list(
     conn: &mut PgConnection,
     schema: &Schema,
-    before: Option<i64>,
-    limit: i64,
-) -> Result<Vec<WorkflowSummary>, sqlx::Error> {
+    cursor: Cursor,
+) -> Result<Paged<WorkflowSummary>, sqlx::Error> {
     crate::db::atomically!(
         conn,
         schema,
-        Result<Vec<WorkflowSummary>, sqlx::Error>,
+        Result<Paged<WorkflowSummary>, sqlx::Error>,
         async {
             // The status as WorkflowStatus::of derives it.
             schema
@@ -170,16 +170,17 @@ pub async fn list(
                              WHEN bool_or(t.status = 'cancelled') THEN 'cancelled'
                              ELSE 'completed' END AS status
                    FROM (SELECT * FROM $schema.workflows
-                          WHERE $1::int8 IS NULL OR id < $1
+                          WHERE id < $1
                           ORDER BY id DESC LIMIT $2) w
                    LEFT JOIN $schema.tasks t ON t.workflow_id = w.id
                   GROUP BY w.id, w.name, w.created_at
                   ORDER BY w.id DESC",
                 )
-                .bind(before)
-                .bind(limit)
+                .bind(cursor.bound())
+                .bind(cursor.limit)
                 .fetch_all(&mut *conn)
                 .await
+                .map(|rows| Paged::of(rows, cursor, |w: &WorkflowSummary| w.id))
         }
         .await
     )

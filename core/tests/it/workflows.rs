@@ -512,11 +512,11 @@ async fn the_links_name_parents_and_children() {
     let listed = flows::list(
         &mut db.pool.acquire().await.unwrap(),
         &Schema::default(),
-        None,
-        10,
+        leasekeeper_core::paging::Cursor::first(),
     )
     .await
     .unwrap();
-    assert_eq!(listed.len(), 1);
-    assert_eq!((listed[0].tasks, listed[0].processed), (4, 0));
+    assert_eq!((listed.items.len(), listed.next), (1, None));
+    assert_eq!((listed.items[0].tasks, listed.items[0].processed), (4, 0));
+    assert_eq!(listed.items[0].status, WorkflowStatus::Running);
 }

@@ -1,0 +1,163 @@
+//! `/api/workflows` (issue 40): a diamond over REST from enqueue to its
+//! last task, outputs handed on in the claim; bad workflows refused whole;
+//! the operator's cancel, audited and refused to a worker token.
+
+use crate::api::{Api, error_of};
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+fn diamond() -> Value {
+    json!({
+        "name": "diamond",
+        "tasks": [
+            {"ref": "a", "kind": "step", "task_data": {"n": 1}},
+            {"ref": "b", "kind": "step", "task_data": {}, "depends_on": ["a"]},
+            {"ref": "c", "kind": "step", "task_data": {}, "depends_on": ["a"]},
+            {"ref": "d", "kind": "step", "task_data": {}, "depends_on": ["b", "c"],
+             "on_parent_failure": "run"}
+        ]
+    })
+}
+
+async fn claim(api: &Api) -> Option<Value> {
+    let (s, task) = api
+        .post("/api/tasks/next", json!({"processor": "w-1"}))
+        .await;
+    match s {
+        StatusCode::ACCEPTED => Some(task),
+        StatusCode::OK => None,
+        other => panic!("{other}: {task}"),
+    }
+}
+
+async fn complete(api: &Api, task: &Value, output: Value) {
+    let (s, body) = api
+        .put(
+            &format!("/api/tasks/{}/complete", task["id"]),
+            json!({"processor": "w-1", "fencing_token": task["fencing_token"], "task_output": output}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+}
+
+#[tokio::test]
+async fn a_diamond_runs_over_rest_with_its_outputs_in_the_claims() {
+    let api = Api::new().await;
+    let (s, flow) = api.post("/api/workflows", diamond()).await;
+    assert_eq!(s, StatusCode::CREATED, "{flow}");
+    assert_eq!(flow["status"], "running");
+    let tasks = flow["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 4);
+    assert_eq!(tasks[0]["status"], "pending");
+    assert_eq!(tasks[3]["status"], "waiting");
+    assert_eq!(tasks[3]["depends_on"], json!(["b", "c"]));
+
+    let a = claim(&api).await.expect("a");
+    assert_eq!(a["workflow_ref"], "a");
+    assert!(claim(&api).await.is_none(), "b and c wait for a");
+    complete(&api, &a, json!({"from": "a"})).await;
+    let b = claim(&api).await.expect("b");
+    let c = claim(&api).await.expect("c");
+    assert_eq!(b["parent_outputs"], json!({"a": {"from": "a"}}));
+    complete(&api, &b, json!("b")).await;
+    assert!(claim(&api).await.is_none(), "d waits for c");
+    complete(&api, &c, json!("c")).await;
+    let d = claim(&api).await.expect("d");
+    assert_eq!(d["parent_outputs"], json!({"b": "b", "c": "c"}));
+    assert_eq!(d["on_parent_failure"], "run");
+    complete(&api, &d, json!(null)).await;
+
+    let (s, done) = api.get(&format!("/api/workflows/{}", flow["id"])).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(done["status"], "completed");
+    let (s, list) = api.get("/api/workflows").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(list[0]["id"], flow["id"]);
+    assert_eq!(
+        (list[0]["tasks"].as_i64(), list[0]["processed"].as_i64()),
+        (Some(4), Some(4))
+    );
+}
+
+#[tokio::test]
+async fn a_bad_workflow_answers_400_and_adds_nothing() {
+    let api = Api::new().await;
+    let cases = [
+        (json!({"name": "x", "tasks": []}), "at least one task"),
+        (
+            json!({"name": "x", "tasks": [{"ref": "a", "task_data": {}, "depends_on": ["nope"]}]}),
+            "no task has ref",
+        ),
+        (
+            json!({"name": "x", "tasks": [{"ref": "a", "task_data": {}}, {"ref": "a", "task_data": {}}]}),
+            "used twice",
+        ),
+        (
+            json!({"name": "x", "tasks": [
+                {"ref": "a", "task_data": {}, "depends_on": ["b"]},
+                {"ref": "b", "task_data": {}, "depends_on": ["a"]}]}),
+            "cycle",
+        ),
+        (
+            json!({"name": "x", "tasks": [{"ref": "a", "task_data": {}, "on_parent_failure": "shrug"}]}),
+            "tasks[0].on_parent_failure",
+        ),
+        (
+            json!({"name": "x", "tasks": [{"ref": "a", "task_data": {}, "max_attempts": 0}]}),
+            "tasks[0].max_attempts",
+        ),
+        (
+            json!({"name": "x", "tasks": [{"ref": "a", "task_data": null}]}),
+            "tasks[0].task_data",
+        ),
+        (
+            json!({"name": "", "tasks": [{"ref": "a", "task_data": {}}]}),
+            "name",
+        ),
+    ];
+    for (body, says) in cases {
+        let (s, err) = api.post("/api/workflows", body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {err}");
+        assert!(error_of(&err).contains(says), "{body}: {err}");
+    }
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    let (s, _) = api.get("/api/workflows/99").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_operator_cancels_a_workflow_audited() {
+    // The credentials (a worker token refused, 403; none, 401) are
+    // credentials.rs's lists of routes.
+    let api = Api::new().await;
+    let (s, flow) = api.post("/api/workflows", diamond()).await;
+    assert_eq!(s, StatusCode::CREATED, "{flow}");
+    let a = claim(&api).await.expect("a");
+    let (s, cancelled) = api
+        .post(&format!("/api/workflows/{}/cancel", flow["id"]), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["status"], "cancelled");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM lease_events
+          WHERE kind = 'operator' AND detail->>'action' = 'cancel_task'",
+    )
+    .fetch_one(&api.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 4);
+    // The running task's processor is refused from now on.
+    let (s, _) = api
+        .put(
+            &format!("/api/tasks/{}/complete", a["id"]),
+            json!({"processor": "w-1", "fencing_token": a["fencing_token"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, _) = api.post("/api/workflows/12345/cancel", json!({})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
