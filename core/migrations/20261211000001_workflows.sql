@@ -95,3 +95,12 @@ CREATE FUNCTION tasks_parents_ended() RETURNS trigger LANGUAGE plpgsql SET searc
 CREATE TRIGGER tasks_parents_ended AFTER UPDATE ON tasks
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION tasks_parents_ended();
+
+-- A durable wait and its signal in a task's history: 'waiting' (its
+-- handler ended the attempt waiting for a signal, the claim released) and
+-- 'signalled' (a producer's signal made it pending again).
+ALTER TABLE lease_events DROP CONSTRAINT lease_events_kind_check;
+ALTER TABLE lease_events ADD CONSTRAINT lease_events_kind_check CHECK (kind IN (
+    'acquired', 'renewed', 'released', 'taken_over',
+    'deleted', 'stale_write_refused', 'operator', 'snoozed', 'given_back',
+    'session_ended', 'waiting', 'signalled'));

@@ -113,6 +113,8 @@ library's own leases and audit trails.";
         tasks::work::complete,
         tasks::work::fail,
         tasks::work::snooze,
+        tasks::work::wait,
+        tasks::work::signal,
         tasks::reads::events,
         tasks::reads::attempts,
         tasks::controls::cancel_one,

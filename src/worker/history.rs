@@ -215,6 +215,17 @@ impl<T: Transport> Transport for Recorded<T> {
         self.inner.snooze(claim, delay).await
     }
 
+    // Not recorded, as a snooze: the checker reads the waits it asked for
+    // from the database (`waiting` and `signalled` rows of lease_events).
+    async fn wait_for(
+        &self,
+        claim: ClaimRef<'_>,
+        signal: &str,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.inner.wait_for(claim, signal, timeout).await
+    }
+
     fn gave_up(&self, worker: &Holder, claim: &Claim) {
         self.inner.gave_up(worker, claim);
         let ok: Result<(), TransportError> = Ok(());

@@ -139,6 +139,16 @@ fn worker_routes(id: i64, token: i64) -> Vec<(Method, String, Value)> {
         ),
         (
             Method::PUT,
+            format!("/api/tasks/{id}/wait"),
+            json!({"processor": "w1", "fencing_token": token, "signal": "s", "timeout_seconds": 60}),
+        ),
+        (
+            Method::POST,
+            format!("/api/tasks/{id}/signal"),
+            json!({"name": "s", "payload": "forged"}),
+        ),
+        (
+            Method::PUT,
             format!("/api/tasks/{id}/fail"),
             json!({"processor": "w1", "fencing_token": token, "error": "forged"}),
         ),

@@ -590,9 +590,10 @@ async fn every_write_declares_its_credential_and_its_401() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    // Enqueue (2), a workflow, claim, heartbeat, complete, snooze, fail,
-    // report, the session stream, and the four application lease routes.
-    assert_eq!(worker_routes, 14, "the worker and producer routes");
+    // Enqueue (2), a workflow, claim, heartbeat, complete, snooze, wait,
+    // signal, fail, report, the session stream, and the four application
+    // lease routes.
+    assert_eq!(worker_routes, 16, "the worker and producer routes");
 }
 
 /// Every read (but the document itself) declares the 401 it answers when

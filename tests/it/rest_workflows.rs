@@ -1,6 +1,7 @@
 //! `/api/workflows` (issue 40): a diamond over REST from enqueue to its
 //! last task, outputs handed on in the claim; bad workflows refused whole;
-//! the operator's cancel, audited and refused to a worker token.
+//! the operator's cancel, audited; a durable wait and its signal over
+//! REST.
 
 use crate::api::{Api, error_of};
 use axum::http::StatusCode;
@@ -159,5 +160,69 @@ async fn the_operator_cancels_a_workflow_audited() {
         .await;
     assert_eq!(s, StatusCode::CONFLICT);
     let (s, _) = api.post("/api/workflows/12345/cancel", json!({})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_task_waits_for_a_signal_over_rest() {
+    let api = Api::new().await;
+    let (s, task) = api
+        .post("/api/tasks", json!({"kind": "approve", "task_data": {}}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{task}");
+    let claimed = claim(&api).await.expect("the task");
+    let id = claimed["id"].as_i64().unwrap();
+    let wait = |token: Value, signal: &str, timeout: f64| {
+        json!({"processor": "w-1", "fencing_token": token, "signal": signal,
+               "timeout_seconds": timeout})
+    };
+    let uri = format!("/api/tasks/{id}/wait");
+    for (body, says) in [
+        (wait(claimed["fencing_token"].clone(), "", 60.0), "signal"),
+        (
+            wait(claimed["fencing_token"].clone(), "ok", 0.0),
+            "timeout_seconds",
+        ),
+        (
+            wait(claimed["fencing_token"].clone(), "ok", 1e12),
+            "timeout_seconds",
+        ),
+    ] {
+        let (s, err) = api.put(&uri, body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {err}");
+        assert!(error_of(&err).contains(says), "{err}");
+    }
+    let (s, _) = api.put(&uri, wait(json!(99), "ok", 60.0)).await;
+    assert_eq!(s, StatusCode::CONFLICT, "a stale token is refused");
+    let (s, waiting) = api
+        .put(&uri, wait(claimed["fencing_token"].clone(), "ok", 60.0))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{waiting}");
+    assert_eq!(waiting["status"], "waiting");
+    assert_eq!(waiting["wait_signal"], "ok");
+    assert!(claim(&api).await.is_none(), "a waiting task is not claimed");
+
+    let signal = format!("/api/tasks/{id}/signal");
+    let (s, err) = api.post(&signal, json!({"name": "nope"})).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    assert!(
+        error_of(&err).contains("waits for the signal \"ok\""),
+        "{err}"
+    );
+    let (s, woken) = api
+        .post(&signal, json!({"name": "ok", "payload": {"yes": true}}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{woken}");
+    assert_eq!(woken["status"], "pending");
+    let again = claim(&api).await.expect("claimable again");
+    assert_eq!(again["id"], id);
+    assert_eq!(again["signals"], json!({"ok": {"yes": true}}));
+    assert_eq!(again["attempts"], 1, "the wait used no attempt");
+    let (s, err) = api.post(&signal, json!({"name": "ok"})).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(error_of(&err).contains("is started"), "{err}");
+    let (s, _) = api
+        .post("/api/tasks/424242/signal", json!({"name": "ok"}))
+        .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }

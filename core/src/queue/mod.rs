@@ -28,7 +28,7 @@ pub use name::{MAX_NAME_CHARS, NAME_PATTERN, TaskName};
 pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};
 pub use wire::{
     ClaimRequest, CompleteBody, EnqueueBatch, EnqueueBody, FailBody, HeartbeatBody,
-    MAX_CLAIM_KINDS, SnoozeBody,
+    MAX_CLAIM_KINDS, SignalBody, SnoozeBody, WaitBody,
 };
 
 use crate::text::text_enum;

@@ -71,6 +71,9 @@ pub struct Rescued {
     /// The fence refused a batch (the lease is no longer this term's): the
     /// pass stopped there, having written nothing in that batch.
     pub refused: bool,
+    /// Waiting tasks whose wait for a signal timed out, made pending
+    /// ([`resume_timed_out`](crate::queue::store::resume_timed_out)).
+    pub resumed: u64,
 }
 
 /// One batch: fails up to `batch` late tasks that used their attempts, the
@@ -175,6 +178,16 @@ pub async fn rescue_once(
         }
         rescued.failed += failed.len() as u64;
         if failed.len() < batch {
+            break;
+        }
+    }
+    // The waits for a signal that timed out: pending again, without it.
+    // Not fenced: it decides no claim (a waiting task has none), and two
+    // passes at once each take rows the other does not (SKIP LOCKED).
+    while !rescued.refused && keep_going() {
+        let n = crate::queue::store::resume_timed_out(&mut conn, &schema, batch as i64).await?;
+        rescued.resumed += n;
+        if n < batch as u64 {
             break;
         }
     }

@@ -303,6 +303,50 @@ impl SnoozeBody {
     }
 }
 
+/// The body of `PUT /api/tasks/{id}/wait` (server and HTTP transport): the
+/// claim ends with the task waiting for the signal `signal`, at most
+/// `timeout_seconds`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WaitBody {
+    /// Who holds the claim.
+    pub processor: crate::lease::Holder,
+    /// The claim's token.
+    #[serde(deserialize_with = "crate::json::int")]
+    pub fencing_token: i64,
+    /// The signal's name (1 to 128 characters).
+    #[cfg_attr(feature = "openapi", schema(value_type = TaskName))]
+    pub signal: String,
+    /// Pending again without the signal after this many seconds (0.001 to
+    /// 31,622,400).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 31622400))]
+    pub timeout_seconds: f64,
+}
+
+impl WaitBody {
+    /// The wait's timeout, or what is wrong with it.
+    pub fn timeout(&self) -> Result<Duration, String> {
+        let s = self.timeout_seconds;
+        if !s.is_finite() || !(0.001..=31_622_400.0).contains(&s) {
+            return Err("timeout_seconds must be between 0.001 and 31622400".into());
+        }
+        Ok(Duration::from_secs_f64(s))
+    }
+}
+
+/// The body of `POST /api/tasks/{id}/signal` (a producer's): the signal's
+/// name and its payload, which the task's next claim carries in `signals`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SignalBody {
+    /// The signal's name (1 to 128 characters): the one the task waits for.
+    #[cfg_attr(feature = "openapi", schema(value_type = TaskName))]
+    pub name: String,
+    /// Any JSON (null when absent).
+    #[serde(default)]
+    pub payload: Value,
+}
+
 /// The body of `POST /api/tasks/batch`: a JSON array of
 /// [`EnqueueBody`]s, read one element at a time so that an over-long array
 /// is refused while it is read. Past [`MAX_ENQUEUE_BATCH`](super::MAX_ENQUEUE_BATCH)

@@ -93,7 +93,16 @@ pub type HandlerResult = Result<Done, HandlerError>;
 pub struct Done {
     pub(crate) output: Value,
     pub(crate) transaction: Option<FencedTransaction>,
-    pub(crate) snooze: Option<std::time::Duration>,
+    pub(crate) later: Option<Later>,
+}
+
+/// An end of the attempt that gives the attempt back: not now.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Later {
+    /// Pending again after the delay ([`Done::snooze`]).
+    Snooze(std::time::Duration),
+    /// Waiting for the signal, at most the timeout ([`Done::wait_for`]).
+    Wait(String, std::time::Duration),
 }
 
 impl Done {
@@ -102,7 +111,7 @@ impl Done {
         Done {
             output,
             transaction: None,
-            snooze: None,
+            later: None,
         }
     }
 
@@ -113,7 +122,7 @@ impl Done {
         Done {
             output,
             transaction: Some(transaction),
-            snooze: None,
+            later: None,
         }
     }
 
@@ -130,7 +139,41 @@ impl Done {
         Done {
             output: Value::Null,
             transaction: None,
-            snooze: Some(delay),
+            later: Some(Later::Snooze(delay)),
+        }
+    }
+
+    /// Waits for a signal: ends this attempt with the task `waiting` for
+    /// the signal named `signal` (1 to 128 characters), for at most
+    /// `timeout` (1 ms to 366 days), without using up an attempt; its
+    /// claim is released and nothing runs it meanwhile. A producer's `POST
+    /// /api/tasks/{id}/signal` (or [`signal`](crate::queue::store::signal))
+    /// with that name makes it pending at once, and its next claim's
+    /// [`Job::signals`] holds the payload under the name; at the timeout it
+    /// becomes pending without it (within the rescuer's interval, 5 s by
+    /// default), so the handler, finding the signal missing, decides. A
+    /// waiting task is only a row: it survives restarts and failovers.
+    ///
+    /// ```
+    /// use leasekeeper_core::{Done, HandlerResult, Job, TaskContext};
+    /// use std::time::Duration;
+    ///
+    /// async fn publish(job: Job, _ctx: TaskContext) -> HandlerResult {
+    ///     match job.signals.get("approval") {
+    ///         Some(answer) if answer["approved"] == true => Ok(Done::empty()),
+    ///         Some(_) => Err("a person said no".into()),
+    ///         None if job.attempt == 1 && job.signals.is_empty() => {
+    ///             Ok(Done::wait_for("approval", Duration::from_secs(24 * 3600)))
+    ///         }
+    ///         None => Err("nobody approved it within a day".into()),
+    ///     }
+    /// }
+    /// ```
+    pub fn wait_for(signal: impl Into<String>, timeout: std::time::Duration) -> Self {
+        Done {
+            output: Value::Null,
+            transaction: None,
+            later: Some(Later::Wait(signal.into(), timeout)),
         }
     }
 }

@@ -435,6 +435,26 @@ impl Transport for Http {
         Ok(())
     }
 
+    async fn wait_for(
+        &self,
+        claim: ClaimRef<'_>,
+        signal: &str,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.task_write(
+            claim.task_id,
+            "wait",
+            &crate::queue::WaitBody {
+                processor: claim.worker.clone(),
+                fencing_token: claim.token,
+                signal: signal.to_string(),
+                timeout_seconds: timeout.as_secs_f64(),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
         self.task_write(
             claim.task_id,

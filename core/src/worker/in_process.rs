@@ -202,6 +202,25 @@ impl Transport for InProcess {
         Ok(())
     }
 
+    async fn wait_for(
+        &self,
+        claim: ClaimRef<'_>,
+        signal: &str,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        store::wait_for(
+            &mut *self.conn().await?,
+            &self.schema,
+            claim.task_id,
+            claim.worker,
+            claim.token,
+            signal,
+            timeout,
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn snooze(&self, claim: ClaimRef<'_>, delay: Duration) -> Result<(), TransportError> {
         store::snooze(
             &mut *self.conn().await?,

@@ -130,6 +130,22 @@ pub trait Transport: Send + Sync + 'static {
         delay: Duration,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
+    /// Ends the claim with the task waiting for the signal `signal`, at
+    /// most `timeout`, without using up an attempt (the handler answered
+    /// [`Done::wait_for`](super::handler::Done::wait_for)). The default
+    /// refuses: a transport that cannot wait fails the attempt instead.
+    fn wait_for(
+        &self,
+        claim: ClaimRef<'_>,
+        signal: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send {
+        let _ = (claim, signal, timeout);
+        std::future::ready(Err(TransportError::Transient(
+            "this transport cannot wait for a signal".into(),
+        )))
+    }
+
     /// Records what the worker is doing in the `workers` table.
     fn report(
         &self,

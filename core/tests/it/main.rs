@@ -33,4 +33,5 @@ mod singleton;
 mod task_limits;
 mod task_store;
 mod unique;
+mod waits;
 mod workflows;

@@ -151,7 +151,8 @@ async fn no_claim_takes_or_fails_a_late_task_out_of_attempts_and_a_pass_fails_it
         rescued,
         Rescued {
             failed: 1,
-            refused: false
+            refused: false,
+            resumed: 0
         }
     );
     let failed = store::get(&mut conn, &Default::default(), doomed)
@@ -321,7 +322,8 @@ async fn a_pass_from_a_replica_that_lost_the_maintenance_lease_writes_nothing() 
         rescued,
         Rescued {
             failed: 0,
-            refused: true
+            refused: true,
+            resumed: 0
         }
     );
     assert_eq!(status(pool, id).await, TaskStatus::Started);

@@ -33,6 +33,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/{id}/complete", put(work::complete))
         .route("/api/tasks/{id}/fail", put(work::fail))
         .route("/api/tasks/{id}/snooze", put(work::snooze))
+        .route("/api/tasks/{id}/wait", put(work::wait))
+        .route("/api/tasks/{id}/signal", post(work::signal))
         .route("/api/tasks/{id}/events", get(reads::events))
         .route("/api/tasks/{id}/attempts", get(reads::attempts))
         .route("/api/tasks/{id}/cancel", post(controls::cancel_one))

@@ -15,7 +15,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use leasekeeper_core::queue::store::{self, RetryPolicy};
 use leasekeeper_core::queue::{
-    AttemptOutcome, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SnoozeBody, Task,
+    AttemptOutcome, ClaimRequest, CompleteBody, FailBody, HeartbeatBody, SignalBody, SnoozeBody,
+    Task, WaitBody,
 };
 
 #[utoipa::path(
@@ -173,6 +174,81 @@ pub(super) async fn snooze(
         &body.processor,
         body.fencing_token,
         delay,
+    )
+    .await?;
+    Ok(Json(task))
+}
+
+#[utoipa::path(
+    put,
+    path = "/api/tasks/{id}/wait",
+    tag = "tasks",
+    summary = "End an attempt waiting for a signal",
+    description = "A durable wait: the task becomes `waiting` (never claimed) until `POST /api/tasks/{id}/signal` names `signal` (then pending at once, the payload in its claim's `signals`) or `timeout_seconds` pass (then pending without it, within the rescuer's interval, 5 s by default). No attempt is used and the claim is released; the history records `waiting`. Only from the claim's holder with its token, as complete and fail.",
+    params(TaskIdPath),
+    request_body = WaitBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, waiting", body = Task),
+        (status = 400, description = "Bad JSON, a bad id, processor, signal or timeout", body = ErrorBody),
+        TaskNotFound,
+        StaleWrite,
+        NeedsCredential,
+        TooLarge,
+        NotJson,
+    )
+)]
+pub(super) async fn wait(
+    State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
+    Id(id): Id,
+    JsonBody(body): JsonBody<WaitBody>,
+) -> Result<Json<Task>, AppError> {
+    let timeout = body.timeout().map_err(AppError::BadRequest)?;
+    let task = store::wait_for(
+        &mut *s.pool.acquire().await?,
+        s.schema(),
+        id,
+        &body.processor,
+        body.fencing_token,
+        &body.signal,
+        timeout,
+    )
+    .await?;
+    Ok(Json(task))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/tasks/{id}/signal",
+    tag = "tasks",
+    summary = "Signal a waiting task",
+    description = "A task waiting for the signal `name` becomes pending at once, with `payload` under `name` in its `signals` (its next claim and its handler's `Job` carry them), and idle workers are woken; the history records `signalled`. A task not waiting for `name` (waiting for another signal or for its workflow's parents, started, finished, or its wait already timed out) answers 409 and nothing changes.",
+    params(TaskIdPath),
+    request_body = SignalBody,
+    security((), ("worker_token" = []), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The task, pending again", body = Task),
+        (status = 400, description = "Bad JSON, a bad id or signal name", body = ErrorBody),
+        TaskNotFound,
+        (status = 409, description = "The task is not waiting for this signal: what it is doing instead", body = ErrorBody),
+        NeedsCredential,
+        TooLarge,
+        NotJson,
+    )
+)]
+pub(super) async fn signal(
+    State(s): State<AppState>,
+    _: crate::auth::WorkerCredential,
+    Id(id): Id,
+    JsonBody(body): JsonBody<SignalBody>,
+) -> Result<Json<Task>, AppError> {
+    let task = store::signal(
+        &mut *s.pool.acquire().await?,
+        s.schema(),
+        id,
+        &body.name,
+        &body.payload,
     )
     .await?;
     Ok(Json(task))

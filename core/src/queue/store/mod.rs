@@ -73,6 +73,7 @@ mod guard;
 mod heartbeat;
 mod read;
 pub mod sql;
+mod wait;
 
 pub use attempts::attempts;
 pub use claim::{Claimed, claim_batch, claim_for, claim_next, claim_next_in};
@@ -87,6 +88,7 @@ pub use fenced::FencedTransaction;
 pub use give_back::give_back_each;
 pub use heartbeat::{heartbeat, heartbeat_each};
 pub use read::{get, list, list_page};
+pub use wait::{MAX_WAIT, resume_timed_out, signal, wait_for};
 
 use crate::lease::store::LeaseError;
 use std::time::Duration;

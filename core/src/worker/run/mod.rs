@@ -53,7 +53,7 @@ mod running;
 mod status;
 
 use super::chaos::{Chaos, Command, Faults};
-use super::handler::{Handlers, TaskContext};
+use super::handler::{Handlers, Later, TaskContext};
 use super::transport::{Claim, Tally, Transport, TransportError};
 use crate::lease::Holder;
 use crate::liveness::LivenessSignal;
@@ -493,29 +493,41 @@ impl<T: Transport> Worker<T> {
                     .await;
                 Flow::Claim
             }
-            Ok(Ok(done)) if let Some(delay) = done.snooze => {
-                match self.transport.snooze(claim.by(&self.id), delay).await {
+            Ok(Ok(done)) if let Some(later) = done.later.clone() => {
+                let (what, sent) = match &later {
+                    Later::Snooze(delay) => (
+                        "snooze",
+                        self.transport.snooze(claim.by(&self.id), *delay).await,
+                    ),
+                    Later::Wait(signal, timeout) => (
+                        "wait",
+                        self.transport
+                            .wait_for(claim.by(&self.id), signal, *timeout)
+                            .await,
+                    ),
+                };
+                match sent {
                     Ok(()) => {
-                        tracing::debug!(worker = %self.id, task_id = claim.task_id,
-                            delay_ms = delay.as_millis() as u64, "snoozed a task");
+                        tracing::debug!(worker = %self.id, task_id = claim.task_id, ?later,
+                            "a task's attempt ended for later");
                     }
                     Err(TransportError::Lost(why)) => {
-                        self.abandon(&claim, &format!("snooze refused: {why}"))
+                        self.abandon(&claim, &format!("{what} refused: {why}"))
                             .await;
                         return Flow::Claim;
                     }
                     Err(TransportError::Unauthorized(why)) => {
-                        self.abandon(&claim, &format!("snooze refused the credential: {why}"))
+                        self.abandon(&claim, &format!("{what} refused the credential: {why}"))
                             .await;
                         self.refused = Some(why);
                         return Flow::Claim;
                     }
                     Err(TransportError::Transient(why)) => {
-                        // Not snoozed: the attempt fails instead (retried
+                        // Not done: the attempt fails instead (retried
                         // after the backoff), rather than waiting out the lease.
                         self.fail_attempt(
                             &claim,
-                            &format!("could not snooze: {why}"),
+                            &format!("could not {what}: {why}"),
                             AttemptOutcome::Failed,
                         )
                         .await;
