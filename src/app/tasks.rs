@@ -146,6 +146,7 @@ pub async fn control_tasks(
         kind: search.kind,
         queue: search.queue,
         data: search.data,
+        error_group: None,
     };
     let action = parse_action(&action)?;
     let count = control::apply_matching(

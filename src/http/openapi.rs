@@ -107,6 +107,7 @@ library's own leases and audit trails.";
         tasks::reads::list_started,
         tasks::reads::list_processed,
         tasks::reads::list_failed,
+        tasks::reads::failed_summary,
         tasks::work::claim_next,
         tasks::reads::get_one,
         tasks::work::heartbeat,

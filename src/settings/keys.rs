@@ -116,6 +116,11 @@ pub(super) const RETENTION: Key = Key {
     env: "LEASEKEEPER_RETENTION_SECS",
     flag: "retention-secs",
 };
+pub(super) const FAILED_RETENTION: Key = Key {
+    file: "failed_retention_secs",
+    env: "LEASEKEEPER_FAILED_RETENTION_SECS",
+    flag: "failed-retention-secs",
+};
 pub(super) const MAINTENANCE_INTERVAL: Key = Key {
     file: "maintenance_interval_secs",
     env: "LEASEKEEPER_MAINTENANCE_INTERVAL_SECS",
@@ -148,7 +153,7 @@ pub(super) const MAX_QUEUES: Key = Key {
     flag: "max-queues",
 };
 
-pub(super) const ALL_KEYS: [&Key; 26] = [
+pub(super) const ALL_KEYS: [&Key; 27] = [
     &SITE_ADDR,
     &DATABASE_URL,
     &POOLER,
@@ -168,6 +173,7 @@ pub(super) const ALL_KEYS: [&Key; 26] = [
     &STALL_PROBABILITY,
     &MAX_ATTEMPTS,
     &RETENTION,
+    &FAILED_RETENTION,
     &MAINTENANCE_INTERVAL,
     &ADMIN_TOKEN,
     &WORKER_TOKEN,

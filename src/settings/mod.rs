@@ -98,6 +98,10 @@ pub struct SettingArgs {
     /// many seconds are deleted (default 604800, 7 days).
     #[arg(long, global = true, env = "LEASEKEEPER_RETENTION_SECS")]
     pub retention_secs: Option<String>,
+    /// Failed tasks older than this many seconds are deleted (default
+    /// 2592000, 30 days; never less than the retention).
+    #[arg(long, global = true, env = "LEASEKEEPER_FAILED_RETENTION_SECS")]
+    pub failed_retention_secs: Option<String>,
     /// How often the maintenance job prunes, in seconds (default 60).
     #[arg(long, global = true, env = "LEASEKEEPER_MAINTENANCE_INTERVAL_SECS")]
     pub maintenance_interval_secs: Option<String>,
@@ -208,6 +212,8 @@ pub struct Settings {
     pub max_attempts: u32,
     /// What the maintenance job deletes must be older than this.
     pub retention: Duration,
+    /// Failed tasks are deleted once older than this (at least `retention`).
+    pub failed_retention: Duration,
     /// How often the maintenance job runs a pass.
     pub maintenance_interval: Duration,
     /// The operator token, when controls require one.
@@ -290,20 +296,27 @@ impl Settings {
                 lease_ttl
             )));
         }
+        // Up to 100 years; beyond that, nothing is ever old enough.
+        let long_span = |raw: &str| {
+            let secs: f64 = raw
+                .parse()
+                .map_err(|_| "is not a number of seconds".to_string())?;
+            if !secs.is_finite() || secs <= 0.0 || secs > 3.2e9 {
+                return Err("must be more than 0 seconds and at most 3200000000".into());
+            }
+            Ok(Duration::from_secs_f64(secs))
+        };
         let retention = src.parse(
             &RETENTION,
             &args.retention_secs,
             leasekeeper_core::maintenance::DEFAULT_RETENTION,
-            |raw| {
-                let secs: f64 = raw
-                    .parse()
-                    .map_err(|_| "is not a number of seconds".to_string())?;
-                // Up to 100 years; beyond that, nothing is ever old enough.
-                if !secs.is_finite() || secs <= 0.0 || secs > 3.2e9 {
-                    return Err("must be more than 0 seconds and at most 3200000000".into());
-                }
-                Ok(Duration::from_secs_f64(secs))
-            },
+            long_span,
+        )?;
+        let failed_retention = src.parse(
+            &FAILED_RETENTION,
+            &args.failed_retention_secs,
+            leasekeeper_core::maintenance::DEFAULT_FAILED_RETENTION,
+            long_span,
         )?;
         // A worker counts as alive for two TTLs after its last report, an
         // instance for two renew intervals and a second: a row not seen for
@@ -464,6 +477,7 @@ impl Settings {
                 }
             })?,
             retention,
+            failed_retention,
             maintenance_interval: src.parse(
                 &MAINTENANCE_INTERVAL,
                 &args.maintenance_interval_secs,
@@ -552,6 +566,7 @@ impl Settings {
                 safety_margin: self.lease_ttl / 10,
             },
             retry: self.renew_interval,
+            failed_retention: self.failed_retention.max(self.retention),
             ..leasekeeper_core::maintenance::MaintenanceConfig::new(
                 self.retention,
                 self.maintenance_interval,
@@ -621,6 +636,10 @@ impl Settings {
             (STALL_PROBABILITY.env, self.stall_probability.to_string()),
             (MAX_ATTEMPTS.env, self.max_attempts.to_string()),
             (RETENTION.env, self.retention.as_secs_f64().to_string()),
+            (
+                FAILED_RETENTION.env,
+                self.failed_retention.as_secs_f64().to_string(),
+            ),
             (
                 MAINTENANCE_INTERVAL.env,
                 self.maintenance_interval.as_secs_f64().to_string(),

@@ -181,6 +181,7 @@ fn to_env_round_trips_through_resolve() {
             stall_probability: env.get("LEASEKEEPER_STALL_PROBABILITY").cloned(),
             max_attempts: env.get("LEASEKEEPER_MAX_ATTEMPTS").cloned(),
             retention_secs: env.get("LEASEKEEPER_RETENTION_SECS").cloned(),
+            failed_retention_secs: env.get("LEASEKEEPER_FAILED_RETENTION_SECS").cloned(),
             maintenance_interval_secs: env.get("LEASEKEEPER_MAINTENANCE_INTERVAL_SECS").cloned(),
             worker_token: env.get("LEASEKEEPER_WORKER_TOKEN").cloned(),
             allowed_hosts: env.get("LEASEKEEPER_ALLOWED_HOSTS").cloned(),
@@ -198,6 +199,11 @@ fn to_env_round_trips_through_resolve() {
 fn retention_defaults_to_a_week_and_must_outlast_liveness() {
     let s = resolve(None, SettingArgs::default()).unwrap();
     assert_eq!(s.retention, Duration::from_secs(7 * 24 * 3600));
+    assert_eq!(s.failed_retention, Duration::from_secs(30 * 24 * 3600));
+    assert_eq!(
+        s.maintenance_config().failed_retention,
+        Duration::from_secs(30 * 24 * 3600)
+    );
     assert_eq!(s.maintenance_interval, Duration::from_secs(60));
     let file = "[leasekeeper]\nretention_secs = 120\nmaintenance_interval_secs = 5\n";
     let s = resolve(Some(file), SettingArgs::default()).unwrap();

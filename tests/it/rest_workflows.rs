@@ -226,3 +226,53 @@ async fn a_task_waits_for_a_signal_over_rest() {
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn the_failed_summary_groups_errors_and_retry_takes_one_group() {
+    let api = Api::new().await;
+    for (kind, error) in [
+        ("charge", "timeout after 17 ms"),
+        ("charge", "timeout after 4242 ms"),
+        ("charge", "card declined"),
+    ] {
+        let (s, t) = api
+            .post(
+                "/api/tasks",
+                json!({"kind": kind, "task_data": {}, "max_attempts": 1}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{t}");
+        let c = claim(&api).await.expect("the task");
+        let (s, f) = api
+            .put(
+                &format!("/api/tasks/{}/fail", c["id"]),
+                json!({"processor": "w-1", "fencing_token": c["fencing_token"], "error": error}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{f}");
+        assert_eq!(f["status"], "failed");
+    }
+    let (s, groups) = api.get("/api/tasks/failed/summary").await;
+    assert_eq!(s, StatusCode::OK, "{groups}");
+    assert_eq!(groups.as_array().unwrap().len(), 2, "{groups}");
+    assert_eq!(groups[0]["error_group"], "timeout after <n> ms");
+    assert_eq!(groups[0]["count"], 2);
+    let (s, done) = api
+        .post(
+            "/api/tasks/retry",
+            json!({"status": "failed", "kind": "charge", "queue": "default",
+                   "error_group": groups[0]["error_group"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    let (_, left) = api.get("/api/tasks/failed/summary").await;
+    assert_eq!(left.as_array().unwrap().len(), 1);
+    assert_eq!(left[0]["error_group"], "card declined");
+    let (s, _) = api
+        .post(
+            "/api/tasks/retry",
+            json!({"status": "failed", "error_group": "x\u{0}"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+}

@@ -71,6 +71,7 @@ pub static FUNCTIONS: &[FunctionFile] = function_files![
     "task_counts_move",
     "task_counts_rows",
     "task_counts_truncate",
+    "task_error_group",
     "tasks_delete_attempts",
     "tasks_parents_ended",
     "tasks_record_attempts",

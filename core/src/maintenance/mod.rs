@@ -8,9 +8,12 @@
 //! `interval` it runs a pass ([`prune_once`]) that deletes, in batches of
 //! at most `batch` rows, each batch its own short transaction:
 //!
-//! - tasks that finished (processed, failed, cancelled) more than
-//!   `retention` ago, with their lease row `task:<id>`, its history and its
-//!   fencing row;
+//! - tasks that finished (processed or cancelled) more than `retention`
+//!   ago, and failed tasks more than `failed_retention` ago (30 days by
+//!   default, and never less than `retention`: failed tasks are the ones
+//!   someone acts on), with their history; a workflow's tasks only once
+//!   every task of it finished, their edges with them, and the workflow's
+//!   row with its last task;
 //! - lease rows of other resources whose term ended before then (their
 //!   fencing rows stay, so tokens keep rising when such a resource is
 //!   acquired again);
@@ -43,7 +46,7 @@
 
 pub mod store;
 
-pub use store::{Pruned, Table};
+pub use store::{Pruned, Retention, Table};
 
 use crate::db::Schema;
 use crate::lease::Holder;
@@ -57,9 +60,12 @@ use tokio::sync::watch;
 /// The lease whose holder runs the maintenance job.
 pub const RESOURCE: &str = "singleton:maintenance";
 
-/// How old a finished task, a history row or a dead instance must be to be
-/// deleted, unless configured: 7 days.
+/// How old a processed or cancelled task, a history row or a dead instance
+/// must be to be deleted, unless configured: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long failed tasks are kept by default: 30 days.
+pub const DEFAULT_FAILED_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// How often the holder runs a pass, unless configured: every 60 s.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
@@ -85,6 +91,8 @@ pub struct MaintenanceConfig {
     pub interval: Duration,
     /// How old what is deleted must be.
     pub retention: Duration,
+    /// How old a failed task must be to be deleted (at least `retention`).
+    pub failed_retention: Duration,
     /// The most rows one batch deletes (and the most tasks one rescue
     /// batch fails).
     pub batch: usize,
@@ -105,6 +113,7 @@ impl MaintenanceConfig {
             retry: timing.renew_interval,
             interval,
             retention,
+            failed_retention: DEFAULT_FAILED_RETENTION.max(retention),
             batch: DEFAULT_BATCH,
             rescue_interval: DEFAULT_RESCUE_INTERVAL,
         }
@@ -134,10 +143,12 @@ pub struct Progress {
 /// ([`store`]); an error ends the pass, keeping what earlier batches did.
 pub async fn prune_once(
     pool: &PgPool,
-    retention: Duration,
+    retention: impl Into<Retention>,
     batch: usize,
     keep_going: impl Fn() -> bool,
 ) -> sqlx::Result<Pruned> {
+    let kept: Retention = retention.into();
+    let retention = kept.finished;
     // Tasks first: their history goes with them, by index, before the walk
     // over the oldest history has to step over it. Workers stands for the
     // dead rows of workers and instances together.
@@ -161,7 +172,7 @@ pub async fn prune_once(
                 return Ok(total);
             }
             let pruned = match walked {
-                Table::Tasks => store::prune_tasks(&mut conn, schema, retention, batch).await?,
+                Table::Tasks => store::prune_tasks(&mut conn, schema, kept, batch).await?,
                 Table::Leases => store::prune_leases(&mut conn, schema, retention, batch).await?,
                 Table::LeaseEvents => {
                     store::prune_events(&mut conn, schema, retention, batch).await?
@@ -271,7 +282,14 @@ async fn run_term(
     let prune = async {
         loop {
             let started = tokio::time::Instant::now();
-            match prune_once(&pool, config.retention, config.batch, || term.is_held()).await {
+            match prune_once(
+                &pool,
+                Retention::new(config.retention, config.failed_retention),
+                config.batch,
+                || term.is_held(),
+            )
+            .await
+            {
                 Ok(pruned) => {
                     if pruned.total() > 0 {
                         tracing::info!(

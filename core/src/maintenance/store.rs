@@ -120,12 +120,39 @@ impl Pruned {
     }
 }
 
+/// How old a finished task must be to be pruned: `finished` for processed
+/// and cancelled tasks (and every other table's rows), `failed` for failed
+/// ones. A plain duration is both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Processed and cancelled tasks, history, ended leases, dead rows.
+    pub finished: Duration,
+    /// Failed tasks: at least `finished`.
+    pub failed: Duration,
+}
+
+impl Retention {
+    /// `finished`, and `failed` but never less than `finished`.
+    pub fn new(finished: Duration, failed: Duration) -> Self {
+        Retention {
+            finished,
+            failed: failed.max(finished),
+        }
+    }
+}
+
+impl From<Duration> for Retention {
+    fn from(d: Duration) -> Self {
+        Retention::new(d, d)
+    }
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// Runs `statement` (binding the retention in seconds as `$1` and the
-/// batch size as `$2`) in a transaction of its own marked as pruning, and
+/// Runs `statement` (binding the retention in seconds as `$1`, the batch
+/// size as `$2` and `also`, when given, in seconds as `$3`) in a transaction of its own marked as pruning, and
 /// answers the counts in its one row as rows deleted from `tables`, in
 /// order.
 async fn in_pruning_transaction(
@@ -134,6 +161,7 @@ async fn in_pruning_transaction(
     statement: &str,
     older_than: Duration,
     batch: usize,
+    also: Option<Duration>,
     tables: &[Table],
 ) -> sqlx::Result<Pruned> {
     crate::db::atomically!(
@@ -149,12 +177,14 @@ async fn in_pruning_transaction(
                 .query("SELECT set_config('leasekeeper.pruning', 'on', true)")
                 .execute(&mut *tx)
                 .await?;
-            let row = schema
+            let mut query = schema
                 .query(statement)
                 .bind(secs(older_than))
-                .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-                .fetch_one(&mut *tx)
-                .await?;
+                .bind(i64::try_from(batch).unwrap_or(i64::MAX));
+            if let Some(also) = also {
+                query = query.bind(secs(also));
+            }
+            let row = query.fetch_one(&mut *tx).await?;
             tx.commit().await?;
             let mut pruned = Pruned::default();
             for (i, table) in tables.iter().enumerate() {
@@ -166,14 +196,18 @@ async fn in_pruning_transaction(
     )
 }
 
-/// Deletes up to `batch` tasks that finished more than `older_than` ago,
-/// oldest first, with their lease rows, history and fencing rows.
+/// Deletes up to `batch` tasks that finished more than `retention.finished`
+/// ago (processed, cancelled) and up to `batch` failed more than
+/// `retention.failed` ago, oldest first, with their history; a workflow's
+/// tasks only once none of its tasks is unfinished, with their edges, and
+/// the workflow's row with its last task.
 pub async fn prune_tasks(
     conn: &mut PgConnection,
     schema: &Schema,
-    older_than: Duration,
+    retention: impl Into<Retention>,
     batch: usize,
 ) -> sqlx::Result<Pruned> {
+    let retention: Retention = retention.into();
     crate::db::atomically!(conn, schema, async {
         // Race prevented: an operator retrying (or anyone changing) a finished
         // task at the moment it is pruned, which must leave the task whole or
@@ -190,27 +224,60 @@ pub async fn prune_tasks(
         // locked it is deleted whole. A claim never waits here: it locks only
         // pending and started tasks.
         //
-        // Ordered by tasks_finished_idx, so a batch reads the oldest finished
-        // tasks and stops at the cutoff.
+        // And a workflow's finished task pruned while a task of its workflow
+        // is unfinished (a child's page would lose its parent): a workflow's
+        // task is picked only when no task of the workflow is pending,
+        // waiting or started. A child made pending by its last parent's end
+        // holds its parents' outputs itself, so nothing it runs on is lost
+        // either way; a retry of a finished workflow task after this check
+        // may leave that task without pruned siblings, never without itself.
+        //
+        // The processed and cancelled tasks are read by tasks_finished_idx,
+        // oldest first, stopping at the cutoff; the failed ones, kept longer,
+        // by the status index.
+        let keeps_workflow = "(t.workflow_id IS NULL OR NOT EXISTS (
+                                SELECT 1 FROM $schema.tasks u
+                                 WHERE u.workflow_id = t.workflow_id
+                                   AND u.status IN ('pending', 'started', 'waiting')))";
         in_pruning_transaction(
             conn, schema,
-            "WITH doomed AS (
-                SELECT id FROM $schema.tasks
-                 WHERE status IN ('processed', 'failed', 'cancelled')
-                   AND greatest(processed_at, failed_at, cancelled_at)
-                       < now() - make_interval(secs => $1)
-                 ORDER BY greatest(processed_at, failed_at, cancelled_at), id
-                 LIMIT $2
-                   FOR UPDATE SKIP LOCKED
+            &format!("WITH done AS (
+                SELECT id FROM $schema.tasks t
+                  WHERE status IN ('processed', 'failed', 'cancelled')
+                    AND greatest(processed_at, failed_at, cancelled_at)
+                        < now() - make_interval(secs => $1)
+                    AND status <> 'failed' AND {keeps_workflow}
+                  ORDER BY greatest(processed_at, failed_at, cancelled_at), id
+                  LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+             ), dead AS (
+                SELECT id FROM $schema.tasks t
+                  WHERE status = 'failed'
+                    AND failed_at < now() - make_interval(secs => $3)
+                    AND {keeps_workflow}
+                  ORDER BY failed_at, id
+                  LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+             ), doomed AS (
+                SELECT id FROM done UNION ALL SELECT id FROM dead
              ), tasks_gone AS (
                 DELETE FROM $schema.tasks t USING doomed d WHERE t.id = d.id
-                RETURNING 'task:' || t.id AS resource
+                RETURNING t.id, 'task:' || t.id AS resource, t.workflow_id
              ), events_gone AS (
                 DELETE FROM $schema.lease_events e USING tasks_gone g WHERE e.resource = g.resource RETURNING 1
+             ), edges_gone AS (
+                DELETE FROM $schema.task_parents p USING tasks_gone g WHERE p.task_id = g.id
+             ), workflows_gone AS (
+                DELETE FROM $schema.workflows w
+                 WHERE w.id IN (SELECT workflow_id FROM tasks_gone)
+                   AND NOT EXISTS (SELECT 1 FROM $schema.tasks u
+                                    WHERE u.workflow_id = w.id
+                                      AND u.id NOT IN (SELECT id FROM tasks_gone))
              )
-             SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM events_gone)",
-            older_than,
+             SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM events_gone)"),
+            retention.finished,
             batch,
+            Some(retention.failed),
             &[Table::Tasks, Table::LeaseEvents],
         )
         .await
@@ -257,6 +324,7 @@ pub async fn prune_leases(
              SELECT count(*) FROM gone",
                 older_than,
                 batch,
+                None,
                 &[Table::Leases],
             )
             .await
@@ -367,7 +435,8 @@ async fn prune_oldest(
              )
              SELECT count(*) FROM gone"
             );
-            in_pruning_transaction(conn, schema, &statement, older_than, batch, &[table]).await
+            in_pruning_transaction(conn, schema, &statement, older_than, batch, None, &[table])
+                .await
         }
         .await
     )
@@ -443,7 +512,8 @@ async fn prune_unseen(
              )
              SELECT count(*) FROM gone"
             );
-            in_pruning_transaction(conn, schema, &statement, older_than, batch, &[table]).await
+            in_pruning_transaction(conn, schema, &statement, older_than, batch, None, &[table])
+                .await
         }
         .await
     )

@@ -32,7 +32,7 @@
 //! control::cancel(&mut conn, &schema, 42, "ops@example").await?;
 //! control::retry(&mut conn, &schema, 42, "ops@example").await?;
 //! // Every failed task of one kind, in batches; answers how many.
-//! let filter = TaskFilter { status: TaskStatus::Failed, kind: Some("email".into()), queue: None, data: None };
+//! let filter = TaskFilter { status: TaskStatus::Failed, kind: Some("email".into()), queue: None, data: None, error_group: None };
 //! let n = control::retry_matching(&pool, &schema, &filter, "ops@example").await?;
 //! # let _ = n; Ok(()) }
 //! ```
@@ -108,12 +108,23 @@ pub struct TaskFilter {
     pub queue: Option<String>,
     /// Only tasks whose data contains this object (`task_data @> data`).
     pub data: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Only tasks whose `last_error` reads as this group
+    /// ([`FailedGroup::error_group`](crate::queue::failed::FailedGroup)):
+    /// "retry these" of the dead letters' summary.
+    pub error_group: Option<String>,
 }
 
 impl TaskFilter {
     /// Refuses a status the action does not apply to (cancel a processed
     /// task, retry a pending one) with [`TaskError::BadInput`].
     pub fn check(&self, action: Action) -> Result<(), TaskError> {
+        if let Some(group) = &self.error_group
+            && (group.contains('\0') || group.chars().count() > 200)
+        {
+            return Err(TaskError::BadInput(
+                "error_group must be at most 200 characters, none of them NUL".into(),
+            ));
+        }
         if action.applies_to().contains(&self.status) {
             return Ok(());
         }
@@ -426,6 +437,7 @@ pub async fn apply_matching(
                   WHERE status = '{status}'
                     AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
                     AND ($3::jsonb IS NULL OR task_data @> $3)
+                    AND ($4::text IS NULL OR $schema.task_error_group(last_error) = $4)
                     {free_key}
                   ORDER BY id LIMIT {BATCH}
                   FOR UPDATE SKIP LOCKED) pick
@@ -470,6 +482,7 @@ pub async fn apply_matching(
             .bind(filter.kind.as_deref())
             .bind(filter.queue.as_deref())
             .bind(data.as_ref())
+            .bind(filter.error_group.as_deref())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| key_taken(e, "a task of this batch cannot be retried"))?;
@@ -480,12 +493,15 @@ pub async fn apply_matching(
                     "SELECT EXISTS (SELECT 1 FROM $schema.tasks WHERE status = '{}'
                                    AND ($1::text IS NULL OR kind = $1)
                                    AND ($2::text IS NULL OR queue = $2)
-                                   AND ($3::jsonb IS NULL OR task_data @> $3))",
+                                   AND ($3::jsonb IS NULL OR task_data @> $3)
+                                   AND ($4::text IS NULL
+                                        OR $schema.task_error_group(last_error) = $4))",
                     filter.status.as_str()
                 ))
                 .bind(filter.kind.as_deref())
                 .bind(filter.queue.as_deref())
                 .bind(data.as_ref())
+                .bind(filter.error_group.as_deref())
                 .fetch_one(&mut *conn)
                 .await?;
             if !left || retries >= LOCKED_RETRIES {

@@ -6,6 +6,7 @@
 mod attempt;
 #[cfg(feature = "postgres")]
 pub mod control;
+pub mod failed;
 pub mod queue_limits;
 pub mod queues;
 #[cfg(feature = "postgres")]

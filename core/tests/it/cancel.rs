@@ -163,6 +163,7 @@ async fn a_bulk_cancel_reaches_every_handler() {
         kind: Some("long".into()),
         queue: None,
         data: None,
+        error_group: None,
     };
     let n = control::cancel_matching(&db.pool, &Schema::default(), &filter, "ops")
         .await

@@ -10,6 +10,7 @@ mod batch;
 mod bouncer;
 mod cancel;
 mod common;
+mod dead_letters;
 mod fenced;
 mod functions;
 mod host;

@@ -372,6 +372,7 @@ async fn exactly_one_replica_runs_the_job_and_another_takes_over() {
         retry: Duration::from_millis(100),
         interval: Duration::from_millis(50),
         retention: HOUR,
+        failed_retention: HOUR,
         batch: 100,
         rescue_interval: Duration::from_millis(50),
     };
@@ -765,4 +766,96 @@ async fn queues_without_tasks_are_pruned_except_paused_ones_and_an_enqueue_in_fl
     .await
     .unwrap();
     assert_eq!(names(pool).await, ["busy", "held", "later", "lonely"]);
+}
+
+#[tokio::test]
+async fn failed_tasks_outlive_processed_ones_by_their_own_retention() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let (done, dead) = (processed(pool).await, failed(pool).await);
+    finished_ago(pool, done, 2 * HOUR).await;
+    finished_ago(pool, dead, 2 * HOUR).await;
+    let kept = leasekeeper_core::maintenance::Retention::new(HOUR, 3 * HOUR);
+    let pruned = prune_once(pool, kept, 100, || true).await.unwrap();
+    assert_eq!(pruned.tasks, 1);
+    assert_eq!(
+        rows_of(pool, done).await[0],
+        0,
+        "the processed task is gone"
+    );
+    assert_eq!(rows_of(pool, dead).await[0], 1, "the failed one is kept");
+    finished_ago(pool, dead, 2 * HOUR).await;
+    let pruned = prune_once(pool, kept, 100, || true).await.unwrap();
+    assert_eq!((pruned.tasks, rows_of(pool, dead).await[0]), (1, 0));
+    // A failed retention below the other is raised to it.
+    assert_eq!(
+        leasekeeper_core::maintenance::Retention::new(3 * HOUR, HOUR).failed,
+        3 * HOUR
+    );
+}
+
+#[tokio::test]
+async fn a_workflow_is_pruned_only_once_every_task_of_it_finished() {
+    use leasekeeper_core::workflow::{NewWorkflow, WorkflowTask, store as flows};
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let step = |r: &str| WorkflowTask::new(r, NewTask::new("s", json!({})));
+    let flow = flows::enqueue_workflow(
+        &mut pool.acquire().await.unwrap(),
+        &Default::default(),
+        &NewWorkflow::new("w")
+            .task(step("a"))
+            .task(step("b").after(["a"])),
+    )
+    .await
+    .unwrap();
+    let (a, b) = (flow.tasks[0].id, flow.tasks[1].id);
+    let token = claim(pool, a, "w").await;
+    tasks::complete(
+        &mut pool.acquire().await.unwrap(),
+        &Default::default(),
+        a,
+        &holder("w"),
+        token,
+        Some(&json!("out")),
+    )
+    .await
+    .unwrap();
+    finished_ago(pool, a, 2 * HOUR).await;
+    // b is pending: a stays, old as it is.
+    let pruned = prune_once(pool, HOUR, 100, || true).await.unwrap();
+    assert_eq!(pruned.tasks, 0);
+    let token = claim(pool, b, "w").await;
+    tasks::complete(
+        &mut pool.acquire().await.unwrap(),
+        &Default::default(),
+        b,
+        &holder("w"),
+        token,
+        None,
+    )
+    .await
+    .unwrap();
+    // Now finished: a goes (old enough), b stays (young), the workflow too.
+    let pruned = prune_once(pool, HOUR, 100, || true).await.unwrap();
+    assert_eq!(pruned.tasks, 1);
+    let edges: i64 = sqlx::query_scalar("SELECT count(*) FROM task_parents")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(edges, 1, "b's edge stays with b");
+    finished_ago(pool, b, 2 * HOUR).await;
+    let pruned = prune_once(pool, HOUR, 100, || true).await.unwrap();
+    assert_eq!(pruned.tasks, 1);
+    let left: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM task_parents), (SELECT count(*) FROM workflows)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        left,
+        (0, 0),
+        "the edges and the workflow go with the last task"
+    );
 }

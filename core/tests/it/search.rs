@@ -213,6 +213,7 @@ async fn a_bulk_action_with_a_data_filter_changes_exactly_what_the_list_shows() 
         kind: search.kind.clone(),
         queue: None,
         data: search.data.clone(),
+        error_group: None,
     };
     let n = control::cancel_matching(&db.pool, &schema, &filter, "test")
         .await

@@ -19,6 +19,7 @@ fn cancelled_syncs() -> control::TaskFilter {
         kind: Some("sync".into()),
         queue: None,
         data: None,
+        error_group: None,
     }
 }
 

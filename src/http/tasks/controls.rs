@@ -194,6 +194,10 @@ pub struct FilterBody<S> {
     /// numbers within ±1e300 (refused with 400 naming `data` otherwise).
     #[schema(schema_with = data_filter)]
     data: Option<serde_json::Map<String, Value>>,
+    /// Only tasks whose error reads as this group: an `error_group` of
+    /// `GET /api/tasks/failed/summary` (at most 200 characters, no NUL).
+    #[schema(max_length = 200, pattern = "^[^\\x00]*$")]
+    error_group: Option<String>,
 }
 
 /// The schema of [`FilterBody`]'s `data`: an object whose keys hold no NUL
@@ -227,6 +231,7 @@ impl<S: Into<TaskStatus>> FilterBody<S> {
             kind: self.kind,
             queue: self.queue,
             data: self.data,
+            error_group: self.error_group,
         }
     }
 }

@@ -27,6 +27,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/tasks/started", get(reads::list_started))
         .route("/api/tasks/processed", get(reads::list_processed))
         .route("/api/tasks/failed", get(reads::list_failed))
+        .route("/api/tasks/failed/summary", get(reads::failed_summary))
         .route("/api/tasks/next", post(work::claim_next))
         .route("/api/tasks/{id}", get(reads::get_one))
         .route("/api/tasks/{id}/heartbeat", put(work::heartbeat))

@@ -174,3 +174,22 @@ pub(super) async fn events(
         page,
     ))
 }
+
+/// `GET /api/tasks/failed/summary`: the dead letters, grouped.
+#[utoipa::path(
+    get,
+    path = "/api/tasks/failed/summary",
+    tag = "tasks",
+    summary = "Failed tasks, grouped",
+    description = "The failed tasks grouped by kind, queue and error (its `error_group`: numbers read `<n>`, UUIDs `<uuid>`, hex `<hex>`, the first 200 characters), the largest groups first (at most 200): each with its count, its oldest and newest failure and one error as written. `POST /api/tasks/retry` with `status: failed` and a group's `kind`, `queue` and `error_group` retries that group. Failed tasks are kept by their own retention (`LEASEKEEPER_FAILED_RETENTION_SECS`, 30 days by default).",
+    responses(
+        (status = 200, description = "The groups, largest first", body = [leasekeeper_core::queue::failed::FailedGroup]),
+    )
+)]
+pub(super) async fn failed_summary(
+    State(s): State<AppState>,
+) -> Result<Json<Vec<leasekeeper_core::queue::failed::FailedGroup>>, AppError> {
+    Ok(Json(crate::reads::read!(s, |c| {
+        leasekeeper_core::queue::failed::summary(c, s.schema()).await
+    })?))
+}
