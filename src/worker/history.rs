@@ -36,6 +36,9 @@ pub enum OpKind {
     Heartbeat,
     Complete,
     Fail,
+    /// The claim ended waiting for a signal (`Done::wait_for`): like a
+    /// completion, its belief ends when the answer arrives.
+    Wait,
     /// The worker stopped trusting its claim without a write (its local
     /// deadline passed, or its session stream broke): its belief ends
     /// here. Always `ok`, sent and returned at the same instant.
@@ -215,15 +218,16 @@ impl<T: Transport> Transport for Recorded<T> {
         self.inner.snooze(claim, delay).await
     }
 
-    // Not recorded, as a snooze: the checker reads the waits it asked for
-    // from the database (`waiting` and `signalled` rows of lease_events).
     async fn wait_for(
         &self,
         claim: ClaimRef<'_>,
         signal: &str,
         timeout: Duration,
     ) -> Result<(), TransportError> {
-        self.inner.wait_for(claim, signal, timeout).await
+        let sent = now_ms();
+        let result = self.inner.wait_for(claim, signal, timeout).await;
+        self.record_write(claim, OpKind::Wait, sent, &result);
+        result
     }
 
     fn gave_up(&self, worker: &Holder, claim: &Claim) {

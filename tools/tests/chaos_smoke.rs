@@ -5,7 +5,8 @@
 //! invariant breaks; here we also read its JSON report: every fault kind
 //! was injected, no task lost or done twice, no stale write accepted, every
 //! refusal recorded, every tick fired once and in time, the queue's limits
-//! held and reached, the races real.
+//! held and reached, workflows ran in order and cascaded, waiting tasks
+//! were signalled once, the races real.
 //! Its own test binary, so it runs alone.
 
 use leasekeeper_tools::testing;
@@ -62,8 +63,22 @@ fn a_quick_chaos_round_breaks_no_invariant() {
         "limits_over_max_started",
         "limits_over_max_per_key",
         "limits_over_bucket",
+        "workflow_children_claimed_early",
+        "workflow_children_not_cascaded",
+        "workflow_edges_miscounted",
+        "waits_signals_wrong",
     ] {
         assert_eq!(totals[zero], 0, "{zero}:\n{stdout}");
+    }
+    // Workflows ran (a diamond every 3 s, a third of them cascading) and
+    // tasks waited for signals that reached them through the faults.
+    for some in [
+        "workflows",
+        "workflow_children_cascaded",
+        "waits",
+        "waits_signalled",
+    ] {
+        assert!(totals[some].as_u64().unwrap_or(0) >= 3, "{some}:\n{stdout}");
     }
     // The schedule ticked through the whole round (a tick a second), and
     // the faults hit its holder (killed and paused at least).

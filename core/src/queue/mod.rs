@@ -209,7 +209,9 @@ pub struct Task {
     #[serde(default)]
     pub parent_outputs: Option<serde_json::Value>,
     /// The signal it waits for, when its handler asked to wait for one
-    /// ([`crate::worker::handler::Done::wait_for`]).
+    /// ([`crate::worker::handler::Done::wait_for`]); on a task no longer
+    /// waiting, the one its last wait timed out waiting for (a signal
+    /// clears it).
     #[serde(default)]
     pub wait_signal: Option<String>,
     /// When its wait ends without the signal (it is pending again then).

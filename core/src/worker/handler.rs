@@ -67,6 +67,10 @@ pub struct Job {
     /// with their payloads (empty when none came: its wait timed out, or it
     /// never waited).
     pub signals: serde_json::Map<String, Value>,
+    /// The signal its last wait timed out waiting for, when it did: then
+    /// the signal is not in [`signals`](Self::signals) and the handler
+    /// decides without it.
+    pub wait_timed_out: Option<String>,
 }
 
 impl Job {
@@ -162,10 +166,8 @@ impl Done {
     ///     match job.signals.get("approval") {
     ///         Some(answer) if answer["approved"] == true => Ok(Done::empty()),
     ///         Some(_) => Err("a person said no".into()),
-    ///         None if job.attempt == 1 && job.signals.is_empty() => {
-    ///             Ok(Done::wait_for("approval", Duration::from_secs(24 * 3600)))
-    ///         }
-    ///         None => Err("nobody approved it within a day".into()),
+    ///         None if job.wait_timed_out.is_some() => Err("nobody approved it within a day".into()),
+    ///         None => Ok(Done::wait_for("approval", Duration::from_secs(24 * 3600))),
     ///     }
     /// }
     /// ```

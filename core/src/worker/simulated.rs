@@ -10,6 +10,12 @@
 //! number the attempt fails with an error naming the field, so a malformed
 //! task ends `failed` after its attempts instead of being guessed at.
 //!
+//! With `wait_for` (a signal's name), the work first waits for that
+//! signal ([`Done::wait_for`], at most `wait_seconds`, 60 by default, 1 to
+//! 3600), then sleeps; its output names the signals it got and the one it
+//! gave up waiting for. The fault harness runs such tasks and signals them
+//! during its faults.
+//!
 //! Ticks are scheduled on the monotonic clock from the start of the work:
 //! a worker frozen by a pause catches up on the missed ticks at once when
 //! it resumes, as a process frozen mid-work would find its timers overdue.
@@ -61,8 +67,38 @@ pub fn handlers(chaos: &ChaosSettings) -> Handlers {
     Handlers::new().register(KIND, handler(chaos.clone()))
 }
 
+/// The signal `task_data` asks to wait for first, and for how long at most.
+pub fn wait_for(task_data: &Value) -> Result<Option<(String, Duration)>, String> {
+    let Some(name) = task_data.get("wait_for") else {
+        return Ok(None);
+    };
+    let Some(name) = name.as_str() else {
+        return Err(format!(
+            "task_data.wait_for must be a signal's name, got {name}"
+        ));
+    };
+    let secs = match task_data.get("wait_seconds") {
+        None | Some(Value::Null) => 60.0,
+        Some(v) => match v.as_f64() {
+            Some(s) if s.is_finite() && (1.0..=3600.0).contains(&s) => s,
+            _ => {
+                return Err(format!(
+                    "task_data.wait_seconds must be from 1 to 3600, got {v}"
+                ));
+            }
+        },
+    };
+    Ok(Some((name.to_string(), Duration::from_secs_f64(secs))))
+}
+
 async fn work(job: Job, ctx: TaskContext, mut chaos: Chaos) -> HandlerResult {
     let plan = sleep_duration(&job.data)?;
+    if let Some((signal, timeout)) = wait_for(&job.data)?
+        && !job.signals.contains_key(&signal)
+        && job.wait_timed_out.is_none()
+    {
+        return Ok(Done::wait_for(signal, timeout));
+    }
     let mut left = plan;
     let mut ticks: u32 = 0;
     let mut next_tick = Instant::now() + left.min(TICK);
@@ -83,11 +119,18 @@ async fn work(job: Job, ctx: TaskContext, mut chaos: Chaos) -> HandlerResult {
         }
         next_tick += left.min(TICK);
     }
-    Ok(Done::output(json!({
+    let mut output = json!({
         "worker": ctx.worker(),
         "ticks": ticks,
         "slept_seconds": plan.as_secs_f64(),
-    })))
+    });
+    if !job.signals.is_empty() {
+        output["signals"] = Value::Object(job.signals.clone());
+    }
+    if let Some(gave_up) = &job.wait_timed_out {
+        output["wait_timed_out"] = json!(gave_up);
+    }
+    Ok(Done::output(output))
 }
 
 #[cfg(test)]

@@ -64,6 +64,8 @@ pub struct Claim {
     pub parent_outputs: serde_json::Map<String, Value>,
     /// The signals it got while waiting, by name (empty when none).
     pub signals: serde_json::Map<String, Value>,
+    /// The signal its last wait timed out waiting for, if it did.
+    pub wait_timed_out: Option<String>,
 }
 
 /// The claim a write to a claimed task presents: whose it is, and which
@@ -222,6 +224,7 @@ impl Claim {
             fencing_token: self.token,
             parent_outputs: self.parent_outputs.clone(),
             signals: self.signals.clone(),
+            wait_timed_out: self.wait_timed_out.clone(),
         }
     }
 
@@ -238,6 +241,9 @@ impl Claim {
             timeout: ms(task.timeout_ms.map(i64::from)),
             parent_outputs: object(task.parent_outputs),
             signals: object(task.signals),
+            // A claimed task's `wait_signal` is left only by a wait that
+            // timed out (a signal clears it).
+            wait_timed_out: task.wait_signal,
         }
     }
 }

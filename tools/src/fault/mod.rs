@@ -71,6 +71,7 @@ pub mod race;
 mod report;
 mod rig;
 mod schedule;
+pub mod workflows;
 
 pub use ha::Replication;
 pub use inject::FaultKind;
@@ -461,6 +462,7 @@ async fn one_round(
         let faults = measure(&pool, faults, &history).await?;
         checks.schedule = schedule::check(&pool, declared, paused, &faults, &setup.timing).await?;
         checks.limits = limits::check(&pool).await?;
+        checks.workflows = workflows::check(&pool).await?;
         let late = late(&faults, &setup.timing);
         anyhow::Ok(RoundResult {
             faults,
@@ -543,6 +545,25 @@ async fn faults_phase(
                 } else {
                     Vec::new()
                 };
+                // Every 3 s a diamond, one in three with a branch that
+                // fails for good; between them a task that waits for a
+                // signal (see `workflows.rs`).
+                if n.is_multiple_of(workflows::EVERY) {
+                    let k = n / workflows::EVERY;
+                    let flow = workflows::diamond(k, k % 3 == 2, &mut rng);
+                    ids.extend(workflows::enqueue(&pool, &schema, &flow).await);
+                } else if n % workflows::EVERY == workflows::EVERY / 2 {
+                    if let Ok(mut conn) = pool.acquire().await
+                        && let Ok(task) =
+                            store::enqueue(&mut conn, &schema, &workflows::waiting()).await
+                    {
+                        ids.push(task.id);
+                    }
+                }
+                // Twice a second, `go` to every task waiting for it.
+                if n.is_multiple_of(3) {
+                    workflows::signal_waiting(&pool, &schema).await;
+                }
                 // Mostly short work; one task in five long enough that a
                 // holder paused near its end is still being worked on by
                 // the worker that took it over when the paused one wakes.
@@ -678,11 +699,15 @@ async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) -> Option<DateTime
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
-        let open: Option<i64> =
-            sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status IN ('pending', 'started')")
-                .fetch_one(pool)
-                .await
-                .ok();
+        // The tasks still waiting for their signal get it (and a workflow's
+        // children wait for their parents, who are among the open tasks).
+        workflows::signal_waiting(pool, schema).await;
+        let open: Option<i64> = sqlx::query_scalar(
+            "SELECT count(*) FROM tasks WHERE status IN ('pending', 'started', 'waiting')",
+        )
+        .fetch_one(pool)
+        .await
+        .ok();
         if open == Some(0) && generator_live(pool).await == Some(false) {
             break;
         }

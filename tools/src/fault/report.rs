@@ -449,6 +449,18 @@ pub(super) fn report(
         "limits_over_max_per_key": sum(&|c| c.limits.over_max_per_key.len()),
         "limits_over_bucket": sum(&|c| c.limits.over_bucket.len()),
     });
+    // The workflows and durable waits (issue 40).
+    let workflows = json!({
+        "workflows": sum(&|c| c.workflows.workflows),
+        "workflow_edges": sum(&|c| c.workflows.edges),
+        "workflow_children_cascaded": sum(&|c| c.workflows.cascaded),
+        "workflow_children_claimed_early": sum(&|c| c.workflows.early.len()),
+        "workflow_children_not_cascaded": sum(&|c| c.workflows.not_cascaded.len()),
+        "workflow_edges_miscounted": sum(&|c| c.workflows.miscounted.len()),
+        "waits": sum(&|c| c.workflows.waited),
+        "waits_signalled": sum(&|c| c.workflows.signalled),
+        "waits_signals_wrong": sum(&|c| c.workflows.signals_wrong.len()),
+    });
     let mut report = json!({
         "seed": seed,
         "rounds": rounds,
@@ -500,6 +512,9 @@ pub(super) fn report(
     {
         totals.extend(schedule);
         totals.extend(limits);
+        if let Value::Object(workflows) = workflows {
+            totals.extend(workflows);
+        }
     }
     report
 }

@@ -165,7 +165,9 @@ pub async fn signal(
 
 /// Makes pending the waiting tasks whose wait for a signal timed out (up
 /// to `batch`), without the signal: their handler finds it missing from
-/// `signals` and decides. Answers how many. Run by the rescuer's pass
+/// `signals`, and the signal it waited for in
+/// [`Job::wait_timed_out`](crate::worker::handler::Job::wait_timed_out)
+/// (the task keeps `wait_signal` and `wait_until`), and decides. Answers how many. Run by the rescuer's pass
 /// (every `rescue_interval`), so a timeout takes effect within that long.
 pub async fn resume_timed_out(
     conn: &mut PgConnection,
@@ -187,8 +189,7 @@ pub async fn resume_timed_out(
                        FOR UPDATE SKIP LOCKED
                  )
                  UPDATE $schema.tasks t
-                    SET status = 'pending', scheduled_at = t.wait_until,
-                        wait_signal = NULL, wait_until = NULL
+                    SET status = 'pending', scheduled_at = t.wait_until
                    FROM due
                   WHERE t.id = due.id AND t.status = 'waiting'",
             )

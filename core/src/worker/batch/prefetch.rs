@@ -625,6 +625,7 @@ mod tests {
             timeout: None,
             parent_outputs: Default::default(),
             signals: Default::default(),
+            wait_timed_out: None,
         };
         Waiting::claimed(claim, Instant::now(), Duration::from_secs(30))
     }

@@ -191,6 +191,7 @@ fn claim(task_id: i64, token: i64, data: Value, remaining: Duration) -> Claim {
         timeout: None,
         parent_outputs: Default::default(),
         signals: Default::default(),
+        wait_timed_out: None,
     }
 }
 

@@ -106,10 +106,12 @@ pub(super) fn holders_believed_at_once(
             // abandons the task and stops), or its own completion or
             // failure report, ends the belief when its answer arrives (if
             // before the deadline).
+            // So does a wait for a signal, which ends the claim as a
+            // completion does.
             // So does its giving up without a write (its session stream
             // broke: its instance may be ending the claim at once).
             (_, Outcome::Refused | Outcome::Unauthorized)
-            | (OpKind::Complete | OpKind::Fail | OpKind::GaveUp, Outcome::Ok) => {
+            | (OpKind::Complete | OpKind::Fail | OpKind::Wait | OpKind::GaveUp, Outcome::Ok) => {
                 if let Some(b) = beliefs.get_mut(&key) {
                     b.1 = b.1.min(op.returned_ms);
                 }

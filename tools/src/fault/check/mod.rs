@@ -114,6 +114,8 @@ pub struct Checks {
     pub schedule: schedule::ScheduleChecks,
     /// The limited queue's limits (filled in by the harness).
     pub limits: limits::LimitChecks,
+    /// The workflows and durable waits (filled in by the harness).
+    pub workflows: crate::fault::workflows::WorkflowChecks,
 }
 
 impl Checks {
@@ -170,6 +172,7 @@ impl Checks {
         }
         out.extend(self.schedule.violations());
         out.extend(self.limits.violations());
+        out.extend(self.workflows.violations());
         out
     }
 }
@@ -234,7 +237,13 @@ pub async fn check(
     }
 
     let tasks: Vec<TaskRow> = sqlx::query_as(
-        "SELECT id, status, attempts, max_attempts, processor, fencing_token, created_at,
+        "SELECT id,
+                -- A workflow's child its parent's failure cancelled: ended as
+                -- it must (the workflow check says whether rightly).
+                CASE WHEN status = 'cancelled' AND workflow_id IS NOT NULL
+                          AND last_error LIKE 'cancelled: parent %' THEN 'cascaded'
+                     ELSE status END,
+                attempts, max_attempts, processor, fencing_token, created_at,
                 (task_data->>'generator_token')::bigint
            FROM tasks ORDER BY id",
     )
@@ -308,6 +317,8 @@ pub async fn check(
                 }
             }
             "failed" if attempts >= max_attempts => c.failed_after_max += 1,
+            // Counted and checked by `workflows::check`.
+            "cascaded" => {}
             _ => c.lost.push(*id),
         }
         if let Some(gt) = generator_token {
