@@ -552,13 +552,12 @@ async fn faults_phase(
                     let k = n / workflows::EVERY;
                     let flow = workflows::diamond(k, k % 3 == 2, &mut rng);
                     ids.extend(workflows::enqueue(&pool, &schema, &flow).await);
-                } else if n % workflows::EVERY == workflows::EVERY / 2 {
-                    if let Ok(mut conn) = pool.acquire().await
-                        && let Ok(task) =
-                            store::enqueue(&mut conn, &schema, &workflows::waiting()).await
-                    {
-                        ids.push(task.id);
-                    }
+                } else if n % workflows::EVERY == workflows::EVERY / 2
+                    && let Ok(mut conn) = pool.acquire().await
+                    && let Ok(task) =
+                        store::enqueue(&mut conn, &schema, &workflows::waiting()).await
+                {
+                    ids.push(task.id);
                 }
                 // Twice a second, `go` to every task waiting for it.
                 if n.is_multiple_of(3) {
