@@ -702,7 +702,9 @@ fn outcome_badge(outcome: AttemptOutcome) -> &'static str {
             "bg-red-100 text-red-800"
         }
         AttemptOutcome::TakenOver | AttemptOutcome::Cancelled => "bg-amber-100 text-amber-800",
-        AttemptOutcome::GivenBack | AttemptOutcome::Snoozed => "bg-slate-200 text-slate-700",
+        AttemptOutcome::GivenBack | AttemptOutcome::Snoozed | AttemptOutcome::Waited => {
+            "bg-slate-200 text-slate-700"
+        }
     }
 }
 
