@@ -231,7 +231,8 @@ pub fn heartbeat_view(ms: Option<i64>, ttl_ms: i64) -> (String, Band) {
     (format!("{:.1} s left", ms as f64 / 1000.0), band)
 }
 
-fn status_badge(status: TaskStatus) -> &'static str {
+/// A task status's badge colours.
+pub(super) fn status_badge(status: TaskStatus) -> &'static str {
     match status {
         TaskStatus::Pending => "bg-slate-200 text-slate-700",
         TaskStatus::Started => "bg-sky-100 text-sky-800",
@@ -239,6 +240,21 @@ fn status_badge(status: TaskStatus) -> &'static str {
         TaskStatus::Failed => "bg-red-100 text-red-800",
         TaskStatus::Cancelled => "bg-amber-100 text-amber-800",
         TaskStatus::Waiting => "bg-violet-100 text-violet-800",
+    }
+}
+
+/// The same hues for a task drawn in SVG (a workflow's graph): the shape's
+/// fill and stroke, and the status text's fill. Written out, not derived
+/// from [`status_badge`]: tailwind generates only classes it finds whole in
+/// the source.
+pub(super) fn status_node(status: TaskStatus) -> (&'static str, &'static str) {
+    match status {
+        TaskStatus::Pending => ("fill-slate-200 stroke-slate-400", "fill-slate-700"),
+        TaskStatus::Started => ("fill-sky-100 stroke-sky-400", "fill-sky-800"),
+        TaskStatus::Processed => ("fill-emerald-100 stroke-emerald-400", "fill-emerald-800"),
+        TaskStatus::Failed => ("fill-red-100 stroke-red-400", "fill-red-800"),
+        TaskStatus::Cancelled => ("fill-amber-100 stroke-amber-400", "fill-amber-800"),
+        TaskStatus::Waiting => ("fill-violet-100 stroke-violet-400", "fill-violet-800"),
     }
 }
 
