@@ -351,34 +351,36 @@ impl Dag {
             })
             .collect();
         let mut layer: Vec<Option<usize>> = vec![None; tasks.len()];
+        let mut open = vec![false; tasks.len()];
         for i in 0..tasks.len() {
-            depth(i, &parents, &mut layer, &mut vec![false; tasks.len()]);
+            depth(i, &parents, &mut layer, &mut open);
         }
         let layer: Vec<usize> = layer.into_iter().map(Option::unwrap_or_default).collect();
         let rows = layer.iter().max().map_or(0, |m| m + 1);
         // Each row in the order of the mean place of its tasks' parents in
         // the row above (fewer crossings), ties by id order.
         let mut place = vec![0.0_f64; tasks.len()];
-        let mut by_row: Vec<Vec<usize>> = vec![Vec::new(); rows];
-        for row in 0..rows {
-            let mut members: Vec<(f64, usize)> = (0..tasks.len())
-                .filter(|&i| layer[i] == row)
-                .map(|i| {
-                    let ps = &parents[i];
-                    let mean = if ps.is_empty() {
-                        i as f64
-                    } else {
-                        ps.iter().map(|&p| place[p]).sum::<f64>() / ps.len() as f64
-                    };
-                    (mean, i)
-                })
-                .collect();
-            members.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            for (k, &(_, i)) in members.iter().enumerate() {
-                place[i] = k as f64;
-            }
-            by_row[row] = members.into_iter().map(|(_, i)| i).collect();
-        }
+        let by_row: Vec<Vec<usize>> = (0..rows)
+            .map(|row| {
+                let mut members: Vec<(f64, usize)> = (0..tasks.len())
+                    .filter(|&i| layer[i] == row)
+                    .map(|i| {
+                        let ps = &parents[i];
+                        let mean = if ps.is_empty() {
+                            i as f64
+                        } else {
+                            ps.iter().map(|&p| place[p]).sum::<f64>() / ps.len() as f64
+                        };
+                        (mean, i)
+                    })
+                    .collect();
+                members.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                for (k, &(_, i)) in members.iter().enumerate() {
+                    place[i] = k as f64;
+                }
+                members.into_iter().map(|(_, i)| i).collect()
+            })
+            .collect();
         let widest = by_row.iter().map(Vec::len).max().unwrap_or(0) as i32;
         let span = |n: i32| (n * (NODE_W + GAP_X) - GAP_X).max(0);
         let width = span(widest) + 2 * PAD;
