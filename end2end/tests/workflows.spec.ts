@@ -221,3 +221,23 @@ test("a workflow that does not exist says so", async ({ page }) => {
   await page.goto("/workflows/987654321");
   await expect(page.getByTestId("workflow-missing")).toHaveText("No workflow with id 987654321.");
 });
+
+test.describe("before hydration (JavaScript off)", () => {
+  test.use({ javaScriptEnabled: false });
+
+  test("the server draws the graph, and Cancel workflow works as a link and a plain form", async ({ page, request }) => {
+    const kind = unique();
+    const flow = await diamond(request, kind);
+    await page.goto("/workflows");
+    await expect(page.locator(`[data-testid="workflow-row"][data-workflow-id="${flow.id}"]`)).toHaveCount(1);
+    await page.goto(`/workflows/${flow.id}`);
+    await expect(page.getByTestId("dag-node")).toHaveCount(4);
+    await expect(page.getByTestId("dag-edge")).toHaveCount(4);
+    await page.getByTestId("workflow-cancel").click();
+    await page.getByTestId("workflow-cancel-confirmed").click();
+    await page.waitForURL(new RegExp(`/workflows/${flow.id}`));
+    await expect(page.getByTestId("workflow-detail-status")).toHaveText("cancelled");
+    await expect(page.locator('[data-testid="dag-node"][data-status="cancelled"]')).toHaveCount(4);
+    expect((await (await request.get(`/api/workflows/${flow.id}`)).json()).status).toBe("cancelled");
+  });
+});
