@@ -43,7 +43,8 @@ pub use workers::{
     ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
 };
 pub use workflows::{
-    CancelWorkflow, WorkflowPage, WorkflowsPage, cancel_workflow, get_workflow, get_workflows,
+    CancelWorkflow, GetWorkflow, GetWorkflows, WorkflowPage, WorkflowsPage, cancel_workflow,
+    get_workflow, get_workflows,
 };
 
 use leptos::prelude::*;
