@@ -48,7 +48,21 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
   const task = await (
     await request.post("/api/tasks", { data: { task_data: { sleep_duration_seconds: 0.1, note: "x".repeat(400) } } })
   ).json();
-  for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/queues", "/instances", "/audit"]) {
+  // A workflow whose graph is wider than the phone (three tasks side by
+  // side): it scrolls in its own box. Its tasks have a kind no worker runs.
+  const wfKind = `phone-wf-${Date.now()}`;
+  const flow = await (
+    await request.post("/api/workflows", {
+      data: {
+        name: "phone",
+        tasks: [
+          { ref: "root", kind: wfKind, task_data: {} },
+          ...["left", "middle", "right"].map((ref) => ({ ref, kind: wfKind, task_data: {}, depends_on: ["root"] })),
+        ],
+      },
+    })
+  ).json();
+  for (const path of ["/", "/leases", `/leases?id=${lease.id}`, "/tasks", `/tasks?id=${task.id}`, "/workers", "/queues", "/instances", "/audit", "/workflows", `/workflows/${flow.id}`]) {
     await page.goto(path);
     await expect(page.getByTestId("live-status")).toHaveAttribute("data-state", "live");
     await expectNoSidewaysScroll(page);
@@ -72,6 +86,16 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
   await expect(page.getByTestId("task-bulk-confirm")).toBeVisible();
   await expectNoSidewaysScroll(page);
   await expectControlsOnScreen(page, '[data-testid="task-bulk-confirmed"], [data-testid="task-bulk-keep"]');
+
+  // The workflow's cancel and its confirmation are in reach; then it is
+  // cancelled, so its tasks do not stay pending.
+  await page.goto(`/workflows/${flow.id}`);
+  await expectControlsOnScreen(page, '[data-testid="workflow-cancel"]');
+  await page.getByTestId("workflow-cancel").click();
+  await expect(page.getByTestId("workflow-cancel-confirm")).toBeVisible();
+  await expectNoSidewaysScroll(page);
+  await expectControlsOnScreen(page, '[data-testid="workflow-cancel-confirmed"], [data-testid="workflow-cancel-keep"]');
+  expect((await request.post(`/api/workflows/${flow.id}/cancel`)).status()).toBe(200);
 
   // Spawned only now, so it claims no task the checks above look at.
   const worker: { id: string } = await (await request.post("/api/workers")).json();

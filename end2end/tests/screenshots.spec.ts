@@ -2,7 +2,7 @@ import { test } from "../support/test";
 import path from "node:path";
 
 // Not a test: refreshes the screenshots of the README and docs/dashboard.md from a running dashboard.
-//   SCREENSHOTS=1 SHOT_TASK=<id> SHOT_LEASE=<id> LEPTOS_SITE_ADDR=127.0.0.1:3010 npx playwright test tests/screenshots.spec.ts
+//   SCREENSHOTS=1 SHOT_TASK=<id> SHOT_LEASE=<id> SHOT_WORKFLOW=<id> LEPTOS_SITE_ADDR=127.0.0.1:3010 npx playwright test tests/screenshots.spec.ts
 // (run against `leasekeeper-tools cluster` with the generator started, so the
 // pages have something to show). Skipped unless SCREENSHOTS is set.
 
@@ -14,6 +14,7 @@ const pages: [string, string][] = [
   ["workers", "/workers"],
   ["schedules", "/schedules"],
   ["queues", "/queues"],
+  ["workflow", `/workflows/${process.env.SHOT_WORKFLOW ?? "1"}`],
   ["instances", "/instances"],
   ["audit", "/audit"],
 ];

@@ -15,6 +15,7 @@ mod tasks;
 pub mod time;
 pub mod widgets;
 mod workers;
+mod workflows;
 
 pub use access::{Access, GetAccess, SignIn, SignOut, get_access, sign_in, sign_out};
 pub use audit::{AuditPage, GetAudit, get_audit};
@@ -41,11 +42,15 @@ pub use tasks::{
 pub use workers::{
     ControlWorker, SpawnWorker, WorkersPage, control_worker, get_workers, spawn_worker,
 };
+pub use workflows::{
+    CancelWorkflow, GetWorkflow, GetWorkflows, WorkflowPage, WorkflowsPage, cancel_workflow,
+    get_workflow, get_workflows,
+};
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{Route, Router, Routes};
-use leptos_router::{SsrMode, StaticSegment};
+use leptos_router::{ParamSegment, SsrMode, StaticSegment};
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -130,6 +135,7 @@ pub fn App() -> impl IntoView {
                         <a href="/leases" class="hover:text-slate-900" data-testid="nav-leases">"Leases"</a>
                         <a href="/tasks" class="hover:text-slate-900" data-testid="nav-tasks">"Tasks"</a>
                         <a href="/workers" class="hover:text-slate-900" data-testid="nav-workers">"Workers"</a>
+                        <a href="/workflows" class="hover:text-slate-900" data-testid="nav-workflows">"Workflows"</a>
                         <a href="/queues" class="hover:text-slate-900" data-testid="nav-queues">"Queues"</a>
                         <a href="/schedules" class="hover:text-slate-900" data-testid="nav-schedules">"Schedules"</a>
                         <a href="/instances" class="hover:text-slate-900" data-testid="nav-instances">"Instances"</a>
@@ -147,6 +153,8 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("leases") view=LeasesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("tasks") view=TasksPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("workers") view=WorkersPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("workflows") view=WorkflowsPage ssr=SsrMode::Async/>
+                    <Route path=(StaticSegment("workflows"), ParamSegment("id")) view=WorkflowPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("queues") view=QueuesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("schedules") view=SchedulesPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("instances") view=InstancesPage ssr=SsrMode::Async/>

@@ -15,6 +15,7 @@ use crate::error::parse_id;
 use leasekeeper_core::queue::{
     Attempt, AttemptOutcome, TaskAction, TaskDetail, TaskPage, TaskSearch, TaskStatus,
 };
+use leasekeeper_core::workflow::{Link, TaskLinks};
 use leptos::either::{Either, EitherOf3};
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
@@ -53,9 +54,20 @@ pub async fn get_tasks(
     .map_err(super::context::refused)
 }
 
-/// Task `id` with its lease history; `None` when there is no such task.
+/// A task's detail and, for a task in a workflow, its parents and children.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TaskView {
+    /// The task, its lease history and its attempts.
+    #[serde(flatten)]
+    pub detail: TaskDetail,
+    /// Its neighbours in its workflow (both empty outside one).
+    pub links: TaskLinks,
+}
+
+/// Task `id` with its lease history and its place in its workflow; `None`
+/// when there is no such task.
 #[server(prefix = "/sfn")]
-pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
+pub async fn get_task_detail(id: i64) -> Result<Option<TaskView>, AppError> {
     use leasekeeper_core::lease::store as leases;
     use leasekeeper_core::queue::store;
     crate::error::check_id(id)?;
@@ -72,10 +84,18 @@ pub async fn get_task_detail(id: i64) -> Result<Option<TaskDetail>, AppError> {
         )
         .await?;
         let attempts = store::attempts(&mut *conn, state.schema(), id).await?;
-        Ok(Some(TaskDetail {
-            task,
-            history,
-            attempts,
+        let links = if task.workflow_id.is_some() {
+            leasekeeper_core::workflow::store::links(&mut *conn, state.schema(), id).await?
+        } else {
+            TaskLinks::default()
+        };
+        Ok(Some(TaskView {
+            detail: TaskDetail {
+                task,
+                history,
+                attempts,
+            },
+            links,
         }))
     })
     .map_err(super::context::refused)
@@ -232,7 +252,8 @@ pub fn heartbeat_view(ms: Option<i64>, ttl_ms: i64) -> (String, Band) {
     (format!("{:.1} s left", ms as f64 / 1000.0), band)
 }
 
-fn status_badge(status: TaskStatus) -> &'static str {
+/// A task status's badge colours.
+pub(super) fn status_badge(status: TaskStatus) -> &'static str {
     match status {
         TaskStatus::Pending => "bg-slate-200 text-slate-700",
         TaskStatus::Started => "bg-sky-100 text-sky-800",
@@ -240,6 +261,21 @@ fn status_badge(status: TaskStatus) -> &'static str {
         TaskStatus::Failed => "bg-red-100 text-red-800",
         TaskStatus::Cancelled => "bg-amber-100 text-amber-800",
         TaskStatus::Waiting => "bg-violet-100 text-violet-800",
+    }
+}
+
+/// The same hues for a task drawn in SVG (a workflow's graph): the shape's
+/// fill and stroke, and the status text's fill. Written out, not derived
+/// from [`status_badge`]: tailwind generates only classes it finds whole in
+/// the source.
+pub(super) fn status_node(status: TaskStatus) -> (&'static str, &'static str) {
+    match status {
+        TaskStatus::Pending => ("fill-slate-200 stroke-slate-400", "fill-slate-700"),
+        TaskStatus::Started => ("fill-sky-100 stroke-sky-400", "fill-sky-800"),
+        TaskStatus::Processed => ("fill-emerald-100 stroke-emerald-400", "fill-emerald-800"),
+        TaskStatus::Failed => ("fill-red-100 stroke-red-400", "fill-red-800"),
+        TaskStatus::Cancelled => ("fill-amber-100 stroke-amber-400", "fill-amber-800"),
+        TaskStatus::Waiting => ("fill-violet-100 stroke-violet-400", "fill-violet-800"),
     }
 }
 
@@ -341,7 +377,7 @@ pub fn TasksPage() -> impl IntoView {
             {move || Suspend::new(async move {
                 match detail.await {
                     Ok(None) => EitherOf3::A(()),
-                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <TaskDetailView detail=d one/> }),
+                    Ok(Some(Ok(d))) => EitherOf3::B(view! { <TaskDetailView view=d one/> }),
                     Ok(Some(Err(id))) => EitherOf3::C(view! {
                         <Notice kind="warn" testid="task-detail-missing" text=format!("No task with id {id}.")/>
                     }),
@@ -616,7 +652,8 @@ fn TaskTable(page: TaskPage, one: ServerAction<ControlTask>) -> impl IntoView {
 }
 
 #[component]
-fn TaskDetailView(detail: TaskDetail, one: ServerAction<ControlTask>) -> impl IntoView {
+fn TaskDetailView(view: TaskView, one: ServerAction<ControlTask>) -> impl IntoView {
+    let TaskView { detail, links } = view;
     let task = detail.task;
     view! {
         <section class="mt-4 rounded border border-indigo-200 bg-white p-4" data-testid="task-detail">
@@ -654,10 +691,83 @@ fn TaskDetailView(detail: TaskDetail, one: ServerAction<ControlTask>) -> impl In
                     </dd></div>
                 })}
             </dl>
+            <WorkflowPlace task=task.clone() links/>
+            <SignalWait task=task.clone()/>
             <AttemptsTable attempts=detail.attempts/>
             <HistoryList history=detail.history/>
         </section>
     }
+}
+
+/// A task's place in its workflow: the workflow, its ref, its parents and
+/// children (each linked, with its status), what a parent's failure does
+/// to it, and the outputs its processed parents handed it. Nothing for a
+/// task outside a workflow.
+#[component]
+fn WorkflowPlace(task: leasekeeper_core::queue::Task, links: TaskLinks) -> impl IntoView {
+    let flow = task.workflow_id?;
+    let neighbours = |links: Vec<Link>, testid: &'static str| {
+        if links.is_empty() {
+            return Either::Left(view! { <span class="text-slate-500">"none"</span> });
+        }
+        Either::Right(view! {
+            <ul class="inline-flex flex-wrap gap-x-3 gap-y-1">
+                {links.into_iter().map(|l| {
+                    let status = l.status.map(|s| s.as_str()).unwrap_or("deleted");
+                    view! {
+                        <li data-testid=testid data-task-id=l.id data-ref=l.r#ref.clone() data-status=status>
+                            <a class="font-mono text-indigo-700 underline" href=format!("/tasks?id={}", l.id)>{format!("{} (task {})", l.r#ref, l.id)}</a>
+                            " "
+                            <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", l.status.map(status_badge).unwrap_or("text-slate-500"))>{status}</span>
+                        </li>
+                    }
+                }).collect_view()}
+            </ul>
+        })
+    };
+    Some(view! {
+        <h3 class="mt-3 text-sm font-semibold text-slate-700">"Workflow"</h3>
+        <dl class="mt-1 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2" data-testid="detail-workflow-place">
+            <div><dt class="inline text-slate-500">"workflow "</dt><dd class="inline">
+                <a class="text-indigo-700 underline" href=format!("/workflows/{flow}") data-testid="detail-workflow">{format!("workflow {flow}")}</a>
+                <span class="font-mono">{task.workflow_ref.clone().map(|r| format!(", as {r}"))}</span>
+            </dd></div>
+            <div><dt class="inline text-slate-500">"if a parent fails "</dt><dd class="inline font-mono" data-testid="detail-on-parent-failure">
+                {task.on_parent_failure.clone().unwrap_or_else(|| "— (no parents)".to_string())}
+            </dd></div>
+            <div><dt class="inline text-slate-500">"parents "</dt><dd class="inline" data-testid="detail-parents">
+                {neighbours(links.parents, "detail-parent")}
+                {(task.parents_left > 0).then(|| format!(" ({} not ended yet)", task.parents_left))}
+            </dd></div>
+            <div><dt class="inline text-slate-500">"children "</dt><dd class="inline" data-testid="detail-children">{neighbours(links.children, "detail-child")}</dd></div>
+            <div class="min-w-0 break-all sm:col-span-2"><dt class="inline text-slate-500">"parent outputs "</dt><dd class="inline font-mono" data-testid="detail-parent-outputs">
+                {task.parent_outputs.as_ref().map(|o| o.to_string()).unwrap_or_default()}
+            </dd></div>
+        </dl>
+    })
+}
+
+/// The signal a task waits for (and until when), and the signals it got.
+/// Nothing for a task that never waited for one.
+#[component]
+fn SignalWait(task: leasekeeper_core::queue::Task) -> impl IntoView {
+    (task.wait_signal.is_some() || task.signals.is_some()).then(|| view! {
+        <h3 class="mt-3 text-sm font-semibold text-slate-700">"Signals"</h3>
+        <dl class="mt-1 grid grid-cols-1 gap-x-6 gap-y-1 text-sm sm:grid-cols-2" data-testid="detail-signal-wait">
+            {task.wait_signal.clone().map(|name| view! {
+                <div><dt class="inline text-slate-500">"waits for "</dt><dd class="inline font-mono" data-testid="detail-wait-signal">{name}</dd></div>
+                <div><dt class="inline text-slate-500">"until "</dt><dd class="inline tabular-nums" data-testid="detail-wait-until">
+                    {match task.wait_until {
+                        Some(at) => Either::Left(view! { <LocalTime at/> }),
+                        None => Either::Right("no time limit"),
+                    }}
+                </dd></div>
+            })}
+            <div class="min-w-0 break-all sm:col-span-2"><dt class="inline text-slate-500">"signals received "</dt><dd class="inline font-mono" data-testid="detail-signals">
+                {task.signals.as_ref().map(|o| o.to_string()).unwrap_or_else(|| "none yet".to_string())}
+            </dd></div>
+        </dl>
+    })
 }
 
 /// A task's attempts on record, oldest first: who held each claim, under
@@ -703,7 +813,9 @@ fn outcome_badge(outcome: AttemptOutcome) -> &'static str {
             "bg-red-100 text-red-800"
         }
         AttemptOutcome::TakenOver | AttemptOutcome::Cancelled => "bg-amber-100 text-amber-800",
-        AttemptOutcome::GivenBack | AttemptOutcome::Snoozed => "bg-slate-200 text-slate-700",
+        AttemptOutcome::GivenBack | AttemptOutcome::Snoozed | AttemptOutcome::Waited => {
+            "bg-slate-200 text-slate-700"
+        }
     }
 }
 

@@ -276,3 +276,90 @@ async fn the_failed_summary_groups_errors_and_retry_takes_one_group() {
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn the_pages_server_functions_read_workflows_and_cancel_one_only_for_the_operator() {
+    use axum::body::Body;
+    use axum::http::Method;
+    use leasekeeper::app::{CancelWorkflow, GetWorkflow, GetWorkflows};
+    use leptos::server_fn::ServerFn;
+    const TOKEN: &str = "an-admin-token-for-tests";
+    let api = Api::with_settings(|s| s.admin_token = Some(TOKEN.into())).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let (s, flow) = api
+        .send_with(
+            Method::POST,
+            "/api/workflows",
+            &[("authorization", &bearer)],
+            Body::from(diamond().to_string()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{flow}");
+    let id = flow["id"].as_i64().unwrap();
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let call = |path: &'static str, body: String, auth: bool| {
+        let api = &api;
+        let bearer = bearer.clone();
+        async move {
+            let mut headers = vec![form];
+            if auth {
+                headers.push(("authorization", bearer.as_str()));
+            }
+            let (s, bytes) = api
+                .send_bytes(Method::POST, path, &headers, Body::from(body))
+                .await;
+            (s, String::from_utf8_lossy(&bytes).into_owned())
+        }
+    };
+
+    // Reads are open: the list has it with its figures, the detail its tasks.
+    let (s, list) = call(<GetWorkflows as ServerFn>::PATH, String::new(), false).await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    let list: Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list["items"][0]["id"], id, "{list}");
+    assert_eq!(list["items"][0]["tasks"], 4, "{list}");
+    let (s, one) = call(<GetWorkflow as ServerFn>::PATH, format!("id={id}"), false).await;
+    assert_eq!(s, StatusCode::OK, "{one}");
+    let one: Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(one["tasks"].as_array().map(Vec::len), Some(4), "{one}");
+    let (s, none) = call(<GetWorkflow as ServerFn>::PATH, "id=424242".into(), false).await;
+    assert_eq!((s, none.as_str()), (StatusCode::OK, "null"));
+
+    // The cancel without the token: refused, nothing changed, nothing audited.
+    let (s, err) = call(
+        <CancelWorkflow as ServerFn>::PATH,
+        format!("id={id}"),
+        false,
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{err}");
+    assert!(err.contains("admin token"), "{err}");
+    let (_, now) = api.get(&format!("/api/workflows/{id}")).await;
+    assert_eq!(now["status"], "running");
+    let audited = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM lease_events e JOIN tasks t ON e.resource = 'task:' || t.id
+              WHERE t.workflow_id = $1 AND e.kind = 'operator'",
+        )
+        .bind(id)
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(audited().await, 0);
+
+    // With it: every task cancelled, each audited; a missing one is a 404.
+    let (s, said) = call(<CancelWorkflow as ServerFn>::PATH, format!("id={id}"), true).await;
+    assert_eq!(s, StatusCode::OK, "{said}");
+    assert!(
+        said.contains(&format!(
+            "workflow {id} is cancelled: 4 of its 4 tasks cancelled"
+        )),
+        "{said}"
+    );
+    let (_, now) = api.get(&format!("/api/workflows/{id}")).await;
+    assert_eq!(now["status"], "cancelled");
+    assert_eq!(audited().await, 4);
+    let (s, err) = call(<CancelWorkflow as ServerFn>::PATH, "id=424242".into(), true).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
+}

@@ -36,6 +36,10 @@ text_enum! {
         /// worker stopped mid-task, or has no handler for the task's kind.
         /// A failed attempt, retried after the backoff.
         Interrupted = "interrupted",
+        /// Its handler put the task to wait for a signal (a durable wait):
+        /// the attempt is not counted, and the task is claimed again once
+        /// the signal comes or the wait times out.
+        Waited = "waited",
     }
 }
 

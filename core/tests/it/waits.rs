@@ -119,6 +119,15 @@ async fn a_wait_survives_a_restart_and_a_signal_resumes_it_once() {
             .await
             .unwrap();
     assert_eq!(outcomes, ["waited", "completed"]);
+    // Read back as the API and the task page read them.
+    let attempts = store::attempts(&mut conn, &schema, task.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(),
+        [
+            leasekeeper_core::queue::AttemptOutcome::Waited,
+            leasekeeper_core::queue::AttemptOutcome::Completed
+        ]
+    );
     let history: Vec<String> = sqlx::query_scalar(
         "SELECT kind FROM lease_events WHERE resource = $1 AND kind IN ('waiting', 'signalled')
           ORDER BY id",
