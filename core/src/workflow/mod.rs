@@ -51,6 +51,10 @@ use std::collections::HashMap;
 /// The most tasks one workflow holds.
 pub const MAX_WORKFLOW_TASKS: usize = 1000;
 
+/// The most edges (a task's parent, counted once per child) one workflow
+/// holds.
+pub const MAX_WORKFLOW_EDGES: usize = 10_000;
+
 /// The longest workflow name and task ref, in characters.
 pub const MAX_REF_CHARS: usize = 128;
 
@@ -175,7 +179,8 @@ impl NewWorkflow {
     }
 
     /// Checks the workflow: its name; 1 to [`MAX_WORKFLOW_TASKS`] tasks,
-    /// each valid ([`NewTask::validate`]) and without a unique key; refs
+    /// each valid ([`NewTask::validate`]) and without a unique key; at most
+    /// [`MAX_WORKFLOW_EDGES`] dependencies in all; refs
     /// well formed and unique; every parent a ref of the workflow, named
     /// once, not the task itself; no cycle. The error names the field as
     /// the REST body does (`tasks[2].depends_on: …`).
@@ -202,6 +207,12 @@ impl NewWorkflow {
                     "tasks[{i}].unique_key: a workflow's tasks take no unique key"
                 ));
             }
+        }
+        let edges: usize = self.tasks.iter().map(|t| t.depends_on.len()).sum();
+        if edges > MAX_WORKFLOW_EDGES {
+            return Err(format!(
+                "tasks: a workflow has at most {MAX_WORKFLOW_EDGES} dependencies in all, not {edges}"
+            ));
         }
         for (i, t) in self.tasks.iter().enumerate() {
             let mut seen = std::collections::HashSet::new();

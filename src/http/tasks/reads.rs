@@ -117,7 +117,7 @@ pub(super) async fn get_one(State(s): State<AppState>, Id(id): Id) -> Result<Jso
     path = "/api/tasks/{id}/attempts",
     tag = "tasks",
     summary = "A task's attempts",
-    description = "Every attempt of the task on record, oldest first: its number, the processor that held the claim, the claim's fencing token, when it was claimed and ended, its outcome (`running`, `completed`, `failed`, `taken_over`, `cancelled`, `timed_out`, `snoozed`, `given_back` (claimed ahead and given back unstarted, no attempt used), `interrupted` (its worker stopped mid-task; the attempt is spent)) and the error it ended with. Empty for a task never claimed; pruned with the task.",
+    description = "Every attempt of the task on record, oldest first: its number, the processor that held the claim, the claim's fencing token, when it was claimed and ended, its outcome (`running`, `completed`, `failed`, `taken_over`, `cancelled`, `timed_out`, `snoozed`, `given_back` (claimed ahead and given back unstarted, no attempt used), `interrupted` (its worker stopped mid-task; the attempt is spent), `waited` (its handler waited for a signal; the attempt is not counted)) and the error it ended with. Empty for a task never claimed; pruned with the task.",
     params(TaskIdPath),
     responses(
         (status = 200, description = "The attempts, oldest first", body = [Attempt]),
