@@ -520,3 +520,62 @@ async fn the_links_name_parents_and_children() {
     assert_eq!((listed.items[0].tasks, listed.items[0].processed), (4, 0));
     assert_eq!(listed.items[0].status, WorkflowStatus::Running);
 }
+
+#[tokio::test]
+async fn a_parent_whose_holder_died_is_taken_over_and_its_child_runs_once_after() {
+    // The parent's holder stops (as after kill -9: no completion, no
+    // release) and its lease runs out; a second worker takes the parent
+    // over and completes it. The child is claimable only after that
+    // completion, and runs once.
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let flow = enqueue(
+        &db,
+        &NewWorkflow::new("crash")
+            .task(WorkflowTask::new("p", NewTask::new("step", json!({})).max_attempts(3)))
+            .task(step("c").after(["p"])),
+    )
+    .await;
+    let id = ids(&flow);
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first = store::claim_next(
+        &mut conn,
+        &schema,
+        &holder("dead"),
+        Duration::from_millis(200),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(first.id, id["p"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taken = store::claim_next(&mut conn, &schema, &holder("heir"), TTL)
+        .await
+        .unwrap()
+        .expect("the parent, taken over");
+    assert_eq!(taken.id, id["p"], "the late parent, not its child");
+    assert!(taken.fencing_token > first.fencing_token);
+    // The dead holder's completion, arriving late, is refused.
+    let late = store::complete(
+        &mut conn,
+        &schema,
+        first.id,
+        &holder("dead"),
+        first.fencing_token.unwrap(),
+        None,
+    )
+    .await;
+    assert!(matches!(late, Err(TaskError::Stale { .. })), "{late:?}");
+    assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Waiting);
+    complete(&db, &taken, "heir", json!("heir's")).await;
+    let child = claim_all(&db, "w").await;
+    assert_eq!(refs(&child), ["c"]);
+    assert_eq!(child[0].parent_outputs, Some(json!({"p": "heir's"})));
+    complete(&db, &child[0], "w", json!(null)).await;
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1")
+        .bind(id["c"])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+}

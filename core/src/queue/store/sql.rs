@@ -22,7 +22,12 @@ use super::TASK_COLUMNS;
 /// is claimable when it is pending and due, or late (started, its deadline
 /// passed) with an attempt left; and its queue is not paused ([`RUNNING`]).
 /// A late task that used its attempts is never claimed: the rescuer fails
-/// it ([`crate::queue::rescuer`]). A queue with limits is claimed by
+/// it ([`crate::queue::rescuer`]). A task `waiting` (for its workflow's
+/// parents, or for a signal) is neither pending nor started, so no claim
+/// takes it: a workflow's child is made pending only by the statement
+/// that ends its last parent (the tasks trigger `tasks_parents_ended`,
+/// [`crate::workflow`]), and a wait only by its signal or its timeout.
+/// A queue with limits is claimed by
 /// [`limited_claim`] alone: this statement claims nothing of it
 /// ([`RUNNING`]).
 ///
