@@ -79,17 +79,7 @@ pub(super) async fn enqueue(
         .workflow(simulated::KIND, default_attempts)
         .map_err(AppError::BadRequest)?;
     let mut conn = s.pool.acquire().await?;
-    // The cap on queues as an enqueue has it (SET LOCAL: it ends with the
-    // transaction).
-    let mut tx = sqlx::Connection::begin_with(
-        &mut *conn,
-        format!(
-            "BEGIN; SET LOCAL {} = {}",
-            leasekeeper_core::queue::queues::MAX_QUEUES_SETTING,
-            s.settings.max_queues
-        ),
-    )
-    .await?;
+    let mut tx = super::tasks::enqueue::capped(&s, &mut conn).await?;
     let stored = flows::enqueue_workflow(&mut tx, s.schema(), &flow).await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(stored)))

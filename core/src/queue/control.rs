@@ -141,7 +141,7 @@ impl TaskFilter {
 /// heartbeat or completion never waits long behind a bulk action.
 pub const BATCH: i64 = 500;
 
-/// Cancels task `id` (pending or started) on behalf of `by`; see the
+/// Cancels task `id` (pending, waiting or started) on behalf of `by`; see the
 /// module. [`TaskError::NotFound`] when there is no such task,
 /// [`TaskError::Stale`] (a conflict) when it is in another status.
 pub async fn cancel(
@@ -378,7 +378,7 @@ fn key_taken(e: sqlx::Error, what: &str) -> TaskError {
     }
 }
 
-/// Cancels every task matching `filter` (which must be pending or started
+/// Cancels every task matching `filter` (which must be pending, waiting or started
 /// tasks), in batches of [`BATCH`], each its own transaction, on behalf of
 /// `by`. Answers how many were cancelled.
 pub async fn cancel_matching(

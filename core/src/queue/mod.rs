@@ -88,10 +88,13 @@ impl TaskAction {
         }
     }
 
-    /// Those statuses in words: `pending or started`.
+    /// Those statuses in words: `pending, waiting or started`.
     pub fn applies_text(self) -> String {
         let names: Vec<&str> = self.applies_to().iter().map(|s| s.as_str()).collect();
-        names.join(" or ")
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
     }
 
     /// The action that applies to a task in `status`, if any (none for a
@@ -518,7 +521,14 @@ mod action_tests {
                 .unwrap_err()
                 .contains("cancel, retry or release")
         );
-        assert_eq!(TaskAction::Cancel.applies_text(), "pending or started");
+        assert_eq!(
+            TaskAction::for_status(TaskStatus::Waiting),
+            Some(TaskAction::Cancel)
+        );
+        assert_eq!(
+            TaskAction::Cancel.applies_text(),
+            "pending, waiting or started"
+        );
         // A started task's second action: its claim released.
         assert_eq!(TaskAction::Release.applies_text(), "started");
     }

@@ -54,7 +54,7 @@ pub async fn enqueue_workflow(
             &on_failure,
         )
         .await
-        .map_err(queue_cap)?;
+        .map_err(crate::queue::store::queue_cap)?;
         let by_ref: HashMap<&str, i64> = refs.iter().map(String::as_str).zip(ids.iter().copied()).collect();
         let (mut child, mut parent, mut parent_ref) = (Vec::new(), Vec::new(), Vec::new());
         for (t, &task_id) in workflow.tasks.iter().zip(&ids) {
@@ -83,18 +83,6 @@ pub async fn enqueue_workflow(
         Ok(stored)
     }
     .await)
-}
-
-/// The queue cap's refusal as its own error, as an enqueue says it.
-fn queue_cap(e: TaskError) -> TaskError {
-    match e {
-        TaskError::Db(sqlx::Error::Database(db))
-            if db.code().as_deref() == Some(crate::queue::queues::TOO_MANY_QUEUES_SQLSTATE) =>
-        {
-            TaskError::QueueCap(db.message().to_string())
-        }
-        e => e,
-    }
 }
 
 /// Workflow `id` with its tasks (by id) and their parents' refs; `None`

@@ -532,7 +532,10 @@ async fn a_parent_whose_holder_died_is_taken_over_and_its_child_runs_once_after(
     let flow = enqueue(
         &db,
         &NewWorkflow::new("crash")
-            .task(WorkflowTask::new("p", NewTask::new("step", json!({})).max_attempts(3)))
+            .task(WorkflowTask::new(
+                "p",
+                NewTask::new("step", json!({})).max_attempts(3),
+            ))
             .task(step("c").after(["p"])),
     )
     .await;
@@ -578,4 +581,93 @@ async fn a_parent_whose_holder_died_is_taken_over_and_its_child_runs_once_after(
         .await
         .unwrap();
     assert_eq!(runs, 1);
+}
+
+/// The last parent's end wakes an idle worker as an enqueue does: a
+/// worker whose poll is a minute long (so only an announcement wakes it)
+/// starts the child within a second of the parent's completion, made
+/// elsewhere (the tasks trigger sends the announcement). Alone, this fails
+/// when the end is not announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_parent_s_end_wakes_an_idle_worker() {
+    use leasekeeper_core::live::LiveHub;
+    use leasekeeper_core::queue::ClaimFilter;
+    use leasekeeper_core::queue::wake::WorkSignal;
+    use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
+    use leasekeeper_core::worker::handler::{Done, Handlers, Job, TaskContext};
+    use leasekeeper_core::worker::in_process::InProcess;
+    use leasekeeper_core::worker::run::{Worker, WorkerConfig};
+    use std::sync::Arc;
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let handlers = Handlers::new().register("child", move |job: Job, _: TaskContext| {
+        let _ = started.send((job.id, tokio::time::Instant::now()));
+        async { Ok(Done::empty()) }
+    });
+    let minute = Duration::from_secs(60);
+    let config = WorkerConfig {
+        poll: minute..=minute,
+        ..WorkerConfig::new(TTL, Duration::from_secs(10))
+    };
+    let live = LiveHub::start(db.pool.clone());
+    let transport = InProcess::new(db.pool.clone(), TTL, Arc::from("wake-test"))
+        .serving(ClaimFilter::default().kinds(vec!["child".to_string()]));
+    let (worker, controls) = Worker::new(
+        holder("wake-w1"),
+        transport.clone(),
+        handlers,
+        config,
+        Chaos::from_os(ChaosSettings::off()),
+    );
+    let running = tokio::spawn(worker.waking_on(WorkSignal::new(&live)).run());
+    let flow = enqueue(
+        &db,
+        &NewWorkflow::new("wake")
+            .task(WorkflowTask::new("p", NewTask::new("parent", json!({}))))
+            .task(WorkflowTask::new("c", NewTask::new("child", json!({}))).after(["p"])),
+    )
+    .await;
+    // The enqueue woke the worker; it found nothing of its kind claimable.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        starts.try_recv().is_err(),
+        "the child started before its parent ended"
+    );
+    let mut conn = db.pool.acquire().await.unwrap();
+    let p = store::claim_next_in(
+        &mut conn,
+        &schema,
+        &holder("elsewhere"),
+        TTL,
+        &ClaimFilter::default().kinds(vec!["parent".to_string()]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    store::complete(
+        &mut conn,
+        &schema,
+        p.id,
+        &holder("elsewhere"),
+        p.fencing_token.unwrap(),
+        None,
+    )
+    .await
+    .unwrap();
+    let ended = tokio::time::Instant::now();
+    let (id, at) = tokio::time::timeout(Duration::from_secs(5), starts.recv())
+        .await
+        .expect("no start within 5 s of the parent's end")
+        .unwrap();
+    assert_eq!(id, ids(&flow)["c"]);
+    let took = at.saturating_duration_since(ended);
+    assert!(
+        took < Duration::from_secs(1),
+        "the child started {took:?} after its parent ended"
+    );
+    controls.stop();
+    running.await.unwrap();
+    transport.flush().await;
+    live.shutdown();
 }

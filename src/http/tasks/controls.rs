@@ -15,7 +15,7 @@ use leasekeeper_core::queue::{Task, TaskName, TaskStatus};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// `POST /api/tasks/{id}/cancel`: a pending or started task becomes
+/// `POST /api/tasks/{id}/cancel`: a pending, waiting or started task becomes
 /// cancelled (a started one's claim ends with it). 409 when it is in
 /// another status.
 #[utoipa::path(
@@ -143,6 +143,8 @@ pub enum CancelStatus {
     Pending,
     /// Claimed: the claim ends too.
     Started,
+    /// Waiting for its workflow's parents or for a signal.
+    Waiting,
 }
 
 impl From<CancelStatus> for TaskStatus {
@@ -150,6 +152,7 @@ impl From<CancelStatus> for TaskStatus {
         match status {
             CancelStatus::Pending => TaskStatus::Pending,
             CancelStatus::Started => TaskStatus::Started,
+            CancelStatus::Waiting => TaskStatus::Waiting,
         }
     }
 }

@@ -31,20 +31,29 @@ fn task_of(body: EnqueueBody, s: &AppState) -> Result<NewTask, String> {
 /// whole (409), and one naming only known queues pays nothing for the cap.
 async fn enqueue_capped(s: &AppState, tasks: &[NewTask]) -> Result<Vec<Enqueued>, AppError> {
     let mut conn = s.pool.acquire().await?;
-    // The cap and the transaction in one round trip (`SET LOCAL`: it ends
-    // with the transaction, so the pooled connection never carries it on).
-    let mut tx = sqlx::Connection::begin_with(
-        &mut *conn,
+    let mut tx = capped(s, &mut conn).await?;
+    let enqueued = store::enqueue_many(&mut tx, s.schema(), tasks).await?;
+    tx.commit().await?;
+    Ok(enqueued)
+}
+
+/// A transaction on `conn` under this server's cap on queues: the cap and
+/// the `BEGIN` in one round trip (`SET LOCAL`: it ends with the
+/// transaction, so the pooled connection never carries it on). Every
+/// enqueue of the REST API runs in one.
+pub(crate) async fn capped<'c>(
+    s: &AppState,
+    conn: &'c mut sqlx::PgConnection,
+) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, sqlx::Error> {
+    sqlx::Connection::begin_with(
+        conn,
         format!(
             "BEGIN; SET LOCAL {} = {}",
             leasekeeper_core::queue::queues::MAX_QUEUES_SETTING,
             s.settings.max_queues
         ),
     )
-    .await?;
-    let enqueued = store::enqueue_many(&mut tx, s.schema(), tasks).await?;
-    tx.commit().await?;
-    Ok(enqueued)
+    .await
 }
 
 #[utoipa::path(

@@ -117,7 +117,7 @@ pub async fn enqueue_many(
 }
 
 /// The queue cap's refusal (raised by the queues trigger) as its own error.
-fn queue_cap(e: TaskError) -> TaskError {
+pub(crate) fn queue_cap(e: TaskError) -> TaskError {
     match e {
         TaskError::Db(sqlx::Error::Database(db))
             if db.code().as_deref() == Some(crate::queue::queues::TOO_MANY_QUEUES_SQLSTATE) =>

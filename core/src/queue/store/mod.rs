@@ -78,11 +78,11 @@ mod wait;
 pub use attempts::attempts;
 pub use claim::{Claimed, claim_batch, claim_for, claim_next, claim_next_in};
 pub use complete::{Completion, complete, complete_all_of, complete_each};
-pub(crate) use enqueue::insert_workflow_tasks;
 pub use enqueue::{
     Enqueued, MAX_ENQUEUE_BATCH, MAX_UNIQUE_KEY_CHARS, UNIQUE_PERIODS, enqueue, enqueue_many,
     enqueue_outcome,
 };
+pub(crate) use enqueue::{insert_workflow_tasks, queue_cap};
 pub use fail::{MAX_ERROR_CHARS, MAX_SNOOZE, bounded_error, fail, fail_as, snooze};
 pub use fenced::FencedTransaction;
 pub use give_back::give_back_each;
