@@ -5,7 +5,7 @@
 
 use super::live::refresh_tick;
 use super::tasks::{status_badge, status_node};
-use super::time::{LocalTime, relative};
+use super::time::{Age, LocalTime};
 use super::widgets::{ActionOutcome, DataTable, Notice, Pager};
 use crate::error::{AppError, parse_id};
 use leasekeeper_core::paging::Paged;
@@ -83,17 +83,6 @@ fn WorkflowStatusPill(status: WorkflowStatus, testid: &'static str) -> impl Into
         <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", workflow_badge(status)) data-testid=testid>
             {status.as_str()}
         </span>
-    }
-}
-
-/// How long ago `at` was, by the browser's clock (nothing before hydration:
-/// the server's HTML has the time itself beside it).
-#[component]
-fn Age(at: chrono::DateTime<chrono::Utc>) -> impl IntoView {
-    let clock = use_context::<super::live::Live>().map(|l| l.clock);
-    move || {
-        let now = clock.map(|c| c.get()).unwrap_or(0.0);
-        (now > 0.0).then(|| relative(at.timestamp_millis() - now as i64))
     }
 }
 
