@@ -6,7 +6,7 @@
 
 use super::live::refresh_tick;
 use super::time::{Age, LocalTime};
-use super::widgets::{ActionOutcome, DataTable, Notice, controls_class};
+use super::widgets::{ActionOutcome, ConfirmBox, ConfirmButton, DataTable, Notice, controls_class};
 use crate::error::AppError;
 use leasekeeper_core::queue::TaskSearch;
 use leasekeeper_core::queue::failed::{FailedGroup, MAX_GROUPS};
@@ -168,22 +168,16 @@ fn GroupConfirm(
             .clone();
         let words = group_words(&group);
         Some(view! {
-            <div class="mt-3 rounded border border-amber-300 bg-amber-50 p-3 text-sm" role="alertdialog"
-                aria-label=format!("Retry the {words}?") data-testid="dead-letter-confirm">
-                <p class="break-words font-semibold">{format!("Retry the {words}, as many as there are when you confirm?")}</p>
-                <p class="mt-1">"They go back to pending with their attempts reset to 0, and workers claim them again. Other groups stay failed."</p>
-                <div class="mt-2 flex gap-2">
-                    <ActionForm action=retry>
-                        <input type="hidden" name="kind" value=group.kind.clone()/>
-                        <input type="hidden" name="queue" value=group.queue.clone()/>
-                        <input type="hidden" name="error_group" value=group.error_group.clone()/>
-                        <button type="submit" class="rounded bg-red-600 px-3 py-1 text-sm font-medium text-white hover:bg-red-700" data-testid="dead-letter-confirmed">
-                            "Retry them"
-                        </button>
-                    </ActionForm>
-                    <a href=here.get() class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid="dead-letter-keep">"Keep them"</a>
-                </div>
-            </div>
+            <ConfirmBox prefix="dead-letter" question=format!("Retry the {words}, as many as there are when you confirm?")
+                consequence="They go back to pending with their attempts reset to 0, and workers claim them again. Other groups stay failed."
+                keep=here.get()>
+                <ActionForm action=retry>
+                    <input type="hidden" name="kind" value=group.kind.clone()/>
+                    <input type="hidden" name="queue" value=group.queue.clone()/>
+                    <input type="hidden" name="error_group" value=group.error_group.clone()/>
+                    <ConfirmButton prefix="dead-letter" text="Retry them"/>
+                </ActionForm>
+            </ConfirmBox>
         })
     }
 }
