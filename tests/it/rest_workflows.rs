@@ -277,6 +277,27 @@ async fn the_failed_summary_groups_errors_and_retry_takes_one_group() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
 
+/// Calls the server function at `path` with the form `body`, as the
+/// operator when `bearer` is given: its status and its answer as text.
+async fn call_sfn(
+    api: &Api,
+    path: &str,
+    body: String,
+    bearer: Option<&str>,
+) -> (StatusCode, String) {
+    let mut headers = vec![("content-type", "application/x-www-form-urlencoded")];
+    headers.extend(bearer.map(|b| ("authorization", b)));
+    let (s, bytes) = api
+        .send_bytes(
+            axum::http::Method::POST,
+            path,
+            &headers,
+            axum::body::Body::from(body),
+        )
+        .await;
+    (s, String::from_utf8_lossy(&bytes).into_owned())
+}
+
 #[tokio::test]
 async fn the_pages_server_functions_read_workflows_and_cancel_one_only_for_the_operator() {
     use axum::body::Body;
@@ -296,20 +317,8 @@ async fn the_pages_server_functions_read_workflows_and_cancel_one_only_for_the_o
         .await;
     assert_eq!(s, StatusCode::CREATED, "{flow}");
     let id = flow["id"].as_i64().unwrap();
-    let form = ("content-type", "application/x-www-form-urlencoded");
     let call = |path: &'static str, body: String, auth: bool| {
-        let api = &api;
-        let bearer = bearer.clone();
-        async move {
-            let mut headers = vec![form];
-            if auth {
-                headers.push(("authorization", bearer.as_str()));
-            }
-            let (s, bytes) = api
-                .send_bytes(Method::POST, path, &headers, Body::from(body))
-                .await;
-            (s, String::from_utf8_lossy(&bytes).into_owned())
-        }
+        call_sfn(&api, path, body, auth.then_some(bearer.as_str()))
     };
 
     // Reads are open: the list has it with its figures, the detail its tasks.
@@ -421,20 +430,13 @@ async fn the_dead_letters_server_functions_group_failures_and_retry_one_group_on
         assert_eq!(f["status"], "failed");
         ids.push(t["id"].as_i64().unwrap());
     }
-    let form = ("content-type", "application/x-www-form-urlencoded");
     let call = |path: &'static str, body: &'static str, auth: bool| {
-        let api = &api;
-        let bearer = bearer.clone();
-        async move {
-            let mut headers = vec![form];
-            if auth {
-                headers.push(("authorization", bearer.as_str()));
-            }
-            let (s, bytes) = api
-                .send_bytes(Method::POST, path, &headers, Body::from(body))
-                .await;
-            (s, String::from_utf8_lossy(&bytes).into_owned())
-        }
+        call_sfn(
+            &api,
+            path,
+            body.to_string(),
+            auth.then_some(bearer.as_str()),
+        )
     };
     let statuses = || async {
         let mut all = Vec::new();
