@@ -97,6 +97,24 @@ test("every page fits a 390 px phone, with its controls in reach", async ({ page
   await expectControlsOnScreen(page, '[data-testid="workflow-cancel-confirmed"], [data-testid="workflow-cancel-keep"]');
   expect((await request.post(`/api/workflows/${flow.id}/cancel`)).status()).toBe(200);
 
+  // The dead letters: a group whose error is one long unbroken run, its
+  // Retry these and its confirmation in reach. Its kind no worker runs.
+  const dlKind = `phone-dlq-${Date.now()}`;
+  expect((await request.post("/api/tasks", { data: { task_data: {}, kind: dlKind, max_attempts: 1 } })).status()).toBe(201);
+  const claimed = await (await request.post("/api/tasks/next", { data: { processor: "phone", kinds: [dlKind] } })).json();
+  const failed = await request.put(`/api/tasks/${claimed.id}/fail`, {
+    data: { processor: "phone", fencing_token: claimed.fencing_token, error: "e".repeat(300) },
+  });
+  expect(failed.status()).toBe(200);
+  await page.goto(`/tasks?status=failed&kind=${dlKind}`);
+  await expect(page.getByTestId("dead-letter-row")).toHaveCount(1);
+  await expectNoSidewaysScroll(page);
+  await expectControlsOnScreen(page, '[data-testid="dead-letter-retry"]');
+  await page.getByTestId("dead-letter-retry").click();
+  await expect(page.getByTestId("dead-letter-confirm")).toBeVisible();
+  await expectNoSidewaysScroll(page);
+  await expectControlsOnScreen(page, '[data-testid="dead-letter-confirmed"], [data-testid="dead-letter-keep"]');
+
   // Spawned only now, so it claims no task the checks above look at.
   const worker: { id: string } = await (await request.post("/api/workers")).json();
   await page.goto("/workers");

@@ -4,6 +4,7 @@
 mod access;
 mod audit;
 pub mod context;
+mod failed;
 mod failover;
 mod instances;
 mod leases;
@@ -19,6 +20,9 @@ mod workflows;
 
 pub use access::{Access, GetAccess, SignIn, SignOut, get_access, sign_in, sign_out};
 pub use audit::{AuditPage, GetAudit, get_audit};
+pub use failed::{
+    DeadLetters, GetFailedGroups, RetryFailedGroup, get_failed_groups, retry_failed_group,
+};
 pub use failover::{
     OwnershipTimeline, Stopwatch, StopwatchView, TimelineOf, TimelineView, get_failovers,
     get_timeline,

@@ -308,12 +308,15 @@ pub fn TasksPage() -> impl IntoView {
             q.get("data").as_deref(),
         )
     });
+    // The dead letters show above the list of failed tasks.
+    let failed = Memo::new(move |_| filter.get() == "failed");
     let lookup = Memo::new(move |_| query.read().get("id").filter(|s| !s.trim().is_empty()));
     // `?confirm=cancel|retry`: asks before a bulk action on the filter.
     let confirm = Memo::new(move |_| query.read().get("confirm"));
     let tick = refresh_tick();
     let one = ServerAction::<ControlTask>::new();
     let all = ServerAction::<ControlTasks>::new();
+    let group = ServerAction::<super::failed::RetryFailedGroup>::new();
     let before = super::widgets::before_param();
     let tasks = Resource::new(
         move || {
@@ -323,6 +326,7 @@ pub fn TasksPage() -> impl IntoView {
                 tick.get(),
                 one.version().get(),
                 all.version().get(),
+                group.version().get(),
             )
         },
         |(search, before, ..)| async move {
@@ -372,6 +376,17 @@ pub fn TasksPage() -> impl IntoView {
         })/>
         <BulkControls search=Signal::derive(move || search.get().ok()) confirm=Signal::derive(move || confirm.get()) all/>
         <ActionOutcome last=one.value() prefix="task"/>
+        {move || failed.get().then(|| view! {
+            <super::failed::DeadLetters
+                search=Signal::derive(move || search.get().unwrap_or_default())
+                here=Signal::derive(move || {
+                    let mut search = search.get().unwrap_or_default();
+                    search.status = Some(TaskStatus::Failed);
+                    search_url(&search)
+                })
+                confirm=Signal::derive(move || confirm.get())
+                retry=group/>
+        })}
 
         <Transition fallback=|| view! { <p class="mt-4 text-sm text-slate-500">"Loading task…"</p> }>
             {move || Suspend::new(async move {

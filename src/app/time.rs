@@ -62,6 +62,17 @@ pub fn relative(ms: i64) -> String {
     }
 }
 
+/// How long ago `at` was, by the browser's clock (nothing before hydration:
+/// show the time itself beside it, as [`LocalTime`]).
+#[component]
+pub fn Age(at: chrono::DateTime<chrono::Utc>) -> impl IntoView {
+    let clock = use_context::<Live>().map(|l| l.clock);
+    move || {
+        let now = clock.map(|c| c.get()).unwrap_or(0.0);
+        (now > 0.0).then(|| relative(at.timestamp_millis() - now as i64))
+    }
+}
+
 /// A time shown in the viewer's local time zone once hydrated (UTC in the
 /// server's HTML), with the UTC instant in `datetime` and the tooltip.
 #[component]

@@ -193,6 +193,43 @@ pub fn ActionOutcome(
     }
 }
 
+/// An operator action's confirmation: `question` (also its label),
+/// `consequence`, the form that acts (`children`, an `ActionForm` holding a
+/// [`ConfirmButton`]) and "Keep them", a link to `keep`. Testids:
+/// `<prefix>-confirm`, `<prefix>-keep`.
+#[component]
+pub fn ConfirmBox(
+    prefix: &'static str,
+    question: String,
+    #[prop(into)] consequence: String,
+    keep: String,
+    children: Children,
+) -> impl IntoView {
+    let label = question.clone();
+    view! {
+        <div class="mt-3 rounded border border-amber-300 bg-amber-50 p-3 text-sm" role="alertdialog"
+            aria-label=label data-testid=format!("{prefix}-confirm")>
+            <p class="break-words font-semibold">{question}</p>
+            <p class="mt-1">{consequence}</p>
+            <div class="mt-2 flex gap-2">
+                {children()}
+                <a href=keep class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid=format!("{prefix}-keep")>"Keep them"</a>
+            </div>
+        </div>
+    }
+}
+
+/// The submit button of a [`ConfirmBox`]'s form. Testid:
+/// `<prefix>-confirmed`.
+#[component]
+pub fn ConfirmButton(prefix: &'static str, text: &'static str) -> impl IntoView {
+    view! {
+        <button type="submit" class="rounded bg-red-600 px-3 py-1 text-sm font-medium text-white hover:bg-red-700" data-testid=format!("{prefix}-confirmed")>
+            {text}
+        </button>
+    }
+}
+
 /// The classes of a table cell in column `header`: a `controls` column
 /// sticks to the right edge of the scrolling table, so on a phone its
 /// buttons stay on screen while the other columns scroll.

@@ -5,8 +5,8 @@
 
 use super::live::refresh_tick;
 use super::tasks::{status_badge, status_node};
-use super::time::{LocalTime, relative};
-use super::widgets::{ActionOutcome, DataTable, Notice, Pager};
+use super::time::{Age, LocalTime};
+use super::widgets::{ActionOutcome, ConfirmBox, ConfirmButton, DataTable, Notice, Pager};
 use crate::error::{AppError, parse_id};
 use leasekeeper_core::paging::Paged;
 use leasekeeper_core::queue::TaskStatus;
@@ -83,17 +83,6 @@ fn WorkflowStatusPill(status: WorkflowStatus, testid: &'static str) -> impl Into
         <span class=format!("rounded px-2 py-0.5 text-xs font-medium {}", workflow_badge(status)) data-testid=testid>
             {status.as_str()}
         </span>
-    }
-}
-
-/// How long ago `at` was, by the browser's clock (nothing before hydration:
-/// the server's HTML has the time itself beside it).
-#[component]
-fn Age(at: chrono::DateTime<chrono::Utc>) -> impl IntoView {
-    let clock = use_context::<super::live::Live>().map(|l| l.clock);
-    move || {
-        let now = clock.map(|c| c.get()).unwrap_or(0.0);
-        (now > 0.0).then(|| relative(at.timestamp_millis() - now as i64))
     }
 }
 
@@ -226,20 +215,14 @@ fn WorkflowView(
     let confirm = move || {
         (running && confirming.get()).then(|| {
             view! {
-                <div class="mt-3 rounded border border-amber-300 bg-amber-50 p-3 text-sm" role="alertdialog"
-                    aria-label="Cancel this workflow?" data-testid="workflow-cancel-confirm">
-                    <p class="font-semibold">{format!("Cancel the {unfinished} unfinished tasks of this workflow?")}</p>
-                    <p class="mt-1">"Pending and waiting tasks will never run; a started one's claim ends, and its worker has its next heartbeat and completion refused. Finished tasks stay as they are."</p>
-                    <div class="mt-2 flex gap-2">
-                        <ActionForm action=cancel>
-                            <input type="hidden" name="id" value=id/>
-                            <button type="submit" class="rounded bg-red-600 px-3 py-1 text-sm font-medium text-white hover:bg-red-700" data-testid="workflow-cancel-confirmed">
-                                "Cancel them"
-                            </button>
-                        </ActionForm>
-                        <a href=keep.clone() class="rounded bg-white px-3 py-1 text-sm ring-1 ring-slate-300 hover:bg-slate-100" data-testid="workflow-cancel-keep">"Keep them"</a>
-                    </div>
-                </div>
+                <ConfirmBox prefix="workflow-cancel" question=format!("Cancel the {unfinished} unfinished tasks of this workflow?")
+                    consequence="Pending and waiting tasks will never run; a started one's claim ends, and its worker has its next heartbeat and completion refused. Finished tasks stay as they are."
+                    keep=keep.clone()>
+                    <ActionForm action=cancel>
+                        <input type="hidden" name="id" value=id/>
+                        <ConfirmButton prefix="workflow-cancel" text="Cancel them"/>
+                    </ActionForm>
+                </ConfirmBox>
             }
         })
     };

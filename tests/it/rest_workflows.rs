@@ -277,6 +277,27 @@ async fn the_failed_summary_groups_errors_and_retry_takes_one_group() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
 
+/// Calls the server function at `path` with the form `body`, as the
+/// operator when `bearer` is given: its status and its answer as text.
+async fn call_sfn(
+    api: &Api,
+    path: &str,
+    body: String,
+    bearer: Option<&str>,
+) -> (StatusCode, String) {
+    let mut headers = vec![("content-type", "application/x-www-form-urlencoded")];
+    headers.extend(bearer.map(|b| ("authorization", b)));
+    let (s, bytes) = api
+        .send_bytes(
+            axum::http::Method::POST,
+            path,
+            &headers,
+            axum::body::Body::from(body),
+        )
+        .await;
+    (s, String::from_utf8_lossy(&bytes).into_owned())
+}
+
 #[tokio::test]
 async fn the_pages_server_functions_read_workflows_and_cancel_one_only_for_the_operator() {
     use axum::body::Body;
@@ -296,20 +317,8 @@ async fn the_pages_server_functions_read_workflows_and_cancel_one_only_for_the_o
         .await;
     assert_eq!(s, StatusCode::CREATED, "{flow}");
     let id = flow["id"].as_i64().unwrap();
-    let form = ("content-type", "application/x-www-form-urlencoded");
     let call = |path: &'static str, body: String, auth: bool| {
-        let api = &api;
-        let bearer = bearer.clone();
-        async move {
-            let mut headers = vec![form];
-            if auth {
-                headers.push(("authorization", bearer.as_str()));
-            }
-            let (s, bytes) = api
-                .send_bytes(Method::POST, path, &headers, Body::from(body))
-                .await;
-            (s, String::from_utf8_lossy(&bytes).into_owned())
-        }
+        call_sfn(&api, path, body, auth.then_some(bearer.as_str()))
     };
 
     // Reads are open: the list has it with its figures, the detail its tasks.
@@ -362,4 +371,151 @@ async fn the_pages_server_functions_read_workflows_and_cancel_one_only_for_the_o
     assert_eq!(audited().await, 4);
     let (s, err) = call(<CancelWorkflow as ServerFn>::PATH, "id=424242".into(), true).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
+}
+
+#[tokio::test]
+async fn the_dead_letters_server_functions_group_failures_and_retry_one_group_only_for_the_operator()
+ {
+    use axum::body::Body;
+    use axum::http::Method;
+    use leasekeeper::app::{GetFailedGroups, RetryFailedGroup};
+    use leptos::server_fn::ServerFn;
+    const TOKEN: &str = "an-admin-token-for-tests";
+    let api = Api::with_settings(|s| s.admin_token = Some(TOKEN.into())).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let authed = |method: Method, uri: String, body: Value| {
+        let api = &api;
+        let bearer = bearer.clone();
+        async move {
+            api.send_with(
+                method,
+                &uri,
+                &[("authorization", &bearer)],
+                Body::from(body.to_string()),
+            )
+            .await
+        }
+    };
+    // Two errors of one group, another error, and the first group's error
+    // on another kind (a group is its kind and queue too).
+    let mut ids = Vec::new();
+    for (kind, error) in [
+        ("charge", "timeout after 17 ms"),
+        ("charge", "timeout after 4242 ms"),
+        ("charge", "card declined"),
+        ("refund", "timeout after 5 ms"),
+    ] {
+        let (s, t) = authed(
+            Method::POST,
+            "/api/tasks".into(),
+            json!({"kind": kind, "task_data": {}, "max_attempts": 1}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{t}");
+        let (s, c) = authed(
+            Method::POST,
+            "/api/tasks/next".into(),
+            json!({"processor": "w-1", "kinds": [kind]}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{c}");
+        assert_eq!(c["id"], t["id"]);
+        let (s, f) = authed(
+            Method::PUT,
+            format!("/api/tasks/{}/fail", c["id"]),
+            json!({"processor": "w-1", "fencing_token": c["fencing_token"], "error": error}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{f}");
+        assert_eq!(f["status"], "failed");
+        ids.push(t["id"].as_i64().unwrap());
+    }
+    let call = |path: &'static str, body: &'static str, auth: bool| {
+        call_sfn(
+            &api,
+            path,
+            body.to_string(),
+            auth.then_some(bearer.as_str()),
+        )
+    };
+    let statuses = || async {
+        let mut all = Vec::new();
+        for id in &ids {
+            let (_, t) = api.get(&format!("/api/tasks/{id}")).await;
+            all.push(t["status"].as_str().unwrap_or_default().to_string());
+        }
+        all
+    };
+    let audited = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM lease_events WHERE kind = 'operator'")
+            .fetch_one(&api.db.pool)
+            .await
+            .unwrap()
+    };
+
+    // The read is open: three groups, the largest first, with an example.
+    let (s, groups) = call(<GetFailedGroups as ServerFn>::PATH, "", false).await;
+    assert_eq!(s, StatusCode::OK, "{groups}");
+    let groups: Value = serde_json::from_str(&groups).unwrap();
+    assert_eq!(groups.as_array().map(Vec::len), Some(3), "{groups}");
+    assert_eq!(groups[0]["kind"], "charge", "{groups}");
+    assert_eq!(groups[0]["queue"], "default", "{groups}");
+    assert_eq!(groups[0]["error_group"], "timeout after <n> ms");
+    assert_eq!(groups[0]["count"], 2);
+    assert_eq!(groups[0]["example"], "timeout after 4242 ms");
+
+    let body = "kind=charge&queue=default&error_group=timeout%20after%20%3Cn%3E%20ms";
+    // Without the token: refused, nothing changed, nothing audited.
+    let (s, err) = call(<RetryFailedGroup as ServerFn>::PATH, body, false).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{err}");
+    assert!(err.contains("admin token"), "{err}");
+    assert_eq!(statuses().await, ["failed"; 4]);
+    assert_eq!(audited().await, 0);
+
+    // A blank kind or queue would widen the retry, and names and groups
+    // follow their rules: refused, nothing changed.
+    for bad in [
+        "kind=&queue=default&error_group=timeout%20after%20%3Cn%3E%20ms",
+        "kind=charge&queue=&error_group=timeout%20after%20%3Cn%3E%20ms",
+        "kind=charge&queue=%01&error_group=timeout%20after%20%3Cn%3E%20ms",
+        "kind=charge&queue=default&error_group=x%00",
+    ] {
+        let (s, err) = call(<RetryFailedGroup as ServerFn>::PATH, bad, true).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {err}");
+    }
+    assert_eq!(statuses().await, ["failed"; 4]);
+    assert_eq!(audited().await, 0);
+
+    // With it: exactly that group retried, each task audited.
+    let (s, said) = call(<RetryFailedGroup as ServerFn>::PATH, body, true).await;
+    assert_eq!(s, StatusCode::OK, "{said}");
+    assert!(said.contains("2 tasks retried"), "{said}");
+    assert_eq!(statuses().await, ["pending", "pending", "failed", "failed"]);
+    assert_eq!(audited().await, 2);
+    let (_, left) = call(<GetFailedGroups as ServerFn>::PATH, "", false).await;
+    let left: Value = serde_json::from_str(&left).unwrap();
+    let mut left: Vec<(String, String)> = left
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["kind"].as_str().unwrap().to_string(),
+                g["error_group"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            ("charge".to_string(), "card declined".to_string()),
+            ("refund".to_string(), "timeout after <n> ms".to_string())
+        ]
+    );
+    // Again: the group is gone, nothing more to retry.
+    let (s, said) = call(<RetryFailedGroup as ServerFn>::PATH, body, true).await;
+    assert_eq!(s, StatusCode::OK, "{said}");
+    assert!(said.contains("0 tasks retried"), "{said}");
+    assert_eq!(audited().await, 2);
 }

@@ -49,8 +49,14 @@ enum Kind {
     Cursor,
     /// An optional kind or queue name: missing or blank is valid (any).
     OptionalName,
+    /// A kind or queue name that must be there: 1 to 128 characters, no
+    /// control character.
+    Name,
     /// An optional JSON object as text: missing or blank is valid (any).
     OptionalObject,
+    /// A failed task's error group: any text of at most 200 characters
+    /// without NUL (blank and control characters are groups too).
+    ErrorGroup,
 }
 
 impl Kind {
@@ -174,6 +180,21 @@ const KNOWN: &[(&str, &[Arg])] = &[
     // No such workflow: a call that passes every check answers 404 and
     // changes nothing.
     ("cancel_workflow", &[arg("id", Kind::Id, "2147483647")]),
+    ("get_failed_groups", &[]),
+    // No failed task of this kind: a call that passes every check retries
+    // none and changes nothing.
+    (
+        "retry_failed_group",
+        &[
+            arg("kind", Kind::Name, "no-such-kind"),
+            arg("queue", Kind::Name, "no-such-queue"),
+            arg(
+                "error_group",
+                Kind::ErrorGroup,
+                "timeout%20after%20%3Cn%3E%20ms",
+            ),
+        ],
+    ),
 ];
 
 /// Functions that change something whatever their arguments: called only
@@ -251,12 +272,13 @@ fn bad_values(kind: Kind) -> Vec<String> {
             "c".repeat(3000),
         ],
         Kind::Tagged => vec![],
-        Kind::OptionalName => vec![
+        Kind::OptionalName | Kind::Name => vec![
             "%07%1B".into(),
             "a%0Ab".into(),
             "n".repeat(129),
             "n".repeat(3000),
         ],
+        Kind::ErrorGroup => vec!["g".repeat(201), "g".repeat(3000)],
         Kind::OptionalObject => vec![
             "bogus".into(),
             "%5B1%5D".into(),
@@ -281,7 +303,7 @@ fn bad_values(kind: Kind) -> Vec<String> {
         values.push("9223372036854775808".into());
         values.push("-9223372036854775809".into());
     }
-    if matches!(kind, Kind::Choice) {
+    if matches!(kind, Kind::Choice | Kind::Name) {
         values.push("".into());
     }
     values.push("a%00b".into());
