@@ -228,7 +228,7 @@ async fn bulk_cancel_and_retry_take_every_matching_task_in_batches() {
         (
             "/api/tasks/cancel",
             json!({"status": "processed"}),
-            "expected `pending` or `started`",
+            "expected one of `pending`, `started`, `waiting`",
         ),
         (
             "/api/tasks/retry",
