@@ -511,6 +511,19 @@ fn the_documents_limits_are_cores_constants() {
         ),
         ("SnoozeBody", "seconds", "minimum", 0.0),
         ("SnoozeBody", "seconds", "maximum", MAX_SNOOZE.as_secs_f64()),
+        (
+            "WorkflowBody",
+            "tasks",
+            "maxItems",
+            leasekeeper_core::workflow::MAX_WORKFLOW_TASKS as f64,
+        ),
+        ("WorkflowBody", "tasks", "minItems", 1.0),
+        (
+            "WaitBody",
+            "timeout_seconds",
+            "maximum",
+            leasekeeper_core::queue::store::MAX_WAIT.as_secs_f64(),
+        ),
         ("FailBody", "error", "maxLength", MAX_ERROR_CHARS as f64),
         ("ScheduleBody", "max_attempts", "minimum", 1.0),
         (

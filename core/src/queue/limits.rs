@@ -39,6 +39,10 @@ pub const MAX_UNIQUE_KEY_CHARS: usize = 256;
 pub const UNIQUE_PERIODS: (Duration, Duration) =
     (Duration::from_secs(1), Duration::from_secs(366 * 24 * 3600));
 
+/// The longest a task may wait for a signal
+/// ([`Done::wait_for`](crate::worker::handler::Done::wait_for)): 366 days.
+pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// The longest a handler may snooze a task: 366 days.
 pub const MAX_SNOOZE: Duration = Duration::from_secs(366 * 24 * 3600);
 

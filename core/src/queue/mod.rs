@@ -23,7 +23,7 @@ mod wire;
 pub use attempt::{Attempt, AttemptOutcome};
 pub use limits::{
     InvalidTask, MAX_ATTEMPTS, MAX_DELAY, MAX_ENQUEUE_BATCH, MAX_ERROR_CHARS, MAX_SNOOZE,
-    MAX_UNIQUE_KEY_CHARS, TIMEOUTS, TaskField, UNIQUE_PERIODS,
+    MAX_UNIQUE_KEY_CHARS, MAX_WAIT, TIMEOUTS, TaskField, UNIQUE_PERIODS,
 };
 pub use name::{MAX_NAME_CHARS, NAME_PATTERN, TaskName};
 pub use search::{DATA_NOT_AN_OBJECT, MAX_DATA_FILTER_CHARS, TaskSearch};

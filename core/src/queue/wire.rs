@@ -327,8 +327,9 @@ impl WaitBody {
     /// The wait's timeout, or what is wrong with it.
     pub fn timeout(&self) -> Result<Duration, String> {
         let s = self.timeout_seconds;
-        if !s.is_finite() || !(0.001..=31_622_400.0).contains(&s) {
-            return Err("timeout_seconds must be between 0.001 and 31622400".into());
+        let most = super::MAX_WAIT.as_secs_f64();
+        if !s.is_finite() || !(0.001..=most).contains(&s) {
+            return Err(format!("timeout_seconds must be between 0.001 and {most}"));
         }
         Ok(Duration::from_secs_f64(s))
     }

@@ -285,6 +285,7 @@ pub struct WorkflowBody {
     #[cfg_attr(feature = "openapi", schema(value_type = TaskName))]
     pub name: String,
     /// Its tasks (1 to 1,000), in any order.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1000))]
     pub tasks: Vec<WorkflowTaskBody>,
 }
 

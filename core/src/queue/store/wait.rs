@@ -15,8 +15,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use std::time::Duration;
 
-/// The longest a task may wait for a signal: 366 days.
-pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
+pub use crate::queue::MAX_WAIT;
 
 /// Checks a signal's name (1 to 128 characters, no control characters)
 /// and a wait's timeout (1 ms to [`MAX_WAIT`]).
