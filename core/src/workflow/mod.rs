@@ -388,7 +388,6 @@ pub struct WorkflowTaskState {
 
 /// A workflow in a list: its figures without its tasks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "postgres", derive(sqlx::FromRow))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowSummary {
     /// Its id.

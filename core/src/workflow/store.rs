@@ -147,16 +147,14 @@ pub async fn list(
         schema,
         Result<Paged<WorkflowSummary>, sqlx::Error>,
         async {
-            // The status as WorkflowStatus::of derives it.
-            schema
+            // Each workflow's distinct task statuses (six at most), its
+            // status derived from them by the one rule, WorkflowStatus::of.
+            let rows: Vec<Figures> = schema
                 .query_as(
                     "SELECT w.id, w.name, w.created_at, count(t.id) AS tasks,
                         count(t.id) FILTER (WHERE t.status = 'processed') AS processed,
-                        CASE WHEN bool_or(t.status IN ('pending', 'started', 'waiting'))
-                                  THEN 'running'
-                             WHEN bool_or(t.status = 'failed') THEN 'failed'
-                             WHEN bool_or(t.status = 'cancelled') THEN 'cancelled'
-                             ELSE 'completed' END AS status
+                        coalesce(array_agg(DISTINCT t.status) FILTER (WHERE t.id IS NOT NULL),
+                                 '{}') AS statuses
                    FROM (SELECT * FROM $schema.workflows
                           WHERE id < $1
                           ORDER BY id DESC LIMIT $2) w
@@ -167,11 +165,33 @@ pub async fn list(
                 .bind(cursor.bound())
                 .bind(cursor.limit)
                 .fetch_all(&mut *conn)
-                .await
-                .map(|rows| Paged::of(rows, cursor, |w: &WorkflowSummary| w.id))
+                .await?;
+            let items = rows
+                .into_iter()
+                .map(|f| WorkflowSummary {
+                    status: WorkflowStatus::of(f.statuses),
+                    id: f.id,
+                    name: f.name,
+                    created_at: f.created_at,
+                    tasks: f.tasks,
+                    processed: f.processed,
+                })
+                .collect();
+            Ok(Paged::of(items, cursor, |w: &WorkflowSummary| w.id))
         }
         .await
     )
+}
+
+/// A workflow's row with its tasks counted, and their distinct statuses.
+#[derive(sqlx::FromRow)]
+struct Figures {
+    id: i64,
+    name: String,
+    created_at: DateTime<Utc>,
+    tasks: i64,
+    processed: i64,
+    statuses: Vec<TaskStatus>,
 }
 
 /// Cancels every unfinished task of workflow `id` (pending, waiting and

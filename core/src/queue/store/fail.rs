@@ -179,17 +179,16 @@ pub async fn snooze(
             |q| q.bind(delay_ms as f64),
         )
         .await?;
-        schema
-            .query(
-                "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
-                 VALUES ($1, $2, $3, 'snoozed', jsonb_build_object('for_ms', $4::bigint))",
-            )
-            .bind(Task::resource_name(id))
-            .bind(processor.as_str())
-            .bind(token)
-            .bind(delay_ms)
-            .execute(&mut *tx)
-            .await?;
+        super::guard::record_end(
+            &mut tx,
+            schema,
+            id,
+            processor,
+            token,
+            "snoozed",
+            serde_json::json!({ "for_ms": delay_ms }),
+        )
+        .await?;
         tx.commit().await?;
         Ok(task)
     }

@@ -150,3 +150,30 @@ pub(super) async fn update_claim<'c>(
         }
     }
 }
+
+/// Records in task `id`'s history (`lease_events`, `task:<id>`) that
+/// `processor`'s claim of token `token` ended as `kind` (`snoozed`,
+/// `waiting`), with `detail`; in the transaction of that end.
+pub(super) async fn record_end(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    processor: &Holder,
+    token: i64,
+    kind: &str,
+    detail: serde_json::Value,
+) -> sqlx::Result<()> {
+    schema
+        .query(
+            "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(Task::resource_name(id))
+        .bind(processor.as_str())
+        .bind(token)
+        .bind(kind)
+        .bind(detail)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}

@@ -440,6 +440,30 @@ pub(super) fn complete_at(clock: &str) -> String {
     )
 }
 
+/// The statement that makes pending the waiting tasks whose wait for a
+/// signal timed out, up to `$1` of them, due at their timeout, keeping
+/// `wait_signal` (what they waited for) for the handler (see
+/// [`resume_timed_out`](super::resume_timed_out)).
+///
+/// Race prevented: the timeout against a signal for the same task. Rows
+/// are locked (SKIP LOCKED: a signal in flight keeps its task, and is
+/// answered first) and `status = 'waiting'` re-checked on the newest
+/// version: a task a signal woke first is not touched, so a wait ends once.
+pub fn resume_timed_out() -> String {
+    "WITH due AS (
+        SELECT id FROM $schema.tasks
+         WHERE status = 'waiting' AND wait_until <= now()
+         ORDER BY wait_until, id
+         LIMIT $1
+           FOR UPDATE SKIP LOCKED
+     )
+     UPDATE $schema.tasks t
+        SET status = 'pending', scheduled_at = t.wait_until
+       FROM due
+      WHERE t.id = due.id AND t.status = 'waiting'"
+        .to_string()
+}
+
 /// The SQL of [`list`](super::list) (`$1` after id, `$2` limit) and of [`list_page`](super::list_page)
 /// (`$1` before id, `$2` limit) for `search`: then, numbered from `$3` in
 /// this order, the search's kind, queue and data (`jsonb`), each only when

@@ -67,19 +67,16 @@ pub async fn wait_for(
             |q| q.bind(signal.to_string()).bind(timeout_ms as f64),
         )
         .await?;
-        schema
-            .query(
-                "INSERT INTO $schema.lease_events (resource, holder, fencing_token, kind, detail)
-                 VALUES ($1, $2, $3, 'waiting',
-                         jsonb_build_object('signal', $4::text, 'timeout_ms', $5::bigint))",
-            )
-            .bind(Task::resource_name(id))
-            .bind(processor.as_str())
-            .bind(token)
-            .bind(signal)
-            .bind(timeout_ms)
-            .execute(&mut *tx)
-            .await?;
+        super::guard::record_end(
+            &mut tx,
+            schema,
+            id,
+            processor,
+            token,
+            "waiting",
+            serde_json::json!({ "signal": signal, "timeout_ms": timeout_ms }),
+        )
+        .await?;
         tx.commit().await?;
         Ok(task)
     }
@@ -174,23 +171,11 @@ pub async fn resume_timed_out(
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
     crate::db::atomically!(conn, schema, Result<u64, sqlx::Error>, async {
-        // Race prevented: the timeout against a signal for the same task.
-        // Rows are locked (SKIP LOCKED: a signal in flight keeps its task,
-        // and is answered first) and `status = 'waiting'` re-checked on the
-        // newest version: a task a signal woke first is not touched.
+        // The race it prevents (a signal for the same task) is named
+        // beside the statement, in `sql::resume_timed_out`.
         let n = schema
             .query(
-                "WITH due AS (
-                    SELECT id FROM $schema.tasks
-                     WHERE status = 'waiting' AND wait_until <= now()
-                     ORDER BY wait_until, id
-                     LIMIT $1
-                       FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE $schema.tasks t
-                    SET status = 'pending', scheduled_at = t.wait_until
-                   FROM due
-                  WHERE t.id = due.id AND t.status = 'waiting'",
+                &super::sql::resume_timed_out(),
             )
             .bind(batch)
             .execute(&mut *conn)
