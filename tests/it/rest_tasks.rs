@@ -41,7 +41,12 @@ async fn a_task_goes_through_claim_heartbeat_complete() {
         .put(&format!("/api/tasks/{id}/heartbeat"), body.clone())
         .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{beat}");
-    assert!(beat["must_heartbeat_before"].as_str() >= claimed["must_heartbeat_before"].as_str());
+    // Compared as instants: RFC 3339 strings with different numbers of
+    // fractional digits do not sort as the times they name (".1Z" > ".12Z").
+    let deadline = |v: &Value| {
+        chrono::DateTime::parse_from_rfc3339(v["must_heartbeat_before"].as_str().unwrap()).unwrap()
+    };
+    assert!(deadline(&beat) >= deadline(&claimed), "{beat} {claimed}");
 
     let wrong = json!({"processor": "w1", "fencing_token": token + 1, "task_output": 1});
     let (s, err) = api.put(&format!("/api/tasks/{id}/complete"), wrong).await;
