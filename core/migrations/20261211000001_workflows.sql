@@ -28,6 +28,10 @@
 -- tasks.parent_outputs  the outputs of its processed parents, by ref,
 --                    written by each parent's completion: a child's claim
 --                    carries them whatever retention did to the parents.
+-- tasks.cascaded_from  the parent whose failure or cancel cancelled this
+--                    task through the workflow (the cascade), NULL for any
+--                    other status or cancel: a retry of that parent brings
+--                    such tasks back to waiting (tasks_parents_ended).
 -- tasks.wait_signal, wait_until, signals  a durable wait: the signal the
 --                    task waits for and until when; the signals it got.
 
@@ -48,6 +52,7 @@ ALTER TABLE tasks
     ADD COLUMN parents_left integer NOT NULL DEFAULT 0 CHECK (parents_left >= 0),
     ADD COLUMN on_parent_failure text CHECK (on_parent_failure IN ('cancel', 'run')),
     ADD COLUMN parent_outputs jsonb,
+    ADD COLUMN cascaded_from bigint,
     ADD COLUMN wait_signal text CHECK (char_length(wait_signal) BETWEEN 1 AND 128),
     ADD COLUMN wait_until timestamptz(3),
     ADD COLUMN signals jsonb,

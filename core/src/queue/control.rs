@@ -12,7 +12,11 @@
 //!   [`TaskContext::cancelled`](crate::worker::handler::TaskContext::cancelled)
 //!   completes, usually within milliseconds.
 //! - **Retry** puts a failed or cancelled task back to `pending`, runnable
-//!   now, with its attempts reset to 0.
+//!   now, with its attempts reset to 0 (`waiting`, for a workflow task
+//!   with a parent unfinished). A workflow task's retry also brings back
+//!   the tasks below it that its failure or cancel cancelled (the cascade):
+//!   they wait for it again, unless another of their parents stays failed
+//!   or cancelled.
 //! - **Release** ([`release`]) ends a started task's claim now and leaves
 //!   the task to be taken over at once, with the next token: for a worker
 //!   that is stuck but alive. Its processor hears of it as of a cancel.
@@ -69,10 +73,12 @@ impl Action {
             Action::Retry => {
                 // A workflow task with a parent still unfinished waits for
                 // it again: a retry never makes a child claimable early.
+                // The tasks its end cancelled come back to waiting in the
+                // same statement (the trigger `tasks_parents_ended`).
                 "status = CASE WHEN parents_left > 0 THEN 'waiting' ELSE 'pending' END, \
                  attempts = 0, scheduled_at = now(), failed_at = NULL, \
                  cancelled_at = NULL, must_heartbeat_before = NULL, \
-                 wait_signal = NULL, wait_until = NULL"
+                 wait_signal = NULL, wait_until = NULL, cascaded_from = NULL"
             }
             // Late now, never later than it was (a deadline moved on would
             // be a renewal).

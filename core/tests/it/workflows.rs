@@ -318,6 +318,28 @@ async fn a_cancel_cascades_down_a_chain_of_a_thousand() {
         .await
         .unwrap();
     assert_eq!(open, 0, "every edge closed");
+    // The root's retry brings the whole chain back, in one statement too.
+    control::retry(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        id["t0"],
+        "ops",
+    )
+    .await
+    .unwrap();
+    let back: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tasks WHERE status = 'waiting' AND parents_left = 1
+            AND cascaded_from IS NULL AND last_error IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(back, 998);
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM task_parents WHERE outcome IS NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 998, "the chain's edges open again, not tidy's");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -670,4 +692,251 @@ async fn the_last_parent_s_end_wakes_an_idle_worker() {
     running.await.unwrap();
     transport.flush().await;
     live.shutdown();
+}
+
+/// Fails `task` (claimed by `w`, one attempt) for good.
+async fn fail_for_good(db: &TestDb, task: &Task, w: &str) {
+    let failed = store::fail(
+        &mut db.pool.acquire().await.unwrap(),
+        &Schema::default(),
+        task.id,
+        &holder(w),
+        task.fencing_token.unwrap(),
+        "boom",
+        RetryPolicy::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(failed.status, TaskStatus::Failed);
+}
+
+/// The task of `tasks` whose ref is `r`.
+fn by_ref<'a>(tasks: &'a [Task], r: &str) -> &'a Task {
+    tasks
+        .iter()
+        .find(|t| t.workflow_ref.as_deref() == Some(r))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_retried_parent_brings_back_what_its_failure_cancelled() {
+    // a -> b -> c, and a -> tidy (runs anyway). a fails for good: b and c
+    // are cancelled, tidy runs. The operator retries a: b and c wait for
+    // it again; a's success then runs b, then c. tidy is not run again.
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let flow = enqueue(
+        &db,
+        &NewWorkflow::new("again")
+            .task(step("a"))
+            .task(step("b").after(["a"]))
+            .task(step("c").after(["b"]))
+            .task(step("tidy").after(["a"]).run_on_parent_failure()),
+    )
+    .await;
+    let id = ids(&flow);
+    let a = claim_all(&db, "w").await.remove(0);
+    fail_for_good(&db, &a, "w").await;
+    let tidy = claim_all(&db, "w").await;
+    assert_eq!(refs(&tidy), ["tidy"]);
+    complete(&db, &tidy[0], "w", json!("tidied")).await;
+    assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Cancelled);
+
+    let retried = control::retry(
+        &mut db.pool.acquire().await.unwrap(),
+        &schema,
+        id["a"],
+        "ops",
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried.status, TaskStatus::Pending);
+    for r in ["b", "c"] {
+        let t = get(&db, id[r]).await;
+        assert_eq!(
+            (t.status, t.parents_left, t.last_error, t.cancelled_at),
+            (TaskStatus::Waiting, 1, None, None),
+            "{r}"
+        );
+    }
+    assert_eq!(get(&db, id["tidy"]).await.status, TaskStatus::Processed);
+    let status = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            flows::get(
+                &mut pool.acquire().await.unwrap(),
+                &Schema::default(),
+                flow.id,
+            )
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+        }
+    };
+    assert_eq!(status(&db).await, WorkflowStatus::Running);
+    for (r, output) in [("a", "a again"), ("b", "b"), ("c", "c")] {
+        let next = claim_all(&db, "w").await;
+        assert_eq!(refs(&next), [r]);
+        if r == "b" {
+            assert_eq!(next[0].parent_outputs, Some(json!({"a": "a again"})));
+        }
+        complete(&db, &next[0], "w", json!(output)).await;
+    }
+    assert!(claim_all(&db, "w").await.is_empty(), "tidy ran once");
+    assert_eq!(status(&db).await, WorkflowStatus::Completed);
+}
+
+#[tokio::test]
+async fn a_child_with_another_failed_parent_comes_back_only_when_both_are_retried() {
+    // p, q -> c -> d, and c cancels on failure. Both parents fail for
+    // good. Retrying p alone leaves c and d cancelled (q still failed);
+    // p then succeeds; retrying q (in bulk, as the dead letters' "retry
+    // these") brings c back waiting for q only, with p's output already.
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let flow = enqueue(
+        &db,
+        &NewWorkflow::new("two")
+            .task(step("p"))
+            .task(WorkflowTask::new(
+                "q",
+                NewTask::new("other", json!({})).max_attempts(1),
+            ))
+            .task(step("c").after(["p", "q"]))
+            .task(step("d").after(["c"])),
+    )
+    .await;
+    let id = ids(&flow);
+    let roots = claim_all(&db, "w").await;
+    fail_for_good(&db, by_ref(&roots, "p"), "w").await;
+    fail_for_good(&db, by_ref(&roots, "q"), "w").await;
+    assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Cancelled);
+
+    control::retry(
+        &mut db.pool.acquire().await.unwrap(),
+        &schema,
+        id["p"],
+        "ops",
+    )
+    .await
+    .unwrap();
+    for r in ["c", "d"] {
+        assert_eq!(get(&db, id[r]).await.status, TaskStatus::Cancelled, "{r}");
+    }
+    let p = claim_all(&db, "w").await;
+    assert_eq!(refs(&p), ["p"]);
+    complete(&db, &p[0], "w", json!("p's")).await;
+    assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Cancelled);
+
+    let filter = control::TaskFilter {
+        status: TaskStatus::Failed,
+        kind: Some("other".into()),
+        queue: None,
+        data: None,
+        error_group: None,
+    };
+    let n = control::retry_matching(&db.pool, &schema, &filter, "ops")
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let c = get(&db, id["c"]).await;
+    assert_eq!((c.status, c.parents_left), (TaskStatus::Waiting, 1));
+    assert_eq!(c.parent_outputs, Some(json!({"p": "p's"})));
+    assert_eq!(get(&db, id["d"]).await.status, TaskStatus::Waiting);
+    let q = claim_all(&db, "w").await;
+    assert_eq!(refs(&q), ["q"]);
+    complete(&db, &q[0], "w", json!("q's")).await;
+    let c = claim_all(&db, "w").await;
+    assert_eq!(refs(&c), ["c"]);
+    assert_eq!(c[0].parent_outputs, Some(json!({"p": "p's", "q": "q's"})));
+}
+
+#[tokio::test]
+async fn an_operator_s_cancel_of_a_child_is_not_undone_by_its_parent_s_retry() {
+    // Only the cascade's cancels come back: a child the operator cancelled
+    // stays cancelled when its parent is retried.
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let flow = enqueue(&db, &diamond()).await;
+    let id = ids(&flow);
+    let mut conn = db.pool.acquire().await.unwrap();
+    control::cancel(&mut conn, &schema, id["b"], "ops")
+        .await
+        .unwrap();
+    let a = claim_all(&db, "w").await.remove(0);
+    fail_for_good(&db, &a, "w").await;
+    assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Cancelled);
+    control::retry(&mut conn, &schema, id["a"], "ops")
+        .await
+        .unwrap();
+    assert_eq!(get(&db, id["b"]).await.status, TaskStatus::Cancelled);
+    assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Waiting);
+    // d's other parent, b, stays cancelled: d stays cancelled too.
+    assert_eq!(get(&db, id["d"]).await.status, TaskStatus::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_retries_at_once_of_two_failed_parents_bring_the_child_back() {
+    // Each round: p and q failed for good, c cancelled. p and q are
+    // retried in two transactions on two connections, both statements
+    // sent before either commits, commits alternating. Whichever commits
+    // second must find the other's retry and bring c back: c waits for
+    // both, never stays cancelled with both parents running again.
+    let db = TestDb::new().await;
+    for round in 0..20 {
+        let flow = enqueue(
+            &db,
+            &NewWorkflow::new("join")
+                .task(step("p"))
+                .task(step("q"))
+                .task(step("c").after(["p", "q"])),
+        )
+        .await;
+        let id = ids(&flow);
+        let claimed = claim_all(&db, "w").await;
+        for t in &claimed {
+            fail_for_good(&db, t, "w").await;
+        }
+        assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Cancelled);
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+        let mut handles = Vec::new();
+        for r in ["p", "q"] {
+            let pool = db.pool.clone();
+            let barrier = barrier.clone();
+            let task = id[r];
+            let first_commits = (round % 2 == 0) == (r == "p");
+            handles.push(tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                barrier.wait().await;
+                if !first_commits {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let t = control::retry(&mut tx, &Schema::default(), task, "ops")
+                    .await
+                    .unwrap();
+                if first_commits {
+                    // Uncommitted while the other's statement runs.
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                tx.commit().await.unwrap();
+                t.status
+            }));
+        }
+        for h in handles {
+            assert_eq!(h.await.unwrap(), TaskStatus::Pending);
+        }
+        let c = get(&db, id["c"]).await;
+        assert_eq!(
+            (c.status, c.parents_left),
+            (TaskStatus::Waiting, 2),
+            "round {round}"
+        );
+        for t in claim_all(&db, "w").await {
+            complete(&db, &t, "w", json!(null)).await;
+        }
+        let c = claim_all(&db, "w").await;
+        assert_eq!(refs(&c), ["c"], "round {round}");
+        complete(&db, &c[0], "w", json!(null)).await;
+    }
 }
