@@ -13,8 +13,11 @@
 //!   best settings as they are (`fleet_best_w16`), the same with the tasks
 //!   trigger off (`fleet_best_w16_no_history`: no attempt and no history
 //!   rows, two row writes a task as graphile-worker's), and graphile-worker
-//!   tuned (`graphile_best_w16`). An experiment, not a product setting: no
-//!   deployment can turn the trigger off (issue 41's note).
+//!   tuned (`graphile_best_w16`); and the same best with the workflows'
+//!   trigger off (`fleet_best_w16_no_parents`: `tasks_parents_ended`,
+//!   issue 40), what a workflow parent's end reaching its children costs
+//!   the tasks that are in no workflow. An experiment, not a product
+//!   setting: no deployment can turn a trigger off (issue 41's note).
 //! - `bench limits [--quick] [--json PATH]`: what limits cost (issue 39):
 //!   the runtime with its defaults (`fleet_w16`), the same on a queue with
 //!   `max_started_per_key` 5 over 100 keys, every key busy
@@ -24,7 +27,7 @@
 //!   fresh key's task behind two keys' backlog (`fair_wait_*`, see
 //!   `fairness.rs`).
 
-use super::race::{Contestant, Limited, Protocol, race};
+use super::race::{Ablated, Contestant, Limited, Protocol, race};
 use super::{DB, bulk, contestants, tune};
 use crate::bench::{Details, Options, Progress, Results, fresh_database, ratio, report_with};
 use anyhow::Result;
@@ -46,15 +49,19 @@ pub async fn fleet_only(settings: Settings, options: Options) -> Result<()> {
     partial(settings, options, ours, Extra::None).await
 }
 
-/// `bench floor`: our best with and without the tasks trigger, and
-/// graphile-worker's best, in one race.
+/// `bench floor`: our best as it ships, without the history trigger and
+/// without the workflows' trigger, and graphile-worker's best, in one race.
 pub async fn floor(settings: Settings, options: Options) -> Result<()> {
     let ours = tune::ours_best();
     let chosen = vec![
         ("fleet_best_w16", Contestant::Ours(ours)),
         (
             "fleet_best_w16_no_history",
-            Contestant::OursWithoutHistory(ours),
+            Contestant::OursWithout(ours, Ablated::History),
+        ),
+        (
+            "fleet_best_w16_no_parents",
+            Contestant::OursWithout(ours, Ablated::Parents),
         ),
         (
             "graphile_best_w16",
@@ -138,7 +145,7 @@ pub async fn limits(settings: Settings, options: Options) -> Result<()> {
 
 /// The ratios reported when both their figures ran: (key, figure over,
 /// figure under).
-const RATIOS: [(&str, &str, &str); 5] = [
+const RATIOS: [(&str, &str, &str); 6] = [
     (
         "fleet_w16_keyed_one_vs_fleet_w16",
         "fleet_w16_keyed_one",
@@ -162,6 +169,11 @@ const RATIOS: [(&str, &str, &str); 5] = [
     (
         "fleet_best_no_history_vs_with",
         "fleet_best_w16_no_history",
+        "fleet_best_w16",
+    ),
+    (
+        "fleet_best_no_parents_vs_with",
+        "fleet_best_w16_no_parents",
         "fleet_best_w16",
     ),
 ];

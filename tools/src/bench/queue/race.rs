@@ -142,16 +142,38 @@ pub(super) enum Contestant {
     /// The same over this many rows of old history in `lease_events`
     /// (put there in the preparation; see [`super::fleet::seed_history`]).
     OursOverHistory(fleet::Settings, i64),
-    /// The same with the tasks trigger (`tasks_record_attempts`: attempt
-    /// and history rows) turned off for its rounds: `bench floor`'s
-    /// measure of what they cost. Every other contestant of ours turns it
-    /// back on in its preparation, and the race turns it on at its end.
-    OursWithoutHistory(fleet::Settings),
+    /// The same with one trigger of the tasks table turned off for its
+    /// rounds: `bench floor`'s measure of what it costs. Every other
+    /// contestant of ours turns both back on in its preparation, and the
+    /// race turns them on at its end.
+    OursWithout(fleet::Settings, Ablated),
     /// The same on a queue with limits (issue 39; `bench limits`): set in
     /// its preparation, cleared in every other contestant's of ours.
     OursLimited(fleet::Settings, Limited),
     Graphile(graphile::Settings),
     Awa(awa::Settings),
+}
+
+/// The trigger a [`Contestant::OursWithout`] runs without.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ablated {
+    /// `tasks_record_attempts`: the attempt and history rows.
+    History,
+    /// `tasks_parents_ended` (issue 40): a workflow parent's end reaching
+    /// its children, on every UPDATE of the tasks table.
+    Parents,
+}
+
+impl Ablated {
+    const ALL: [Ablated; 2] = [Ablated::History, Ablated::Parents];
+
+    /// The trigger's name on the tasks table.
+    fn trigger(self) -> &'static str {
+        match self {
+            Ablated::History => "tasks_record_attempts",
+            Ablated::Parents => "tasks_parents_ended",
+        }
+    }
 }
 
 /// The limits of a [`Contestant::OursLimited`] on the default queue.
@@ -204,8 +226,8 @@ impl Contestant {
             Contestant::OursOverHistory(s, rows) => {
                 format!("{} over {rows} rows of history", s.label())
             }
-            Contestant::OursWithoutHistory(s) => {
-                format!("{} with the tasks trigger off", s.label())
+            Contestant::OursWithout(s, ablated) => {
+                format!("{} with the trigger {} off", s.label(), ablated.trigger())
             }
             Contestant::OursLimited(s, limited) => format!("{}, {}", s.label(), limited.label()),
             Contestant::Graphile(s) => s.label(),
@@ -220,7 +242,7 @@ impl Contestant {
             Contestant::Awa(s) => serde_json::to_value(s),
             Contestant::Ours(s)
             | Contestant::OursOverHistory(s, _)
-            | Contestant::OursWithoutHistory(s)
+            | Contestant::OursWithout(s, _)
             | Contestant::OursLimited(s, _) => serde_json::to_value(s),
         }
         .unwrap_or(Value::Null);
@@ -234,8 +256,11 @@ impl Contestant {
             Contestant::Ours(_) | Contestant::OursOverHistory(..) | Contestant::OursLimited(..) => {
                 "leasekeeper (this commit)".to_string()
             }
-            Contestant::OursWithoutHistory(_) => {
-                "leasekeeper (this commit), tasks trigger off".to_string()
+            Contestant::OursWithout(_, ablated) => {
+                format!(
+                    "leasekeeper (this commit), trigger {} off",
+                    ablated.trigger()
+                )
             }
             Contestant::Graphile(_) => format!("graphile-worker {}", graphile::GRAPHILE_VERSION),
             Contestant::Awa(_) => "awa 0.6.9".to_string(),
@@ -261,8 +286,10 @@ impl Contestant {
             Contestant::Graphile(_) => graphile::prepare(&db.conninfo, depth).await?,
             Contestant::Awa(s) => awa::prepare(&db.conninfo, depth, s).await?,
             _ => {
-                history_trigger(&db.pool, !matches!(self, Contestant::OursWithoutHistory(_)))
-                    .await?;
+                for trigger in Ablated::ALL {
+                    let off = matches!(self, Contestant::OursWithout(_, a) if *a == trigger);
+                    set_trigger(&db.pool, trigger, !off).await?;
+                }
                 // On a connection of its own, closed when done: a backend's
                 // table statistics reach `pg_stat_user_tables` when it
                 // ends, while an idle pooled one's come up to seconds
@@ -304,7 +331,7 @@ impl Contestant {
             Contestant::Awa(s) => Running::Awa(Box::new(awa::start(&db.conninfo, s).await?)),
             Contestant::Ours(s)
             | Contestant::OursOverHistory(s, _)
-            | Contestant::OursWithoutHistory(s)
+            | Contestant::OursWithout(s, _)
             | Contestant::OursLimited(s, _) => Running::Processes {
                 children: vec![fleet::start_process(db, id, s).await?],
                 completed: "SELECT coalesce(sum(processed), 0)::int8 FROM task_counts".into(),
@@ -328,16 +355,15 @@ async fn set_limits(pool: &PgPool, limits: QueueLimits) -> Result<()> {
     Ok(())
 }
 
-/// Turns the tasks trigger that writes the attempt and history rows on or
-/// off (for [`Contestant::OursWithoutHistory`] only).
-async fn history_trigger(pool: &PgPool, on: bool) -> Result<()> {
+/// Turns a trigger of the tasks table on or off (off for
+/// [`Contestant::OursWithout`] only).
+async fn set_trigger(pool: &PgPool, ablated: Ablated, on: bool) -> Result<()> {
     let verb = if on { "ENABLE" } else { "DISABLE" };
-    sqlx::query(&format!(
-        "ALTER TABLE tasks {verb} TRIGGER tasks_record_attempts"
-    ))
-    .execute(pool)
-    .await
-    .with_context(|| format!("{verb} TRIGGER tasks_record_attempts"))?;
+    let trigger = ablated.trigger();
+    sqlx::query(&format!("ALTER TABLE tasks {verb} TRIGGER {trigger}"))
+        .execute(pool)
+        .await
+        .with_context(|| format!("{verb} TRIGGER {trigger}"))?;
     Ok(())
 }
 
@@ -652,14 +678,16 @@ pub(super) async fn race(
 ) -> Result<Vec<Standing>> {
     let ablated = contestants
         .iter()
-        .any(|(_, c)| matches!(c, Contestant::OursWithoutHistory(_)));
+        .any(|(_, c)| matches!(c, Contestant::OursWithout(..)));
     let limited = contestants
         .iter()
         .any(|(_, c)| matches!(c, Contestant::OursLimited(..)));
     let raced = race_rounds(db, protocol, contestants, progress).await;
     if ablated {
         // Whatever happened: the schema as the code keeps it.
-        history_trigger(&db.pool, true).await?;
+        for trigger in Ablated::ALL {
+            set_trigger(&db.pool, trigger, true).await?;
+        }
     }
     if limited {
         set_limits(&db.pool, QueueLimits::default()).await?;
