@@ -16,10 +16,11 @@
 --                    Its status is derived from its tasks.
 -- tasks.workflow_id  the workflow a task belongs to, and its ref in it.
 -- task_parents       one row per edge: the child, its parent, the parent's
---                    ref, and how the parent ended (NULL until it does). The
---                    edge's outcome is written once, under the child row's
---                    lock, so a parent ending twice (failed, retried,
---                    processed) is counted once.
+--                    ref, and how and when the parent's end closed it (NULL
+--                    until it does). The edge's outcome is written once,
+--                    under the child row's lock, so a parent ending twice
+--                    (failed, retried, processed) is counted once; a retry
+--                    that brings the child back opens it again.
 -- tasks.parents_left the edges not ended yet; the child becomes pending
 --                    when it reaches 0 (or cancelled, see below).
 -- tasks.on_parent_failure  'cancel' (a parent failed or cancelled cancels
@@ -74,6 +75,8 @@ CREATE TABLE task_parents (
     parent_id  bigint NOT NULL,
     parent_ref text NOT NULL CHECK (char_length(parent_ref) BETWEEN 1 AND 128),
     outcome    text CHECK (outcome IN ('processed', 'failed', 'cancelled')),
+    ended_at   timestamptz(3),
+    CONSTRAINT task_parents_ended_whole CHECK ((outcome IS NULL) = (ended_at IS NULL)),
     PRIMARY KEY (task_id, parent_id)
 );
 CREATE INDEX task_parents_parent_idx ON task_parents (parent_id, task_id);

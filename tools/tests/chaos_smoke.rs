@@ -66,6 +66,7 @@ fn a_quick_chaos_round_breaks_no_invariant() {
         "workflow_children_claimed_early",
         "workflow_children_not_cascaded",
         "workflow_edges_miscounted",
+        "workflow_children_not_revived",
         "waits_signals_wrong",
     ] {
         assert_eq!(totals[zero], 0, "{zero}:\n{stdout}");
@@ -75,6 +76,8 @@ fn a_quick_chaos_round_breaks_no_invariant() {
     for some in [
         "workflows",
         "workflow_children_cascaded",
+        "workflow_parents_retried",
+        "workflow_children_revived",
         "waits",
         "waits_signalled",
     ] {

@@ -6,7 +6,7 @@
 -- a fenced transaction, psql) ends a parent and leaves its children
 -- waiting:
 --
--- * each open edge records how its parent ended (once: an edge closed is
+-- * each open edge records how and when its parent ended (once: an edge closed is
 --   never counted again, so a parent failed, retried and then processed
 --   does not count twice);
 -- * each child counts it off parents_left, and a processed parent's output
@@ -110,7 +110,8 @@ BEGIN
             -- or comes back), or processed (it was retried and processed
             -- since, while the child was held).
             UPDATE task_parents p
-               SET outcome = CASE WHEN t.status = 'processed' THEN 'processed' END
+               SET outcome = CASE WHEN t.status = 'processed' THEN 'processed' END,
+                   ended_at = CASE WHEN t.status = 'processed' THEN now() END
               FROM tasks t
              WHERE t.id = p.parent_id
                AND p.task_id IN (SELECT id FROM back EXCEPT SELECT id FROM held)
@@ -177,7 +178,7 @@ BEGIN
     -- closed when this update fires the trigger once more (one level).
     WITH RECURSIVE closed AS (
         UPDATE task_parents p
-           SET outcome = n.status
+           SET outcome = n.status, ended_at = now()
           FROM new_rows n
          WHERE p.parent_id = n.id
            AND n.workflow_id IS NOT NULL

@@ -760,6 +760,24 @@ async fn a_retried_parent_brings_back_what_its_failure_cancelled() {
         );
     }
     assert_eq!(get(&db, id["tidy"]).await.status, TaskStatus::Processed);
+    // The edges into b and c are open again; tidy's stays closed, with the
+    // time a's failure closed it.
+    let edges: Vec<(String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT parent_ref || '>' || (SELECT workflow_ref FROM tasks WHERE id = task_id),
+                outcome, ended_at IS NOT NULL
+           FROM task_parents ORDER BY task_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        edges,
+        [
+            ("a>b".to_string(), None, false),
+            ("b>c".to_string(), None, false),
+            ("a>tidy".to_string(), Some("failed".to_string()), true),
+        ]
+    );
     let status = |db: &TestDb| {
         let pool = db.pool.clone();
         async move {

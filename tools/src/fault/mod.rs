@@ -559,9 +559,11 @@ async fn faults_phase(
                 {
                     ids.push(task.id);
                 }
-                // Twice a second, `go` to every task waiting for it.
+                // Twice a second, `go` to every task waiting for it, and
+                // each failed workflow task retried once, as by an operator.
                 if n.is_multiple_of(3) {
                     workflows::signal_waiting(&pool, &schema).await;
+                    workflows::retry_failed(&pool, &schema).await;
                 }
                 // Mostly short work; one task in five long enough that a
                 // holder paused near its end is still being worked on by
@@ -701,6 +703,7 @@ async fn drain(rig: &mut Rig, pool: &PgPool, timing: &Timing) -> Option<DateTime
         // The tasks still waiting for their signal get it (and a workflow's
         // children wait for their parents, who are among the open tasks).
         workflows::signal_waiting(pool, schema).await;
+        workflows::retry_failed(pool, schema).await;
         let open: Option<i64> = sqlx::query_scalar(
             "SELECT count(*) FROM tasks WHERE status IN ('pending', 'started', 'waiting')",
         )

@@ -12,11 +12,16 @@
 //! on failure; each edge closed once (`parents_left` agrees with the open
 //! edges); nothing left waiting with no parent and no signal; each waiting
 //! task signalled at most once and completed once after.
+//!
+//! An operator pass (with the signaller) retries each failed workflow task
+//! once: a failing c runs again (and fails again), and its d, which c's
+//! first failure cancelled, must come back to waiting meanwhile and be
+//! cancelled again by c's second failure, never claimed.
 
 use anyhow::Result;
 use leasekeeper_core::db::Schema;
-use leasekeeper_core::queue::NewTask;
 use leasekeeper_core::queue::store;
+use leasekeeper_core::queue::{NewTask, control};
 use leasekeeper_core::worker::simulated::KIND;
 use leasekeeper_core::workflow::{NewWorkflow, WorkflowTask, store as flows};
 use rand::Rng;
@@ -93,6 +98,33 @@ pub(super) async fn signal_waiting(pool: &PgPool, schema: &Schema) {
     }
 }
 
+/// Who the operator pass's retries are by, in the audit trail.
+const OPERATOR: &str = "chaos-operator";
+
+/// Retries, once each, the failed tasks of workflows (the failing c's), as
+/// an operator would; errors (the database restarting) are left for the
+/// next pass. A retry whose answer was lost committed its audit row with
+/// it, so it is not retried twice.
+pub(super) async fn retry_failed(pool: &PgPool, schema: &Schema) {
+    let Ok(failed) = sqlx::query_scalar::<_, i64>(
+        "SELECT t.id FROM tasks t
+          WHERE t.status = 'failed' AND t.workflow_id IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM lease_events e
+                             WHERE e.resource = 'task:' || t.id AND e.kind = 'operator'
+                               AND e.detail->>'action' = 'retry_task')",
+    )
+    .fetch_all(pool)
+    .await
+    else {
+        return;
+    };
+    for id in failed {
+        if let Ok(mut conn) = pool.acquire().await {
+            let _ = control::retry(&mut conn, schema, id, OPERATOR).await;
+        }
+    }
+}
+
 /// What the workflow check counted.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WorkflowChecks {
@@ -101,6 +133,11 @@ pub struct WorkflowChecks {
     pub edges: usize,
     /// Children cancelled by a parent's failure or cancel.
     pub cascaded: usize,
+    /// Failed workflow tasks the operator pass retried, and the children
+    /// their first failure had cancelled that came back (cancelled again
+    /// after the retry, by the second failure).
+    pub retried: usize,
+    pub revived: usize,
     /// Tasks that waited for a signal, and those signalled.
     pub waited: usize,
     pub signalled: usize,
@@ -115,6 +152,9 @@ pub struct WorkflowChecks {
     /// A task signalled more than once, or signalled and not completed
     /// once after.
     pub signals_wrong: Vec<String>,
+    /// A child cancelled by its parent's failure that stayed cancelled
+    /// through the parent's retry (its only failed parent).
+    pub not_revived: Vec<String>,
 }
 
 impl WorkflowChecks {
@@ -129,6 +169,10 @@ impl WorkflowChecks {
             ),
             ("workflow edges miscounted", &self.miscounted),
             ("signals not delivered once", &self.signals_wrong),
+            (
+                "children not brought back by their parent's retry",
+                &self.not_revived,
+            ),
         ] {
             if !items.is_empty() {
                 out.push(format!(
@@ -153,16 +197,23 @@ pub(super) async fn check(pool: &PgPool) -> Result<WorkflowChecks> {
             .await? as usize,
         ..Default::default()
     };
-    // Every claim of a child against the moment each parent ended (never
-    // ended: no claim may be).
+    // Every claim of a child against the moment its edge from each parent
+    // closed (never closed: no claim may be), and against the end of each
+    // parent that was processed. (Not against a failed or cancelled
+    // parent's end: the operator pass retries failed parents, whose
+    // retries bring the children their failure cancelled back, and those
+    // may fail or be cancelled again, later than a cleanup child that ran
+    // after their first end.)
     c.early = sqlx::query_scalar(
-        "SELECT format('task %s claimed at %s, parent %s ended %s', a.task_id, a.claimed_at,
-                       p.parent_id, coalesce(par.processed_at, par.failed_at, par.cancelled_at)::text)
+        "SELECT format('task %s claimed at %s, parent %s (%s) ended %s, its edge closed %s',
+                       a.task_id, a.claimed_at, p.parent_id, par.status,
+                       coalesce(par.processed_at, par.failed_at, par.cancelled_at)::text,
+                       p.ended_at::text)
            FROM task_parents p
            JOIN attempts a ON a.task_id = p.task_id
            JOIN tasks par ON par.id = p.parent_id
-          WHERE a.claimed_at < coalesce(par.processed_at, par.failed_at, par.cancelled_at,
-                                        'infinity'::timestamptz)
+          WHERE a.claimed_at < coalesce(p.ended_at, 'infinity'::timestamptz)
+             OR (par.status = 'processed' AND a.claimed_at < par.processed_at)
           ORDER BY a.task_id",
     )
     .fetch_all(pool)
@@ -198,6 +249,40 @@ pub(super) async fn check(pool: &PgPool) -> Result<WorkflowChecks> {
     )
     .fetch_all(pool)
     .await?;
+    // Each retried parent's cancelling children, against the retry's
+    // time: cancelled after it (brought back, then cancelled again), or
+    // not at all any more; never cancelled before it and left so, unless
+    // another parent of theirs stays failed or cancelled.
+    let revival: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "WITH r AS (
+            SELECT substr(resource, 6)::bigint AS id, min(at) AS at FROM lease_events
+             WHERE kind = 'operator' AND detail->>'action' = 'retry_task' AND holder = $1
+             GROUP BY resource
+         )
+         SELECT p.task_id,
+                CASE WHEN t.status = 'cancelled' AND t.cancelled_at < r.at
+                     THEN format('task %s cancelled at %s, its parent %s retried at %s',
+                                 t.id, t.cancelled_at, r.id, r.at) END
+           FROM r JOIN task_parents p ON p.parent_id = r.id
+           JOIN tasks t ON t.id = p.task_id
+          WHERE t.on_parent_failure = 'cancel'
+            AND NOT EXISTS (SELECT 1 FROM task_parents o JOIN tasks ot ON ot.id = o.parent_id
+                             WHERE o.task_id = t.id AND o.parent_id <> r.id
+                               AND ot.status IN ('failed', 'cancelled'))
+          ORDER BY p.task_id",
+    )
+    .bind(OPERATOR)
+    .fetch_all(pool)
+    .await?;
+    c.retried = sqlx::query_scalar::<_, i64>(
+        "SELECT count(DISTINCT resource) FROM lease_events
+          WHERE kind = 'operator' AND detail->>'action' = 'retry_task' AND holder = $1",
+    )
+    .bind(OPERATOR)
+    .fetch_one(pool)
+    .await? as usize;
+    c.revived = revival.iter().filter(|(_, wrong)| wrong.is_none()).count();
+    c.not_revived = revival.into_iter().filter_map(|(_, wrong)| wrong).collect();
     c.waited = sqlx::query_scalar::<_, i64>(
         "SELECT count(DISTINCT resource) FROM lease_events WHERE kind = 'waiting'",
     )
