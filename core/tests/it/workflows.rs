@@ -31,6 +31,40 @@ fn diamond() -> NewWorkflow {
         .task(step("d").after(["b", "c"]))
 }
 
+/// p and q, then `child` after both.
+fn join(child: &str) -> NewWorkflow {
+    NewWorkflow::new("join")
+        .task(step("p"))
+        .task(step("q"))
+        .task(step(child).after(["p", "q"]))
+}
+
+/// `op` for `a` and for `b` at once, each in its own transaction on its own
+/// connection: the one `a_first` names sends its statement first and stays
+/// uncommitted for 150 ms while the other's statement runs (and waits for
+/// any row lock the first holds); then each commits.
+async fn at_once<T, R>(
+    db: &TestDb,
+    [a, b]: [T; 2],
+    a_first: bool,
+    op: impl AsyncFn(&mut sqlx::PgConnection, T) -> R,
+) -> [R; 2] {
+    let run = async |item: T, first: bool| {
+        let mut tx = db.pool.begin().await.unwrap();
+        if !first {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let answer = op(&mut tx, item).await;
+        if first {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        tx.commit().await.unwrap();
+        answer
+    };
+    let (a, b) = tokio::join!(run(a, a_first), run(b, !a_first));
+    [a, b]
+}
+
 async fn enqueue(db: &TestDb, flow: &NewWorkflow) -> Workflow {
     flows::enqueue_workflow(
         &mut db.pool.acquire().await.unwrap(),
@@ -347,50 +381,30 @@ async fn two_parents_ending_at_once_on_two_connections_release_the_child_once() 
     // Each round: p and q complete in two transactions on two connections,
     // both statements run before either commits (the second waits for the
     // child's row lock the first holds), then both commit. The child must
-    // be waiting while either is uncommitted, pending after both, with
-    // both outputs and no parent left, whichever order they commit in.
+    // be pending after both, with both outputs and no parent left,
+    // whichever order they commit in.
     let db = TestDb::new().await;
     for round in 0..20 {
-        let flow = enqueue(
-            &db,
-            &NewWorkflow::new("join")
-                .task(step("p"))
-                .task(step("q"))
-                .task(step("child").after(["p", "q"])),
-        )
-        .await;
+        let flow = enqueue(&db, &join("child")).await;
         let id = ids(&flow);
         let claimed = claim_all(&db, "w").await;
         assert_eq!(refs(&claimed), ["p", "q"]);
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
-        let mut handles = Vec::new();
-        for t in claimed {
-            let pool = db.pool.clone();
-            let barrier = barrier.clone();
-            let first_commits = (round % 2 == 0) == (t.workflow_ref.as_deref() == Some("p"));
-            handles.push(tokio::spawn(async move {
-                let mut tx = pool.begin().await.unwrap();
-                barrier.wait().await;
-                if !first_commits {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                let done = store::complete(
-                    &mut tx,
-                    &Schema::default(),
-                    t.id,
-                    &holder("w"),
-                    t.fencing_token.unwrap(),
-                    Some(&json!(t.workflow_ref)),
-                )
-                .await
-                .unwrap();
-                tx.commit().await.unwrap();
-                done.status
-            }));
-        }
-        for h in handles {
-            assert_eq!(h.await.unwrap(), TaskStatus::Processed);
-        }
+        let [p, q] = [by_ref(&claimed, "p").clone(), by_ref(&claimed, "q").clone()];
+        let ended = at_once(&db, [p, q], round % 2 == 0, async |conn, t: Task| {
+            store::complete(
+                conn,
+                &Schema::default(),
+                t.id,
+                &holder("w"),
+                t.fencing_token.unwrap(),
+                Some(&json!(t.workflow_ref)),
+            )
+            .await
+            .unwrap()
+            .status
+        })
+        .await;
+        assert_eq!(ended, [TaskStatus::Processed; 2]);
         let child = get(&db, id["child"]).await;
         assert_eq!(
             (child.status, child.parents_left),
@@ -407,14 +421,7 @@ async fn two_parents_ending_at_once_on_two_connections_release_the_child_once() 
 #[tokio::test]
 async fn a_child_is_not_claimable_while_one_parent_is_uncommitted() {
     let db = TestDb::new().await;
-    let flow = enqueue(
-        &db,
-        &NewWorkflow::new("join")
-            .task(step("p"))
-            .task(step("q"))
-            .task(step("child").after(["p", "q"])),
-    )
-    .await;
+    let flow = enqueue(&db, &join("child")).await;
     let claimed = claim_all(&db, "w").await;
     let mut tx = db.pool.begin().await.unwrap();
     for t in &claimed {
@@ -903,47 +910,26 @@ async fn two_retries_at_once_of_two_failed_parents_bring_the_child_back() {
     // both, never stays cancelled with both parents running again.
     let db = TestDb::new().await;
     for round in 0..20 {
-        let flow = enqueue(
-            &db,
-            &NewWorkflow::new("join")
-                .task(step("p"))
-                .task(step("q"))
-                .task(step("c").after(["p", "q"])),
-        )
-        .await;
+        let flow = enqueue(&db, &join("c")).await;
         let id = ids(&flow);
         let claimed = claim_all(&db, "w").await;
         for t in &claimed {
             fail_for_good(&db, t, "w").await;
         }
         assert_eq!(get(&db, id["c"]).await.status, TaskStatus::Cancelled);
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
-        let mut handles = Vec::new();
-        for r in ["p", "q"] {
-            let pool = db.pool.clone();
-            let barrier = barrier.clone();
-            let task = id[r];
-            let first_commits = (round % 2 == 0) == (r == "p");
-            handles.push(tokio::spawn(async move {
-                let mut tx = pool.begin().await.unwrap();
-                barrier.wait().await;
-                if !first_commits {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                let t = control::retry(&mut tx, &Schema::default(), task, "ops")
+        let retried = at_once(
+            &db,
+            [id["p"], id["q"]],
+            round % 2 == 0,
+            async |conn, task| {
+                control::retry(conn, &Schema::default(), task, "ops")
                     .await
-                    .unwrap();
-                if first_commits {
-                    // Uncommitted while the other's statement runs.
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                }
-                tx.commit().await.unwrap();
-                t.status
-            }));
-        }
-        for h in handles {
-            assert_eq!(h.await.unwrap(), TaskStatus::Pending);
-        }
+                    .unwrap()
+                    .status
+            },
+        )
+        .await;
+        assert_eq!(retried, [TaskStatus::Pending; 2]);
         let c = get(&db, id["c"]).await;
         assert_eq!(
             (c.status, c.parents_left),
