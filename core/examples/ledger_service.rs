@@ -36,7 +36,8 @@
 //! ```
 //!
 //! Flags: `--database-url URL` (or `DATABASE_URL`), `--replica NAME`,
-//! `--enqueue N`, `--lease-ttl-ms MS` (default 15000), `--run-for-secs S`
+//! `--enqueue N`, `--enqueue-only` (enqueue them and exit, running no
+//! runtime), `--lease-ttl-ms MS` (default 15000), `--run-for-secs S`
 //! (default: until Ctrl-C), `--receiver ADDR` (where `notify` sends),
 //! `--serve-receiver ADDR` (be the receiver instead).
 
@@ -62,6 +63,7 @@ struct Args {
     database_url: String,
     replica: String,
     enqueue: usize,
+    enqueue_only: bool,
     lease_ttl: Duration,
     run_for: Option<Duration>,
     receiver: Option<String>,
@@ -73,6 +75,7 @@ fn args() -> Result<Args, Error> {
         database_url: std::env::var("DATABASE_URL").unwrap_or_default(),
         replica: format!("replica-{}", std::process::id()),
         enqueue: 0,
+        enqueue_only: false,
         lease_ttl: Duration::from_secs(15),
         run_for: None,
         receiver: None,
@@ -85,6 +88,7 @@ fn args() -> Result<Args, Error> {
             "--database-url" => args.database_url = value()?,
             "--replica" => args.replica = value()?,
             "--enqueue" => args.enqueue = value()?.parse()?,
+            "--enqueue-only" => args.enqueue_only = true,
             "--lease-ttl-ms" => args.lease_ttl = Duration::from_millis(value()?.parse()?),
             "--run-for-secs" => args.run_for = Some(Duration::from_secs(value()?.parse()?)),
             "--receiver" => args.receiver = Some(value()?),
@@ -366,6 +370,9 @@ async fn main() -> Result<(), Error> {
             tasks::enqueue(&mut conn, &schema, &task).await?;
         }
         println!("{replica}: enqueued {}", args.enqueue);
+    }
+    if args.enqueue_only {
+        return Ok(());
     }
 
     let ttl = args.lease_ttl;

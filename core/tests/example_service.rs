@@ -16,7 +16,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Enough that the survivor is still busy after the stop, for the kill.
+/// Tasks in each of the two batches: the first enqueued by replica a as it
+/// starts, the second after the stop, for the kill.
 const TASKS: i64 = 1000;
 
 /// The example binary `cargo test` built next to this test.
@@ -187,12 +188,19 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
         "b took over none of the stopped replica's tasks"
     );
 
-    // Kill a while both are busy and a holds tasks (and maybe the report job).
-    wait_for("half processed", Duration::from_secs(60), async || {
-        count(&db, "SELECT count(*) FROM tasks WHERE status = 'processed'").await >= TASKS / 2
-    })
-    .await;
-    wait_for("a holding a task", Duration::from_secs(10), a_holds_a_task).await;
+    // Kill a while both are busy and a holds tasks (and maybe the report
+    // job). A second batch keeps them busy, however much of the first the
+    // survivor finished while a was stopped (on an idle machine, nearly
+    // all of it: a then had nothing left to hold).
+    let status = Command::new(example())
+        .args(["--database-url", &db.url(), "--replica", "replica-c"])
+        .args(["--receiver", &receiver])
+        .args(["--enqueue", &TASKS.to_string(), "--enqueue-only"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("enqueueing the second batch");
+    assert!(status.success(), "the second batch: {status}");
+    wait_for("a holding a task", Duration::from_secs(30), a_holds_a_task).await;
     signal(&a, Signal::SIGKILL);
     a.wait().expect("reaping a");
     let killed_at: i64 = count(
@@ -204,7 +212,9 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
     wait_for(
         "every task processed",
         Duration::from_secs(120),
-        async || count(&db, "SELECT count(*) FROM tasks WHERE status = 'processed'").await == TASKS,
+        async || {
+            count(&db, "SELECT count(*) FROM tasks WHERE status = 'processed'").await == 2 * TASKS
+        },
     )
     .await;
 
@@ -217,7 +227,7 @@ async fn a_replica_killed_mid_run_loses_no_task_and_doubles_no_effect() {
     .await;
     let ships = count(&db, "SELECT count(*) FROM tasks WHERE kind = 'ship'").await;
     let notifies = count(&db, "SELECT count(*) FROM tasks WHERE kind = 'notify'").await;
-    assert_eq!(deposits + emails + ships + notifies, TASKS);
+    assert_eq!(deposits + emails + ships + notifies, 2 * TASKS);
     assert!(ships > 0 && notifies > 0, "the example enqueues every kind");
     assert_eq!(
         count(&db, "SELECT count(*) FROM public.ledger").await,
