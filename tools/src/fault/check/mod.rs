@@ -215,7 +215,10 @@ pub async fn check(
         ..Checks::default()
     };
     let events: Vec<EventRow> = sqlx::query_as(
-        "SELECT id, resource, holder, fencing_token, kind, expires_at, at
+        "SELECT id, resource, holder, fencing_token,
+                CASE WHEN kind = 'operator' AND detail->>'action' = 'retry_task'
+                     THEN 'retried' ELSE kind END,
+                expires_at, at
            FROM lease_events ORDER BY id",
     )
     .fetch_all(pool)

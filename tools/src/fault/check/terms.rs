@@ -99,6 +99,19 @@ pub(super) fn scan_terms(events: &[EventRow], c: &mut Checks) -> TermsByResource
                     term.released = true;
                 }
             }
+            // An operator's retry of a failed or cancelled task (read as
+            // 'retried' from its audit row): its last claim had ended, at
+            // its deadline when the rescuer failed it late (which writes
+            // no 'released'), so the next claim acquires the task anew,
+            // not over a term in force.
+            "retried" => {
+                if let Some(term) = current
+                    .get(resource.as_str())
+                    .and_then(|token| by_token.get_mut(token))
+                {
+                    term.released = true;
+                }
+            }
             _ => {}
         }
     }
@@ -188,5 +201,22 @@ mod tests {
             ev(2, "b", 1, "taken_over", 5000, 3000),
         ]);
         assert_eq!(c.token_order.len(), 2, "same token twice: {c:?}");
+    }
+
+    #[test]
+    fn a_claim_after_an_operator_s_retry_of_a_late_failed_task_acquires_anew() {
+        // The rescuer failed the task after its term ran out (no
+        // 'released'); an operator retried it; the next claim acquires.
+        let late_failed = [
+            ev(1, "a", 1, "acquired", 2000, 0),
+            ev(2, "ops", 1, "retried", 0, 2500),
+            ev(3, "b", 2, "acquired", 5000, 3000),
+        ];
+        let c = scan(&late_failed);
+        assert_eq!(c.takeovers_misrecorded, 0, "{c:?}");
+        assert!(c.overlaps.is_empty(), "{c:?}");
+        // Without the retry, the same claim is a takeover recorded wrong.
+        let c = scan(&[late_failed[0].clone(), late_failed[2].clone()]);
+        assert_eq!(c.takeovers_misrecorded, 1, "{c:?}");
     }
 }
