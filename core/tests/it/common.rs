@@ -92,3 +92,69 @@ pub async fn explain_generic(
     conn.close().await.unwrap();
     plan.join("\n")
 }
+
+/// A worker that only an announcement can wake: one worker of `name`
+/// serving `filter`, its poll a minute long, waking on the live hub's work
+/// signal; each start of a `kind` task is sent on `starts` with its
+/// instant. For the tests that a change wakes idle workers.
+pub struct IdleWorker {
+    pub starts: tokio::sync::mpsc::UnboundedReceiver<(i64, tokio::time::Instant)>,
+    controls: leasekeeper_core::worker::run::Controls,
+    running: tokio::task::JoinHandle<leasekeeper_core::worker::run::Exit>,
+    transport: leasekeeper_core::worker::in_process::InProcess,
+    live: leasekeeper_core::live::LiveHub,
+}
+
+impl IdleWorker {
+    pub fn start(
+        db: &TestDb,
+        name: &str,
+        kind: &str,
+        filter: leasekeeper_core::queue::ClaimFilter,
+    ) -> IdleWorker {
+        use leasekeeper_core::live::LiveHub;
+        use leasekeeper_core::queue::wake::WorkSignal;
+        use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
+        use leasekeeper_core::worker::handler::{Done, Handlers, Job, TaskContext};
+        use leasekeeper_core::worker::in_process::InProcess;
+        use leasekeeper_core::worker::run::{Worker, WorkerConfig};
+        use std::time::Duration;
+        let ttl = Duration::from_secs(30);
+        let (started, starts) = tokio::sync::mpsc::unbounded_channel();
+        let handlers = Handlers::new().register(kind, move |job: Job, _: TaskContext| {
+            let _ = started.send((job.id, tokio::time::Instant::now()));
+            async { Ok(Done::empty()) }
+        });
+        let minute = Duration::from_secs(60);
+        let config = WorkerConfig {
+            poll: minute..=minute,
+            ..WorkerConfig::new(ttl, Duration::from_secs(10))
+        };
+        let live = LiveHub::start(db.pool.clone());
+        let transport =
+            InProcess::new(db.pool.clone(), ttl, std::sync::Arc::from(name)).serving(filter);
+        let (worker, controls) = Worker::new(
+            holder(&format!("{name}-w1")),
+            transport.clone(),
+            handlers,
+            config,
+            Chaos::from_os(ChaosSettings::off()),
+        );
+        let running = tokio::spawn(worker.waking_on(WorkSignal::new(&live)).run());
+        IdleWorker {
+            starts,
+            controls,
+            running,
+            transport,
+            live,
+        }
+    }
+
+    /// Stops it and waits for it to end.
+    pub async fn stop(self) {
+        self.controls.stop();
+        self.running.await.unwrap();
+        self.transport.flush().await;
+        self.live.shutdown();
+    }
+}

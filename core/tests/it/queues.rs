@@ -3,7 +3,7 @@
 //! paused queue on every claim path while its started tasks finish, the
 //! resume, the audit rows, the figures, and the claim's plan.
 
-use crate::common::{TestDb, holder};
+use crate::common::{IdleWorker, TestDb, holder};
 use leasekeeper_core::queue::queues::{self, QueueError};
 use leasekeeper_core::queue::store::{self, RetryPolicy};
 use leasekeeper_core::queue::{ClaimFilter, NewTask, Task, TaskStatus};
@@ -444,50 +444,24 @@ async fn a_runtime_finishes_what_it_started_claims_nothing_while_paused_and_resu
 /// this fails if the resume is not announced.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_wakes_an_idle_worker_without_a_poll() {
-    use leasekeeper_core::live::LiveHub;
-    use leasekeeper_core::queue::wake::WorkSignal;
-    use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
-    use leasekeeper_core::worker::handler::{Done, Handlers, Job, TaskContext};
-    use leasekeeper_core::worker::in_process::InProcess;
-    use leasekeeper_core::worker::run::{Worker, WorkerConfig};
     let db = TestDb::new().await;
     let schema = Default::default();
     let mut conn = db.pool.acquire().await.unwrap();
     queues::pause(&mut conn, &schema, "mail", "ops")
         .await
         .unwrap();
-    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
-    let handlers = Handlers::new().register("note", move |job: Job, _: TaskContext| {
-        let _ = started.send((job.id, tokio::time::Instant::now()));
-        async { Ok(Done::empty()) }
-    });
-    let minute = Duration::from_secs(60);
-    let config = WorkerConfig {
-        poll: minute..=minute,
-        ..WorkerConfig::new(TTL, Duration::from_secs(10))
-    };
-    let live = LiveHub::start(db.pool.clone());
-    let transport = InProcess::new(db.pool.clone(), TTL, Arc::from("resume-test"))
-        .serving(ClaimFilter::queue("mail"));
-    let (worker, controls) = Worker::new(
-        holder("resume-w1"),
-        transport.clone(),
-        handlers,
-        config,
-        Chaos::from_os(ChaosSettings::off()),
-    );
-    let running = tokio::spawn(worker.waking_on(WorkSignal::new(&live)).run());
+    let mut idle = IdleWorker::start(&db, "resume", "note", ClaimFilter::queue("mail"));
     let task = enqueue(&db, "mail").await;
     // The enqueue's own announcement woke the worker; it found the queue
     // paused and went back to waiting (a minute).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(starts.try_recv().is_err(), "claimed while paused");
+    assert!(idle.starts.try_recv().is_err(), "claimed while paused");
     assert_eq!(status(&db, task.id).await, TaskStatus::Pending);
     queues::resume(&mut conn, &schema, "mail", "ops")
         .await
         .unwrap();
     let resumed = tokio::time::Instant::now();
-    let (id, at) = tokio::time::timeout(Duration::from_secs(5), starts.recv())
+    let (id, at) = tokio::time::timeout(Duration::from_secs(5), idle.starts.recv())
         .await
         .expect("no start within 5 s of the resume")
         .unwrap();
@@ -497,8 +471,5 @@ async fn a_resume_wakes_an_idle_worker_without_a_poll() {
         took < Duration::from_secs(1),
         "the resumed queue's task started {took:?} after the resume"
     );
-    controls.stop();
-    running.await.unwrap();
-    transport.flush().await;
-    live.shutdown();
+    idle.stop().await;
 }

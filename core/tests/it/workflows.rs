@@ -3,7 +3,7 @@
 //! race of two parents ending at once on two connections makes the child
 //! claimable exactly once, after both.
 
-use crate::common::{TestDb, holder};
+use crate::common::{IdleWorker, TestDb, holder};
 use leasekeeper_core::db::Schema;
 use leasekeeper_core::queue::control;
 use leasekeeper_core::queue::store::{self, RetryPolicy, TaskError};
@@ -619,37 +619,15 @@ async fn a_parent_whose_holder_died_is_taken_over_and_its_child_runs_once_after(
 /// when the end is not announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_parent_s_end_wakes_an_idle_worker() {
-    use leasekeeper_core::live::LiveHub;
     use leasekeeper_core::queue::ClaimFilter;
-    use leasekeeper_core::queue::wake::WorkSignal;
-    use leasekeeper_core::worker::chaos::{Chaos, ChaosSettings};
-    use leasekeeper_core::worker::handler::{Done, Handlers, Job, TaskContext};
-    use leasekeeper_core::worker::in_process::InProcess;
-    use leasekeeper_core::worker::run::{Worker, WorkerConfig};
-    use std::sync::Arc;
     let db = TestDb::new().await;
     let schema = Schema::default();
-    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
-    let handlers = Handlers::new().register("child", move |job: Job, _: TaskContext| {
-        let _ = started.send((job.id, tokio::time::Instant::now()));
-        async { Ok(Done::empty()) }
-    });
-    let minute = Duration::from_secs(60);
-    let config = WorkerConfig {
-        poll: minute..=minute,
-        ..WorkerConfig::new(TTL, Duration::from_secs(10))
-    };
-    let live = LiveHub::start(db.pool.clone());
-    let transport = InProcess::new(db.pool.clone(), TTL, Arc::from("wake-test"))
-        .serving(ClaimFilter::default().kinds(vec!["child".to_string()]));
-    let (worker, controls) = Worker::new(
-        holder("wake-w1"),
-        transport.clone(),
-        handlers,
-        config,
-        Chaos::from_os(ChaosSettings::off()),
+    let mut idle = IdleWorker::start(
+        &db,
+        "wake",
+        "child",
+        ClaimFilter::default().kinds(vec!["child".to_string()]),
     );
-    let running = tokio::spawn(worker.waking_on(WorkSignal::new(&live)).run());
     let flow = enqueue(
         &db,
         &NewWorkflow::new("wake")
@@ -660,7 +638,7 @@ async fn the_last_parent_s_end_wakes_an_idle_worker() {
     // The enqueue woke the worker; it found nothing of its kind claimable.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        starts.try_recv().is_err(),
+        idle.starts.try_recv().is_err(),
         "the child started before its parent ended"
     );
     let mut conn = db.pool.acquire().await.unwrap();
@@ -685,7 +663,7 @@ async fn the_last_parent_s_end_wakes_an_idle_worker() {
     .await
     .unwrap();
     let ended = tokio::time::Instant::now();
-    let (id, at) = tokio::time::timeout(Duration::from_secs(5), starts.recv())
+    let (id, at) = tokio::time::timeout(Duration::from_secs(5), idle.starts.recv())
         .await
         .expect("no start within 5 s of the parent's end")
         .unwrap();
@@ -695,10 +673,7 @@ async fn the_last_parent_s_end_wakes_an_idle_worker() {
         took < Duration::from_secs(1),
         "the child started {took:?} after its parent ended"
     );
-    controls.stop();
-    running.await.unwrap();
-    transport.flush().await;
-    live.shutdown();
+    idle.stop().await;
 }
 
 /// Fails `task` (claimed by `w`, one attempt) for good.
